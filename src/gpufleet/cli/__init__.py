@@ -1,0 +1,1 @@
+"""The `gpufleet` command line: parses, wires, prints (Rich tables, progress, --json)."""

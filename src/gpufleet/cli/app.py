@@ -1,0 +1,72 @@
+"""The Typer application: registers each command module and turns gpufleet errors into one line."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import typer
+
+from gpufleet import __version__
+from gpufleet.cli.output import err_console
+from gpufleet.errors import GpufleetError
+
+app = typer.Typer(
+    name="gpufleet",
+    help="Plan, validate and operate GPU fleets.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+# One registry of command modules; each exposes ``register(app)``.
+COMMAND_MODULES = (
+    "gpufleet.cli.inventory",
+    "gpufleet.cli.status",
+    "gpufleet.cli.doctor",
+    "gpufleet.cli.plan",
+)
+
+
+def _version(value: bool) -> None:
+    if value:
+        typer.echo(f"gpufleet {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    """Plan, validate and operate GPU fleets."""
+
+
+for _name in COMMAND_MODULES:
+    importlib.import_module(_name).register(app)
+
+
+def main() -> None:
+    """Console-script entry point: run the app; print gpufleet errors as one line, no traceback."""
+    try:
+        app(standalone_mode=False)
+    except GpufleetError as exc:
+        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
+        if exc.hint:
+            err_console.print(f"  hint: {exc.hint}", highlight=False)
+        sys.exit(exc.exit_code)
+    except typer.Exit as exc:
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        err_console.print("aborted")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except Exception as exc:  # click usage errors arrive here in non-standalone mode
+        import click
+
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(exc.exit_code)
+        raise
