@@ -1,0 +1,75 @@
+"""Which NVML fields gpufleet reads, in which tier, and how each becomes a `Sample` field.
+
+Costs measured on an H200 (``tests/fixtures/nvidia-h200/nvml_probe.json``): most field ids and
+getters take 2-50 us; the energy counter 3-4 ms; PCIe error/byte counters and the replay
+counter ~380 us each; ``nvmlDeviceGetPcieThroughput`` ~20 ms (it samples for 20 ms). The fast
+tier is one batched ``nvmlDeviceGetFieldValues`` call of cheap ids plus six cheap getters (~28 us
+of CPU per GPU on the H200, ``gpm_probe.json`` ``fast_sweep``); everything expensive waits for
+the slow tier.
+"""
+
+from __future__ import annotations
+
+import pynvml
+
+# field id -> (Sample attribute, scale). Scale converts NVML units to ours.
+FAST_FIELDS: dict[int, tuple[str, float]] = {
+    pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: ("ecc_sbe_volatile", 1),
+    pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: ("ecc_dbe_volatile", 1),
+    pynvml.NVML_FI_DEV_MEMORY_TEMP: ("mem_temp_c", 1),
+    pynvml.NVML_FI_DEV_REMAPPED_COR: ("remapped_rows_correctable", 1),
+    pynvml.NVML_FI_DEV_REMAPPED_UNC: ("remapped_rows_uncorrectable", 1),
+    pynvml.NVML_FI_DEV_REMAPPED_PENDING: ("remap_pending", 1),
+    pynvml.NVML_FI_DEV_REMAPPED_FAILURE: ("remap_failure", 1),
+    pynvml.NVML_FI_DEV_POWER_INSTANT: ("power_w", 1e-3),
+}
+
+SLOW_FIELDS: dict[int, tuple[str, float]] = {
+    pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: ("energy_mj", 1),
+    pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: ("pcie_replay_count", 1),
+    pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: ("ecc_sbe_aggregate", 1),
+    pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: ("ecc_dbe_aggregate", 1),
+    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: ("nvlink_crc_errors", 1),
+    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: ("nvlink_replay_errors", 1),
+    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: ("nvlink_recovery_errors", 1),
+    pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: ("_pcie_tx_total", 1),
+    pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: ("_pcie_rx_total", 1),
+}
+
+BOOL_FIELDS = frozenset({"remap_pending", "remap_failure"})
+INT_FIELDS = frozenset(
+    {
+        "ecc_sbe_volatile",
+        "ecc_dbe_volatile",
+        "remapped_rows_correctable",
+        "remapped_rows_uncorrectable",
+        "energy_mj",
+        "pcie_replay_count",
+        "ecc_sbe_aggregate",
+        "ecc_dbe_aggregate",
+        "nvlink_crc_errors",
+        "nvlink_replay_errors",
+        "nvlink_recovery_errors",
+    }
+)
+
+
+def field_value(fv: object) -> float | int | None:
+    """The value of one ``c_nvmlFieldValue_t`` by its value type; None when not successful."""
+    if getattr(fv, "nvmlReturn", 1) != pynvml.NVML_SUCCESS:
+        return None
+    vtype = getattr(fv, "valueType", None)
+    v = fv.value  # type: ignore[attr-defined]
+    if vtype == pynvml.NVML_VALUE_TYPE_DOUBLE:
+        return float(v.dVal)
+    if vtype == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+        return int(v.uiVal)
+    if vtype == pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG:
+        return int(v.ulVal)
+    if vtype == pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG:
+        return int(v.sllVal)
+    if vtype == pynvml.NVML_VALUE_TYPE_SIGNED_INT:
+        return int(v.siVal)
+    if vtype == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
+        return int(v.usVal)
+    return int(v.ullVal)

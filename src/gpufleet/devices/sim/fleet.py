@@ -1,0 +1,99 @@
+"""A simulated fleet: nodes of simulated GPUs sharing one clock, each node speaking NVML."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from gpufleet.catalog import load_catalog
+from gpufleet.devices.sim.clock import SimClock, real_clock
+from gpufleet.devices.sim.faults import Fault
+from gpufleet.devices.sim.gpu import DEFAULT_CUDA, DEFAULT_DRIVER, Load, SimGpu
+from gpufleet.devices.sim.nvml_api import SimNvml
+from gpufleet.devices.sim.spec import FleetSpec, NodeSpec
+from gpufleet.errors import UnknownNameError
+
+if TYPE_CHECKING:
+    from gpufleet.devices.nvml.backend import NvmlBackend
+
+
+@dataclass
+class SimNode:
+    """One simulated server: its GPUs and the NVML library it exposes."""
+
+    name: str
+    gpus: list[SimGpu]
+    clock: SimClock
+    rack: str | None = None
+    driver_version: str = DEFAULT_DRIVER
+    cuda_driver_version: int = DEFAULT_CUDA
+    nvml: SimNvml = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.nvml = SimNvml(self)
+
+    @property
+    def nvml_version(self) -> str:
+        return f"{self.cuda_driver_version // 1000}.{self.driver_version}"
+
+    def backend(self) -> NvmlBackend:
+        """The production NVML backend over this node's simulated library."""
+        from gpufleet.devices.nvml.backend import NvmlBackend
+
+        return NvmlBackend(lib=self.nvml, node_name=self.name, clock=self.clock)
+
+
+class SimFleet:
+    """Every simulated node of a spec, with deterministic identities (seeded)."""
+
+    def __init__(self, spec: FleetSpec, clock: SimClock | None = None) -> None:
+        self.spec = spec
+        self.clock: SimClock = clock or real_clock
+        t0 = self.clock()
+        catalog = load_catalog()
+        self.nodes: dict[str, SimNode] = {}
+        for ns in spec.nodes:
+            self.nodes[ns.name] = self._make_node(ns, catalog.gpus[ns.model], t0)
+        for fault in spec.faults:
+            self.inject(fault)
+
+    def _make_node(self, ns: NodeSpec, model: object, t0: float) -> SimNode:
+        from gpufleet.catalog import GpuModel
+
+        assert isinstance(model, GpuModel)
+        driver = ns.driver_version or DEFAULT_DRIVER
+        gpus = [
+            SimGpu(
+                model=model,
+                index=i,
+                node=ns.name,
+                seed=self.spec.seed,
+                t0=t0,
+                driver_version=driver,
+                vbios_version=ns.vbios_version,
+                mig_enabled=ns.mig_enabled,
+            )
+            for i in range(ns.gpus)
+        ]
+        return SimNode(name=ns.name, gpus=gpus, clock=self.clock, rack=ns.rack, driver_version=driver)
+
+    def node(self, name: str) -> SimNode:
+        if name not in self.nodes:
+            raise UnknownNameError("node", name, sorted(self.nodes))
+        return self.nodes[name]
+
+    def inject(self, fault: Fault) -> None:
+        """Add a fault to one GPU, every GPU of a node, or (no node) every GPU of the fleet."""
+        nodes = [self.node(fault.node)] if fault.node else list(self.nodes.values())
+        for node in nodes:
+            for gpu in node.gpus:
+                if fault.gpu is None or fault.gpu == gpu.index:
+                    gpu.add_fault(fault)
+
+    def run_everywhere(self, load: Load, duration_s: float | None = None) -> None:
+        for node in self.nodes.values():
+            for gpu in node.gpus:
+                gpu.run(load, start_s=self.clock(), duration_s=duration_s)
+
+    def backends(self) -> list[NvmlBackend]:
+        return [n.backend() for n in self.nodes.values()]

@@ -1,0 +1,281 @@
+"""One simulated GPU: identity from the catalog, physics, a load schedule and active faults."""
+
+from __future__ import annotations
+
+import random
+import threading
+from dataclasses import dataclass, field
+
+from gpufleet.catalog import GpuModel
+from gpufleet.devices.sim import physics as ph
+from gpufleet.devices.sim.faults import Fault, FaultKind
+from gpufleet.devices.types import ClockEventReason as R
+
+# Bus numbers of the eight GPUs of an HGX baseboard as `nvidia-smi` lists them on a DGX H100.
+HGX_BUS_IDS = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
+DEFAULT_DRIVER = "580.159.04"  # the H200 capture's driver (tests/fixtures/nvidia-h200)
+DEFAULT_CUDA = 13000
+VBIOS_BY_ARCH = {"hopper": "96.00.A5.00.1A", "ampere": "92.00.45.00.06", "blackwell": "97.00.4A.00.01"}
+INFOROM_DEFAULT = "G520.0282.02.02"
+
+
+@dataclass(frozen=True)
+class Load:
+    """What runs on the GPU: utilization 0..1, power intensity relative to a bf16 matmul."""
+
+    util: float = 1.0
+    intensity: float = 1.0
+    mem_util: float = 0.25  # trace: 24-25 % memory-controller util during the bf16 burn
+    fb_used_bytes: int = 2 * 2**30
+    pcie_tx_bytes_per_s: float = 0.0
+    pcie_rx_bytes_per_s: float = 0.0
+    kind: str = "bf16_matmul"
+
+
+@dataclass
+class _Segment:
+    start_s: float
+    end_s: float | None
+    load: Load
+
+
+@dataclass
+class SimGpu:
+    """A simulated GPU. Times are absolute clock seconds; ``t0`` is when the simulation began."""
+
+    model: GpuModel
+    index: int
+    node: str
+    seed: int
+    t0: float
+    driver_version: str = DEFAULT_DRIVER
+    vbios_version: str | None = None
+    power_limit_w: float | None = None
+    mig_enabled: bool = False
+    faults: list[Fault] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        rng = random.Random(f"{self.seed}:{self.node}:{self.index}")
+        self._rng = rng
+        hexs = f"{rng.getrandbits(128):032x}"
+        self.uuid = f"GPU-{hexs[:8]}-{hexs[8:12]}-{hexs[12:16]}-{hexs[16:20]}-{hexs[20:]}"
+        self.serial = str(1650000000000 + rng.randrange(10**10))
+        self.pci_bus_id = f"00000000:{HGX_BUS_IDS[self.index % 8] + self.index // 8:02X}:00.0"
+        if self.vbios_version is None:
+            self.vbios_version = VBIOS_BY_ARCH.get(self.model.architecture, "96.00.00.00.01")
+        self.inforom_version = INFOROM_DEFAULT
+        if self.power_limit_w is None:
+            self.power_limit_w = self.model.max_power_w
+        self.params = ph.PhysicsParams.for_model(
+            self.model.max_power_w, self.model.idle_power_w, self.model.max_sm_clock_mhz
+        )
+        self.state = ph.PhysicsState(
+            power_w=self.params.idle_w,
+            temp_fast_c=0.0,
+            temp_slow_c=0.0,
+            mem_temp_c=ph.IDLE_MEM_TEMP_C,
+            energy_mj=float(rng.randrange(1_000_000, 5_000_000)),
+            sm_clock_mhz=ph.IDLE_SM_CLOCK_MHZ,
+            reasons=int(R.GPU_IDLE),
+        )
+        self.t = self.t0
+        self._segments: list[_Segment] = []
+        self._last_load_end: float | None = None
+        self._fired: set[int] = set()
+        self.pending_events: list[tuple[float, int]] = []  # (time, xid)
+        self.ecc_sbe_volatile = 0
+        self.ecc_dbe_volatile = 0
+        self.ecc_sbe_aggregate = rng.randrange(0, 3)
+        self.ecc_dbe_aggregate = 0
+        self.remapped_cor = 0
+        self.remapped_unc = 0
+        self.pcie_replays = 0.0
+        self.pcie_tx_total = float(rng.randrange(10**9, 3 * 10**9))
+        self.pcie_rx_total = float(rng.randrange(10**9, 3 * 10**9))
+        self.nvlink_crc = 0.0
+        self.power_violation_us = 0.0
+        self.thermal_violation_us = 0.0
+        self.hang_release = threading.Event()
+        self.lock = threading.RLock()
+
+    # ----- load schedule -------------------------------------------------------------------
+    def run(self, load: Load, start_s: float | None = None, duration_s: float | None = None) -> None:
+        """Schedule a load from ``start_s`` (default now) for ``duration_s`` (default forever)."""
+        with self.lock:
+            start = self.t if start_s is None else start_s
+            end = None if duration_s is None else start + duration_s
+            self._segments.append(_Segment(start, end, load))
+
+    def stop(self, at_s: float | None = None) -> None:
+        """End every running or scheduled load at ``at_s`` (default now)."""
+        with self.lock:
+            at = self.t if at_s is None else at_s
+            for seg in self._segments:
+                if seg.end_s is None or seg.end_s > at:
+                    seg.end_s = max(seg.start_s, at)
+
+    def load_at(self, t: float) -> Load | None:
+        active = [s for s in self._segments if s.start_s <= t and (s.end_s is None or t < s.end_s)]
+        return active[-1].load if active else None
+
+    # ----- faults --------------------------------------------------------------------------
+    def add_fault(self, fault: Fault) -> None:
+        with self.lock:
+            self.faults.append(fault)
+
+    def active_faults(self, t: float | None = None) -> list[Fault]:
+        elapsed = (self.t if t is None else t) - self.t0
+        return [f for f in self.faults if f.active(elapsed)]
+
+    def has_fault(self, kind: FaultKind, t: float | None = None) -> Fault | None:
+        for f in self.active_faults(t):
+            if f.kind == kind:
+                return f
+        return None
+
+    @property
+    def lost(self) -> bool:
+        return self.has_fault(FaultKind.FALLEN_OFF_BUS) is not None
+
+    def slow_fraction(self) -> float:
+        f = self.has_fault(FaultKind.SLOW_GPU)
+        return float(f.param("fraction", 0.85)) if f else 1.0
+
+    def pcie_link(self) -> tuple[int, int]:
+        f = self.has_fault(FaultKind.PCIE_DOWNGRADE)
+        gen, width = self.model.pcie_generation, self.model.pcie_lanes
+        if f:
+            return int(f.param("gen", gen - 1)), int(f.param("width", width))
+        return gen, width
+
+    def memory_error_addresses(self) -> list[int]:
+        f = self.has_fault(FaultKind.MEMORY_ERRORS)
+        if not f:
+            return []
+        rng = random.Random(f"{self.seed}:{self.uuid}:memerr")
+        n = int(f.param("count", 3))
+        return sorted(rng.randrange(0, self.model.memory_bytes // 8) * 8 for _ in range(n))
+
+    def _fire_fault_events(self, t: float) -> None:
+        """Queue the XID that each newly active fault produces, once."""
+        xid_of = {
+            FaultKind.ECC_DBE: 48,
+            FaultKind.ROW_REMAP_FAILURE: 64,
+            FaultKind.FALLEN_OFF_BUS: 79,
+            FaultKind.ROW_REMAP_PENDING: 63,
+        }
+        for i, f in enumerate(self.faults):
+            if i in self._fired or not f.active(t - self.t0):
+                continue
+            self._fired.add(i)
+            when = self.t0 + f.at_s
+            if f.kind == FaultKind.XID:
+                self.pending_events.append((when, int(f.param("xid", 13))))
+            elif f.kind in xid_of:
+                self.pending_events.append((when, xid_of[f.kind]))
+            if f.kind == FaultKind.ECC_DBE:
+                n = int(f.param("count", 1))
+                self.ecc_dbe_volatile += n
+                self.ecc_dbe_aggregate += n
+                self.remapped_unc += n
+            elif f.kind == FaultKind.ECC_SBE and "count" in f.params:
+                n = int(f.param("count", 1))
+                self.ecc_sbe_volatile += n
+                self.ecc_sbe_aggregate += n
+            elif f.kind == FaultKind.ROW_REMAP_PENDING:
+                self.remapped_cor += 1
+
+    # ----- physics -------------------------------------------------------------------------
+    def advance(self, now: float) -> None:
+        """Integrate the physics from the last update to ``now`` (lazy; called on every query)."""
+        with self.lock:
+            if now <= self.t:
+                return
+            total = now - self.t
+            step = 0.05 if total <= 120 else 1.0
+            while self.t < now - 1e-9:
+                dt = min(step, now - self.t)
+                self._step(self.t + dt, dt)
+                self.t += dt
+            self._fire_fault_events(now)
+
+    def _step(self, t: float, dt: float) -> None:
+        p, s = self.params, self.state
+        assert self.power_limit_w is not None
+        limit = float(self.power_limit_w)
+        load = self.load_at(t)
+        clock_cap: float | None = None
+        reasons = 0
+        thermal = self.has_fault(FaultKind.THERMAL_SLOWDOWN, t)
+        brake = self.has_fault(FaultKind.HW_POWER_BRAKE, t)
+        if thermal:
+            clock_cap = 0.5 * p.max_sm_clock_mhz
+            reasons |= R.HW_THERMAL_SLOWDOWN | R.HW_SLOWDOWN
+        if brake:
+            clock_cap = min(clock_cap or p.max_sm_clock_mhz, 0.3 * p.max_sm_clock_mhz)
+            reasons |= R.HW_POWER_BRAKE_SLOWDOWN | R.HW_SLOWDOWN
+        if load is not None and load.util > 0:
+            clock, power_target, capped = ph.steady_clock_and_power(
+                p, limit, load.util, load.intensity, clock_cap
+            )
+            if capped:
+                reasons |= R.SW_POWER_CAP
+                self.power_violation_us += dt * 1e6
+            self._last_load_end = t
+            self.pcie_tx_total += load.pcie_tx_bytes_per_s * dt
+            self.pcie_rx_total += load.pcie_rx_bytes_per_s * dt
+        elif self._last_load_end is not None and t - self._last_load_end < ph.LINGER_S:
+            clock = p.max_sm_clock_mhz if clock_cap is None else clock_cap
+            power_target = p.idle_w + p.linger_w
+        else:
+            clock = ph.IDLE_SM_CLOCK_MHZ
+            power_target = p.idle_w
+            reasons |= R.GPU_IDLE
+        if thermal:
+            self.thermal_violation_us += dt * 1e6
+        prev_power = s.power_w
+        s.power_w = ph.lag(s.power_w, power_target, dt, ph.TAU_POWER_S)
+        s.energy_mj += 0.5 * (prev_power + s.power_w) * dt * 1000.0
+        rise = p.r_c_per_w * (s.power_w - p.idle_w)
+        s.temp_fast_c = ph.lag(s.temp_fast_c, ph.TEMP_FAST_FRACTION * rise, dt, ph.TAU_TEMP_FAST_S)
+        s.temp_slow_c = ph.lag(
+            s.temp_slow_c, (1 - ph.TEMP_FAST_FRACTION) * rise, dt, ph.TAU_TEMP_SLOW_S
+        )
+        mem_target = ph.IDLE_MEM_TEMP_C + p.r_mem_c_per_w * (s.power_w - p.idle_w)
+        s.mem_temp_c = ph.lag(s.mem_temp_c, mem_target, dt, ph.TAU_MEM_TEMP_S)
+        s.sm_clock_mhz = clock
+        s.reasons = int(reasons)
+        for f in self.active_faults(t):
+            rate = float(f.param("rate_per_min", 0.0))
+            if f.kind == FaultKind.PCIE_REPLAYS:
+                self.pcie_replays += (rate or 30.0) * dt / 60.0
+            elif f.kind == FaultKind.ECC_SBE and rate:
+                self.ecc_sbe_volatile += int(self._rng.random() < rate * dt / 60.0)
+            elif f.kind == FaultKind.NVLINK_ERRORS:
+                self.nvlink_crc += (rate or 10.0) * dt / 60.0
+
+    # ----- readings ------------------------------------------------------------------------
+    @property
+    def temp_c(self) -> float:
+        t = ph.IDLE_TEMP_C + self.state.temp_fast_c + self.state.temp_slow_c
+        if self.has_fault(FaultKind.THERMAL_SLOWDOWN) and self.model.slowdown_temp_c:
+            t = max(t, self.model.slowdown_temp_c + 2.0)
+        return t
+
+    def sm_clock_reading(self) -> int:
+        """The SM clock as NVML reports it: 15 MHz steps, a little seeded jitter under the cap."""
+        clock = self.state.sm_clock_mhz
+        if self.state.reasons & R.SW_POWER_CAP:
+            clock += self._rng.choice((-15.0, 0.0, 0.0, 15.0))
+        return int(round(clock / 15.0) * 15) if clock > ph.IDLE_SM_CLOCK_MHZ else int(clock)
+
+    def util_reading(self) -> tuple[int, int]:
+        load = self.load_at(self.t)
+        if load is None:
+            return 0, 0
+        return int(round(load.util * 100)), int(round(load.mem_util * 100))
+
+    def fb_used_bytes(self) -> int:
+        load = self.load_at(self.t)
+        base = 615 * 2**20  # trace: 615 MiB used at idle (driver reservation excluded)
+        return base + (load.fb_used_bytes if load else 0)

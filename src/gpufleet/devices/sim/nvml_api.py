@@ -1,0 +1,453 @@
+"""`SimNvml`: a drop-in for the ``pynvml`` module over one simulated node.
+
+It exposes the same function names, arguments, return types and ``NVMLError_*`` classes as
+nvidia-ml-py for every call gpufleet's NVML backend makes, so ``NvmlBackend(lib=SimNvml(node))``
+runs the production code. Constants and error classes come from pynvml itself (a pure-Python
+module that imports without a driver); unknown attributes fall through to it.
+
+Which calls answer NotSupported follows the real H200 probe
+(``tests/fixtures/nvidia-h200/nvml_probe.json``): retired pages (Hopper uses row remapping),
+fan speed, NVLink counters without NVLink peers.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from dataclasses import dataclass
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any
+
+import pynvml
+
+from gpufleet.devices.sim.faults import FaultKind
+
+if TYPE_CHECKING:
+    from gpufleet.devices.sim.fleet import SimNode
+    from gpufleet.devices.sim.gpu import SimGpu
+
+_NS = pynvml.NVML_ERROR_NOT_SUPPORTED
+_ARCH_IDS = {"ampere": 7, "hopper": 9, "blackwell": 10, "ada": 8}  # nvmlDeviceArchitecture_t
+
+
+@dataclass(frozen=True)
+class SimHandle:
+    """What nvmlDeviceGetHandleByIndex returns: opaque to callers."""
+
+    node: str
+    index: int
+
+
+class _EventSet:
+    def __init__(self) -> None:
+        self.handles: dict[int, tuple[SimHandle, int]] = {}
+        self.delivered: set[tuple[int, float, int]] = set()
+
+
+def _err(code: int) -> pynvml.NVMLError:
+    return pynvml.NVMLError(code)
+
+
+class SimNvml:
+    """The NVML API of one simulated node."""
+
+    NVMLError = pynvml.NVMLError
+
+    def __init__(self, node: SimNode, *, missing_functions: tuple[str, ...] = ()) -> None:
+        self._node = node
+        self._init_count = 0
+        self._lock = threading.Lock()
+        self._missing = set(missing_functions)
+        self.calls = 0  # how many NVML calls were made (benchmarks, tests)
+
+    def __getattr__(self, name: str) -> Any:
+        if name in self.__dict__.get("_missing", ()):
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+        return getattr(pynvml, name)
+
+    # ----- plumbing ------------------------------------------------------------------------
+    def _check_init(self) -> None:
+        if self._init_count <= 0:
+            raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+
+    def _gpu(self, handle: SimHandle) -> SimGpu:
+        self._check_init()
+        self.calls += 1
+        if not isinstance(handle, SimHandle) or handle.node != self._node.name:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        gpu = self._node.gpus[handle.index]
+        gpu.advance(self._node.clock())
+        if gpu.lost:
+            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+        hung = gpu.has_fault(FaultKind.HUNG_CALL)
+        if hung is not None:
+            gpu.hang_release.wait(float(hung.param("seconds", 5.0)))
+        return gpu
+
+    # ----- library and system --------------------------------------------------------------
+    def nvmlInit(self) -> None:
+        with self._lock:
+            self._init_count += 1
+
+    def nvmlInitWithFlags(self, flags: int) -> None:
+        self.nvmlInit()
+
+    def nvmlShutdown(self) -> None:
+        with self._lock:
+            if self._init_count <= 0:
+                raise _err(pynvml.NVML_ERROR_UNINITIALIZED)
+            self._init_count -= 1
+
+    def nvmlSystemGetDriverVersion(self) -> str:
+        self._check_init()
+        return self._node.driver_version
+
+    def nvmlSystemGetNVMLVersion(self) -> str:
+        self._check_init()
+        return self._node.nvml_version
+
+    def nvmlSystemGetCudaDriverVersion(self) -> int:
+        self._check_init()
+        return self._node.cuda_driver_version
+
+    def nvmlSystemGetCudaDriverVersion_v2(self) -> int:
+        return self.nvmlSystemGetCudaDriverVersion()
+
+    def nvmlDeviceGetCount(self) -> int:
+        self._check_init()
+        return len(self._node.gpus)
+
+    def nvmlDeviceGetHandleByIndex(self, index: int) -> SimHandle:
+        self._check_init()
+        if not 0 <= index < len(self._node.gpus):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        handle = SimHandle(self._node.name, index)
+        self._gpu(handle)  # a lost GPU fails here too, as on real hardware
+        return handle
+
+    # ----- identity ------------------------------------------------------------------------
+    def nvmlDeviceGetName(self, h: SimHandle) -> str:
+        names = self._gpu(h).model.nvml_names
+        return names[0] if names else self._gpu(h).model.marketing_name
+
+    def nvmlDeviceGetUUID(self, h: SimHandle) -> str:
+        return self._gpu(h).uuid
+
+    def nvmlDeviceGetSerial(self, h: SimHandle) -> str:
+        return self._gpu(h).serial
+
+    def nvmlDeviceGetVbiosVersion(self, h: SimHandle) -> str:
+        return str(self._gpu(h).vbios_version)
+
+    def nvmlDeviceGetInforomImageVersion(self, h: SimHandle) -> str:
+        return self._gpu(h).inforom_version
+
+    def nvmlDeviceGetMinorNumber(self, h: SimHandle) -> int:
+        return self._gpu(h).index
+
+    def nvmlDeviceGetArchitecture(self, h: SimHandle) -> int:
+        return _ARCH_IDS.get(self._gpu(h).model.architecture, 0xFFFFFFFF)
+
+    def nvmlDeviceGetCudaComputeCapability(self, h: SimHandle) -> tuple[int, int]:
+        cc = self._gpu(h).model.compute_capability or "0.0"
+        major, minor = cc.split(".")
+        return int(major), int(minor)
+
+    def nvmlDeviceGetPciInfo(self, h: SimHandle) -> SimpleNamespace:
+        gpu = self._gpu(h)
+        ids = gpu.model.pci_device_ids
+        dev_id = int(ids[0], 16) if ids else 0
+        bus = int(gpu.pci_bus_id.split(":")[1], 16)
+        return SimpleNamespace(
+            busId=gpu.pci_bus_id,
+            busIdLegacy=gpu.pci_bus_id[4:],
+            domain=0,
+            bus=bus,
+            device=0,
+            pciDeviceId=dev_id,
+            pciSubSystemId=0x18BF10DE,
+        )
+
+    def nvmlDeviceGetPciInfo_v3(self, h: SimHandle) -> SimpleNamespace:
+        return self.nvmlDeviceGetPciInfo(h)
+
+    # ----- configuration -------------------------------------------------------------------
+    def nvmlDeviceGetPersistenceMode(self, h: SimHandle) -> int:
+        return 0 if self._gpu(h).has_fault(FaultKind.PERSISTENCE_OFF) else 1
+
+    def nvmlDeviceGetEccMode(self, h: SimHandle) -> list[int]:
+        off = self._gpu(h).has_fault(FaultKind.ECC_DISABLED)
+        return [0, 0] if off else [1, 1]
+
+    def nvmlDeviceGetMigMode(self, h: SimHandle) -> list[int]:
+        gpu = self._gpu(h)
+        if gpu.model.mig_max_instances == 0:
+            raise _err(_NS)
+        return [int(gpu.mig_enabled), int(gpu.mig_enabled)]
+
+    def nvmlDeviceGetComputeMode(self, h: SimHandle) -> int:
+        self._gpu(h)
+        return pynvml.NVML_COMPUTEMODE_DEFAULT
+
+    def nvmlDeviceGetPowerManagementLimitConstraints(self, h: SimHandle) -> list[int]:
+        m = self._gpu(h).model
+        lo = m.power_limit_min_w if m.power_limit_min_w is not None else 0.5 * m.max_power_w
+        hi = m.power_limit_max_w if m.power_limit_max_w is not None else m.max_power_w
+        return [int(lo * 1000), int(hi * 1000)]
+
+    def nvmlDeviceGetPowerManagementDefaultLimit(self, h: SimHandle) -> int:
+        return int(self._gpu(h).model.max_power_w * 1000)
+
+    def nvmlDeviceGetPowerManagementLimit(self, h: SimHandle) -> int:
+        return int(float(self._gpu(h).power_limit_w or 0) * 1000)
+
+    def nvmlDeviceGetEnforcedPowerLimit(self, h: SimHandle) -> int:
+        return self.nvmlDeviceGetPowerManagementLimit(h)
+
+    def nvmlDeviceGetMaxClockInfo(self, h: SimHandle, clock_type: int) -> int:
+        m = self._gpu(h).model
+        if clock_type in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            return int(m.max_sm_clock_mhz or 1980)
+        if clock_type == pynvml.NVML_CLOCK_MEM:
+            return int(m.max_mem_clock_mhz or 2619)
+        raise _err(_NS)
+
+    def nvmlDeviceGetTemperatureThreshold(self, h: SimHandle, threshold: int) -> int:
+        m = self._gpu(h).model
+        table = {
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN: m.shutdown_temp_c,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN: m.slowdown_temp_c,
+            pynvml.NVML_TEMPERATURE_THRESHOLD_GPU_MAX: m.max_operating_temp_c,
+        }
+        value = table.get(threshold)
+        if value is None:
+            raise _err(_NS)
+        return int(value)
+
+    def nvmlDeviceGetCurrPcieLinkGeneration(self, h: SimHandle) -> int:
+        return self._gpu(h).pcie_link()[0]
+
+    def nvmlDeviceGetCurrPcieLinkWidth(self, h: SimHandle) -> int:
+        return self._gpu(h).pcie_link()[1]
+
+    def nvmlDeviceGetMaxPcieLinkGeneration(self, h: SimHandle) -> int:
+        return self._gpu(h).model.pcie_generation
+
+    def nvmlDeviceGetGpuMaxPcieLinkGeneration(self, h: SimHandle) -> int:
+        return self._gpu(h).model.pcie_generation
+
+    def nvmlDeviceGetMaxPcieLinkWidth(self, h: SimHandle) -> int:
+        return self._gpu(h).model.pcie_lanes
+
+    # ----- readings ------------------------------------------------------------------------
+    def nvmlDeviceGetUtilizationRates(self, h: SimHandle) -> SimpleNamespace:
+        gpu_util, mem_util = self._gpu(h).util_reading()
+        return SimpleNamespace(gpu=gpu_util, memory=mem_util)
+
+    def nvmlDeviceGetEncoderUtilization(self, h: SimHandle) -> list[int]:
+        self._gpu(h)
+        return [0, 100000]
+
+    def nvmlDeviceGetDecoderUtilization(self, h: SimHandle) -> list[int]:
+        self._gpu(h)
+        return [0, 100000]
+
+    def nvmlDeviceGetMemoryInfo(self, h: SimHandle, version: int | None = None) -> SimpleNamespace:
+        gpu = self._gpu(h)
+        total = gpu.model.memory_bytes
+        reserved = min(total // 50, 512 * 2**20)
+        used = min(gpu.fb_used_bytes(), total - reserved)
+        info = SimpleNamespace(total=total, used=used, free=total - used - reserved)
+        if version is not None:
+            info.reserved = reserved
+            info.version = version
+        else:  # v1 folds the reservation into "used", as the real call does
+            info.used = used + reserved
+        return info
+
+    def nvmlDeviceGetTemperature(self, h: SimHandle, sensor: int) -> int:
+        gpu = self._gpu(h)
+        if sensor != pynvml.NVML_TEMPERATURE_GPU:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(round(gpu.temp_c))
+
+    def nvmlDeviceGetPowerUsage(self, h: SimHandle) -> int:
+        return int(round(self._gpu(h).state.power_w * 1000))
+
+    def nvmlDeviceGetTotalEnergyConsumption(self, h: SimHandle) -> int:
+        return int(self._gpu(h).state.energy_mj)
+
+    def nvmlDeviceGetClockInfo(self, h: SimHandle, clock_type: int) -> int:
+        gpu = self._gpu(h)
+        if clock_type in (pynvml.NVML_CLOCK_SM, pynvml.NVML_CLOCK_GRAPHICS):
+            return gpu.sm_clock_reading()
+        if clock_type == pynvml.NVML_CLOCK_MEM:
+            return int(gpu.model.max_mem_clock_mhz or 2619)
+        raise _err(_NS)
+
+    def nvmlDeviceGetCurrentClocksEventReasons(self, h: SimHandle) -> int:
+        return self._gpu(h).state.reasons
+
+    def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: SimHandle) -> int:
+        return self.nvmlDeviceGetCurrentClocksEventReasons(h)
+
+    def nvmlDeviceGetRemappedRows(self, h: SimHandle) -> tuple[int, int, int, int]:
+        gpu = self._gpu(h)
+        pending = gpu.has_fault(FaultKind.ROW_REMAP_PENDING) is not None
+        failure = gpu.has_fault(FaultKind.ROW_REMAP_FAILURE) is not None
+        return (gpu.remapped_cor, gpu.remapped_unc, int(pending), int(failure))
+
+    def nvmlDeviceGetRetiredPages(self, h: SimHandle, source_filter: int) -> list[int]:
+        gpu = self._gpu(h)
+        f = gpu.has_fault(FaultKind.RETIRED_PAGES)
+        if f is None:
+            raise _err(_NS)  # Hopper: retirement replaced by row remapping (probe)
+        key = "dbe" if source_filter == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR else "sbe"
+        return [0x1000 * (i + 1) for i in range(int(f.param(key, 0)))]
+
+    def nvmlDeviceGetRetiredPagesPendingStatus(self, h: SimHandle) -> int:
+        if self._gpu(h).has_fault(FaultKind.RETIRED_PAGES) is None:
+            raise _err(_NS)
+        return 0
+
+    def nvmlDeviceGetTotalEccErrors(self, h: SimHandle, error_type: int, counter_type: int) -> int:
+        gpu = self._gpu(h)
+        if gpu.has_fault(FaultKind.ECC_DISABLED):
+            raise _err(_NS)
+        corrected = error_type == pynvml.NVML_MEMORY_ERROR_TYPE_CORRECTED
+        if counter_type == pynvml.NVML_VOLATILE_ECC:
+            return gpu.ecc_sbe_volatile if corrected else gpu.ecc_dbe_volatile
+        return gpu.ecc_sbe_aggregate if corrected else gpu.ecc_dbe_aggregate
+
+    def nvmlDeviceGetPcieReplayCounter(self, h: SimHandle) -> int:
+        return int(self._gpu(h).pcie_replays)
+
+    def nvmlDeviceGetPcieThroughput(self, h: SimHandle, counter: int) -> int:
+        gpu = self._gpu(h)
+        load = gpu.load_at(gpu.t)
+        if load is None:
+            return 0
+        rate = load.pcie_tx_bytes_per_s if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else load.pcie_rx_bytes_per_s
+        return int(rate / 1024)  # KB/s
+
+    def nvmlDeviceGetViolationStatus(self, h: SimHandle, policy: int) -> SimpleNamespace:
+        gpu = self._gpu(h)
+        if policy == pynvml.NVML_PERF_POLICY_POWER:
+            us = gpu.power_violation_us
+        elif policy == pynvml.NVML_PERF_POLICY_THERMAL:
+            us = gpu.thermal_violation_us
+        else:
+            us = 0.0
+        return SimpleNamespace(referenceTime=int(gpu.t * 1e6), violationTime=int(us * 1000))
+
+    def nvmlDeviceGetComputeRunningProcesses(self, h: SimHandle) -> list[SimpleNamespace]:
+        gpu = self._gpu(h)
+        load = gpu.load_at(gpu.t)
+        if load is None:
+            return []
+        return [SimpleNamespace(pid=10_000 + gpu.index, usedGpuMemory=load.fb_used_bytes)]
+
+    def nvmlDeviceGetFanSpeed(self, h: SimHandle) -> int:
+        self._gpu(h)
+        raise _err(_NS)  # passively cooled SXM boards (probe: NotSupported)
+
+    # ----- batched field values ------------------------------------------------------------
+    def _field(self, gpu: SimGpu, fid: int) -> tuple[int, int, float | int]:
+        """(nvmlReturn, valueType, value) of one field id."""
+        ull, sll, dbl = (
+            pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
+            pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG,
+            pynvml.NVML_VALUE_TYPE_DOUBLE,
+        )
+        ecc_off = gpu.has_fault(FaultKind.ECC_DISABLED) is not None
+        has_nvlink = gpu.model.nvlink_generation is not None and len(self._node.gpus) > 1
+        pending = gpu.has_fault(FaultKind.ROW_REMAP_PENDING) is not None
+        failure = gpu.has_fault(FaultKind.ROW_REMAP_FAILURE) is not None
+        table: dict[int, tuple[int, float | int] | None] = {
+            pynvml.NVML_FI_DEV_ECC_CURRENT: (ull, 0 if ecc_off else 1),
+            pynvml.NVML_FI_DEV_ECC_PENDING: (ull, 0 if ecc_off else 1),
+            pynvml.NVML_FI_DEV_ECC_SBE_VOL_TOTAL: None if ecc_off else (ull, gpu.ecc_sbe_volatile),
+            pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: None if ecc_off else (ull, gpu.ecc_dbe_volatile),
+            pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: None if ecc_off else (ull, gpu.ecc_sbe_aggregate),
+            pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: None if ecc_off else (ull, gpu.ecc_dbe_aggregate),
+            pynvml.NVML_FI_DEV_MEMORY_TEMP: (ull, int(round(gpu.state.mem_temp_c))),
+            pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (ull, int(gpu.state.energy_mj)),
+            pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (ull, int(gpu.pcie_replays)),
+            pynvml.NVML_FI_DEV_REMAPPED_COR: (ull, gpu.remapped_cor),
+            pynvml.NVML_FI_DEV_REMAPPED_UNC: (ull, gpu.remapped_unc),
+            pynvml.NVML_FI_DEV_REMAPPED_PENDING: (ull, int(pending)),
+            pynvml.NVML_FI_DEV_REMAPPED_FAILURE: (ull, int(failure)),
+            pynvml.NVML_FI_DEV_POWER_INSTANT: (ull, int(round(gpu.state.power_w * 1000))),
+            pynvml.NVML_FI_DEV_POWER_AVERAGE: (ull, int(round(gpu.state.power_w * 1000))),
+            pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT: (ull, int(float(gpu.power_limit_w or 0) * 1000)),
+            pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: (ull, int(gpu.pcie_tx_total)),
+            pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (ull, int(gpu.pcie_rx_total)),
+            pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: (ull, int(gpu.nvlink_crc)) if has_nvlink else None,
+            pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: (ull, 0) if has_nvlink else None,
+            pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: (ull, 0) if has_nvlink else None,
+        }
+        _ = (sll, dbl)
+        entry = table.get(fid)
+        if entry is None:
+            return _NS, ull, 0
+        return pynvml.NVML_SUCCESS, entry[0], entry[1]
+
+    def nvmlDeviceGetFieldValues(self, h: SimHandle, field_ids: list[int]) -> Any:
+        gpu = self._gpu(h)
+        values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        now_us = int(gpu.t * 1e6)
+        for i, fid in enumerate(field_ids):
+            ret, vtype, value = self._field(gpu, int(fid))
+            values[i].fieldId = int(fid)
+            values[i].timestamp = now_us
+            values[i].latencyUsec = 0
+            values[i].nvmlReturn = ret
+            values[i].valueType = vtype
+            if vtype == pynvml.NVML_VALUE_TYPE_DOUBLE:
+                values[i].value.dVal = float(value)
+            else:
+                values[i].value.ullVal = ctypes.c_ulonglong(int(value)).value
+        return values
+
+    # ----- events --------------------------------------------------------------------------
+    def nvmlDeviceGetSupportedEventTypes(self, h: SimHandle) -> int:
+        self._gpu(h)
+        return 65439  # what the H200 reports (probe "events.supported")
+
+    def nvmlEventSetCreate(self) -> _EventSet:
+        self._check_init()
+        return _EventSet()
+
+    def nvmlDeviceRegisterEvents(self, h: SimHandle, event_types: int, event_set: _EventSet) -> None:
+        self._gpu(h)
+        event_set.handles[h.index] = (h, int(event_types))
+
+    def nvmlEventSetWait(self, event_set: _EventSet, timeout_ms: int) -> SimpleNamespace:
+        return self.nvmlEventSetWait_v2(event_set, timeout_ms)
+
+    def nvmlEventSetWait_v2(self, event_set: _EventSet, timeout_ms: int) -> SimpleNamespace:
+        self._check_init()
+        now = self._node.clock()
+        for idx, (handle, types) in sorted(event_set.handles.items()):
+            if not types & pynvml.nvmlEventTypeXidCriticalError:
+                continue
+            gpu = self._node.gpus[idx]
+            gpu.advance(now)
+            for when, xid in list(gpu.pending_events):
+                key = (idx, when, xid)
+                if key in event_set.delivered or when > now:
+                    continue
+                event_set.delivered.add(key)
+                return SimpleNamespace(
+                    device=handle,
+                    eventType=pynvml.nvmlEventTypeXidCriticalError,
+                    eventData=xid,
+                    gpuInstanceId=0xFFFFFFFF,
+                    computeInstanceId=0xFFFFFFFF,
+                    timeStamp=int(when * 1e6),
+                )
+        raise _err(pynvml.NVML_ERROR_TIMEOUT)  # nothing pending (no real wait in simulation)
+
+    def nvmlEventSetFree(self, event_set: _EventSet) -> None:
+        self._check_init()
+        event_set.handles.clear()
