@@ -44,7 +44,11 @@ class UnknownNameError(UsageError):
         self.kind = kind
         self.name = name
         self.suggestions = difflib.get_close_matches(name.lower(), [k.lower() for k in known], 3)
-        hint = f"did you mean {', '.join(repr(s) for s in self.suggestions)}?" if self.suggestions else None
+        hint = (
+            f"did you mean {', '.join(repr(s) for s in self.suggestions)}?"
+            if self.suggestions
+            else None
+        )
         super().__init__(f"unknown {kind} {name!r}", hint=hint)
 
 

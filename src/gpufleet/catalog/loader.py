@@ -36,7 +36,11 @@ def _records(name: str, key: str, cls: type[T]) -> list[T]:
         except ValidationError as exc:
             first = exc.errors()[0]
             loc = ".".join(str(p) for p in first["loc"])
-            ident = item.get("key") or item.get("code") or item.get("model") if isinstance(item, dict) else i
+            ident = (
+                item.get("key") or item.get("code") or item.get("model")
+                if isinstance(item, dict)
+                else i
+            )
             raise CatalogError(
                 f"catalog/data/{name}: {key}[{i}] ({ident}): {loc}: {first['msg']}"
             ) from exc

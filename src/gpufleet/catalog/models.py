@@ -174,7 +174,8 @@ class MigGeometry(_Record):
                 return p
         from gpufleet.errors import UnknownNameError
 
-        raise UnknownNameError(f"MIG profile for {self.model}", name, [p.name for p in self.profiles])
+        known = [p.name for p in self.profiles]
+        raise UnknownNameError(f"MIG profile for {self.model}", name, known)
 
 
 class XidAction(StrEnum):
@@ -207,4 +208,6 @@ class XidEntry(_Record):
     action: XidAction
     application_level: bool = False
     notes: str = ""
+    mnemonic: str | None = None
+    nvidia_immediate_action: str | None = None  # the catalog's "Resolution Bucket (Immediate)"
     source: str

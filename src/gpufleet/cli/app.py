@@ -25,6 +25,7 @@ COMMAND_MODULES = (
     "gpufleet.cli.status",
     "gpufleet.cli.doctor",
     "gpufleet.cli.plan",
+    "gpufleet.cli.catalog",
 )
 
 
@@ -48,25 +49,18 @@ for _name in COMMAND_MODULES:
 
 
 def main() -> None:
-    """Console-script entry point: run the app; print gpufleet errors as one line, no traceback."""
+    """Console-script entry point: run the app; print gpufleet errors as one line, no traceback.
+
+    Click (inside Typer) handles usage errors and ``typer.Exit`` itself in standalone mode;
+    everything gpufleet raises on purpose is a ``GpufleetError`` and is printed here.
+    """
     try:
-        app(standalone_mode=False)
+        app()
     except GpufleetError as exc:
-        err_console.print(f"[bold red]error:[/] {exc.message}", highlight=False)
-        if exc.hint:
-            err_console.print(f"  hint: {exc.hint}", highlight=False)
+        hint = f"; {exc.hint}" if exc.hint else ""
+        err_console.print(
+            f"[bold red]error:[/] {exc.message}{hint}", highlight=False, soft_wrap=True
+        )
         sys.exit(exc.exit_code)
-    except typer.Exit as exc:
-        sys.exit(exc.exit_code)
-    except typer.Abort:
-        err_console.print("aborted")
-        sys.exit(130)
     except KeyboardInterrupt:
         sys.exit(130)
-    except Exception as exc:  # click usage errors arrive here in non-standalone mode
-        import click
-
-        if isinstance(exc, click.ClickException):
-            exc.show()
-            sys.exit(exc.exit_code)
-        raise

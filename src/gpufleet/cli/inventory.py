@@ -1,10 +1,125 @@
-"""`gpufleet inventory` (placeholder until implemented)."""
+"""`gpufleet inventory`: nodes and GPUs (model, driver, VBIOS, memory, PCIe, ECC, MIG,
+persistence) and configuration drift."""
 
 from __future__ import annotations
 
+from pathlib import Path
+from typing import Any
+
 import typer
+from rich.table import Table
+
+from gpufleet.cli.common import ImportOption, JsonOption, SeedOption, SimOption, paths
+from gpufleet.cli.output import console, emit_json, fmt, to_jsonable
+from gpufleet.devices.discovery import Fleet, node_inventory, open_fleet
+from gpufleet.devices.drift import DriftItem, find_drift
+from gpufleet.devices.types import NodeInventory
+
+
+def collect(fleet: Fleet) -> tuple[list[NodeInventory], list[str]]:
+    """Inventories of every node of a fleet, with notes on GPUs that could not be read."""
+    nodes: list[NodeInventory] = []
+    notes: list[str] = []
+    for backend in fleet.backends:
+        inv, n = node_inventory(backend)
+        nodes.append(inv)
+        notes.extend(n)
+    nodes.extend(inv for inv, _ in fleet.imported)
+    return nodes, notes
+
+
+def inventory_document(
+    nodes: list[NodeInventory], drift: list[DriftItem], notes: list[str]
+) -> dict[str, Any]:
+    """The JSON shape of ``gpufleet inventory --json``."""
+    return {
+        "nodes": [
+            {
+                "name": n.name,
+                "source": n.source,
+                "driver_version": n.driver_version,
+                "cuda_driver_version": n.cuda_driver_version,
+                "gpus": [to_jsonable(g) for g in n.gpus],
+            }
+            for n in nodes
+        ],
+        "gpu_count": sum(len(n.gpus) for n in nodes),
+        "drift": [to_jsonable(d) for d in drift],
+        "notes": notes,
+    }
+
+
+def _onoff(v: bool | None) -> str:
+    return "N/A" if v is None else ("on" if v else "off")
+
+
+def _print(nodes: list[NodeInventory], drift: list[DriftItem], notes: list[str]) -> None:
+    table = Table(title=f"{len(nodes)} node(s), {sum(len(n.gpus) for n in nodes)} GPU(s)")
+    for col in (
+        "node",
+        "gpu",
+        "model",
+        "driver",
+        "VBIOS",
+        "memory",
+        "PCIe (cur/max)",
+        "ECC",
+        "MIG",
+        "persist",
+    ):
+        table.add_column(col)
+    for n in nodes:
+        for g in n.gpus:
+            mem = (
+                None if g.memory_total_bytes is None else f"{g.memory_total_bytes / 2**30:.0f} GiB"
+            )
+            cur = f"Gen{fmt(g.pcie_gen_current)}x{fmt(g.pcie_width_current)}"
+            link = f"{cur} / Gen{fmt(g.pcie_gen_max)}x{fmt(g.pcie_width_max)}"
+            low = (g.pcie_gen_current or 0) < (g.pcie_gen_max or 0) or (
+                g.pcie_width_current or 0
+            ) < (g.pcie_width_max or 0)
+            table.add_row(
+                n.name,
+                str(g.index),
+                g.model or g.name,
+                fmt(g.driver_version),
+                fmt(g.vbios_version),
+                fmt(mem),
+                f"[yellow]{link}[/]" if low else link,
+                _onoff(g.ecc_current),
+                _onoff(g.mig_current),
+                _onoff(g.persistence_mode),
+            )
+    console.print(table)
+    if drift:
+        console.print(f"[bold yellow]drift ({len(drift)}):[/]")
+        for d in drift:
+            console.print(f"  - {d.message}", highlight=False)
+    else:
+        console.print("[green]no drift:[/] versions match and every PCIe link is at its max")
+    for note in notes:
+        console.print(f"[red]note:[/] {note}", highlight=False)
+
+
+def inventory(
+    sim: str | None = SimOption,
+    seed: int = SeedOption,
+    imports: list[Path] | None = ImportOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Nodes and GPUs, with driver/VBIOS/CUDA/InfoROM drift and PCIe links below max."""
+    fleet = open_fleet(sim=sim, imports=paths(imports), seed=seed)
+    try:
+        nodes, notes = collect(fleet)
+    finally:
+        fleet.close()
+    drift = find_drift(nodes)
+    if as_json:
+        emit_json(inventory_document(nodes, drift, notes))
+    else:
+        _print(nodes, drift, notes)
 
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the app."""
-    _ = app
+    """Attach `gpufleet inventory`."""
+    app.command("inventory")(inventory)

@@ -1,10 +1,174 @@
-"""`gpufleet status` (placeholder until implemented)."""
+"""`gpufleet status`: a live per-GPU table like nvidia-smi's, with throttle reasons in words."""
 
 from __future__ import annotations
 
+import time
+from dataclasses import dataclass
+from typing import Any
+
 import typer
+from rich.live import Live
+from rich.table import Table
+
+from gpufleet.cli.common import JsonOption, SeedOption, SimOption
+from gpufleet.cli.output import console, emit_json, fmt, to_jsonable
+from gpufleet.devices.discovery import Fleet, open_fleet
+from gpufleet.devices.types import DeviceInfo, Sample, decode_clock_reasons
+from gpufleet.errors import DeviceError, GpuLostError
+
+
+@dataclass(frozen=True)
+class GpuStatus:
+    """One row of the status table."""
+
+    node: str
+    info: DeviceInfo | None
+    sample: Sample | None
+    index: int
+    error: str | None = None
+
+
+def read_status(fleet: Fleet, infos: dict[tuple[str, int], DeviceInfo]) -> list[GpuStatus]:
+    """Sample every GPU once; a lost GPU becomes a row with its error, the others go on."""
+    rows: list[GpuStatus] = []
+    for backend in fleet.backends:
+        for i in range(backend.device_count()):
+            key = (backend.node_name, i)
+            try:
+                if key not in infos:
+                    infos[key] = backend.device_info(i)
+                rows.append(GpuStatus(backend.node_name, infos[key], backend.sample(i), i))
+            except (GpuLostError, DeviceError) as exc:
+                rows.append(GpuStatus(backend.node_name, infos.get(key), None, i, error=str(exc)))
+    for inv, samples in fleet.imported:
+        for info, sample in zip(inv.gpus, samples, strict=False):
+            rows.append(GpuStatus(inv.name, info, sample, info.index))
+    return rows
+
+
+def _ecc(s: Sample) -> str:
+    if s.ecc_sbe_volatile is None and s.ecc_dbe_volatile is None:
+        return "N/A"
+    text = f"{fmt(s.ecc_sbe_volatile)}/{fmt(s.ecc_dbe_volatile)}"
+    return f"[red]{text}[/]" if (s.ecc_dbe_volatile or 0) > 0 else text
+
+
+def _remap(s: Sample) -> str:
+    if s.remap_failure:
+        return "[red]FAILED[/]"
+    if s.remap_pending:
+        return "[yellow]pending[/]"
+    if s.remapped_rows_uncorrectable is None:
+        return "N/A"
+    return f"ok {s.remapped_rows_correctable or 0}/{s.remapped_rows_uncorrectable}"
+
+
+def render(rows: list[GpuStatus]) -> Table:
+    table = Table(title=f"{len(rows)} GPU(s) at {time.strftime('%H:%M:%S')}")
+    table.add_column("node", no_wrap=True)
+    for col in (
+        "gpu",
+        "model",
+        "util",
+        "mem GiB",
+        "temp C",
+        "power W",
+        "SM/mem MHz",
+        "clock reasons",
+        "ECC s/d",
+        "remap",
+    ):
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        model = (r.info.model or r.info.name) if r.info else "?"
+        if r.sample is None:
+            table.add_row(
+                r.node, str(r.index), model, f"[bold red]{r.error or 'no data'}[/]", *[""] * 7
+            )
+            continue
+        s = r.sample
+        mem = "N/A"
+        if s.mem_used_bytes is not None and r.info and r.info.memory_total_bytes:
+            mem = f"{s.mem_used_bytes / 2**30:.1f}/{r.info.memory_total_bytes / 2**30:.0f}"
+        limit = r.info.power_limit_enforced_w if r.info else None
+        reasons = ", ".join(decode_clock_reasons(s.clock_event_reasons)) or "none"
+        if s.clock_event_reasons and s.clock_event_reasons & 0xE8:  # HW slowdown/thermal/brake
+            reasons = f"[red]{reasons}[/]"
+        table.add_row(
+            r.node,
+            str(r.index),
+            model,
+            fmt(s.gpu_util_pct, "%"),
+            mem,
+            f"{fmt(s.gpu_temp_c)}" + (f"/{fmt(s.mem_temp_c)}" if s.mem_temp_c is not None else ""),
+            f"{fmt(s.power_w)}/{fmt(limit)}",
+            f"{fmt(s.sm_clock_mhz)}/{fmt(s.mem_clock_mhz)}",
+            reasons,
+            _ecc(s),
+            _remap(s),
+        )
+    return table
+
+
+def status_document(rows: list[GpuStatus]) -> dict[str, Any]:
+    """The JSON shape of ``gpufleet status --json``."""
+    nodes: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        entry: dict[str, Any] = {
+            "index": r.index,
+            "uuid": r.info.uuid if r.info else None,
+            "model": r.info.model if r.info else None,
+            "power_limit_w": r.info.power_limit_enforced_w if r.info else None,
+            "lost": r.sample is None,
+            "error": r.error,
+        }
+        if r.sample is not None:
+            entry.update(to_jsonable(r.sample))
+            entry["clock_event_reasons_words"] = decode_clock_reasons(r.sample.clock_event_reasons)
+        nodes.setdefault(r.node, []).append(entry)
+    return {"nodes": [{"name": n, "gpus": g} for n, g in nodes.items()]}
+
+
+def status(
+    sim: str | None = SimOption,
+    seed: int = SeedOption,
+    busy: bool = typer.Option(False, "--busy", help="With --sim: run a seeded mix of loads."),
+    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
+    interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
+    count: int = typer.Option(0, "--count", min=0, help="With --watch: stop after N refreshes."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Per-GPU utilization, memory, temperature, power, clocks, throttle reasons, ECC, remaps."""
+    fleet = open_fleet(sim=sim, seed=seed)
+    if busy and fleet.sim is not None:
+        fleet.sim.demo_activity()
+    infos: dict[tuple[str, int], DeviceInfo] = {}
+    try:
+        if not watch:
+            rows = read_status(fleet, infos)
+            if as_json:
+                emit_json(status_document(rows))
+            else:
+                console.print(render(rows))
+            return
+        n = 0
+        with Live(render(read_status(fleet, infos)), console=console, refresh_per_second=4) as live:
+            while True:
+                n += 1
+                if count and n >= count:
+                    break
+                time.sleep(interval)
+                rows = read_status(fleet, infos)
+                if as_json:
+                    emit_json(status_document(rows))
+                else:
+                    live.update(render(rows))
+    except KeyboardInterrupt:
+        pass
+    finally:
+        fleet.close()
 
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the app."""
-    _ = app
+    """Attach `gpufleet status`."""
+    app.command("status")(status)

@@ -9,7 +9,7 @@ from enum import IntFlag
 
 
 class ClockEventReason(IntFlag):
-    """NVML clock-event (throttle) reasons, ``nvmlClocksEventReason*`` / ``nvmlClocksThrottleReason*``.
+    """NVML clock-event (throttle) reasons (``nvmlClocksEventReason*``, once ``*ThrottleReason*``).
 
     Source: NVML API Reference, "Clocks Event Reasons" (docs.nvidia.com/deploy/nvml-api/).
     """

@@ -1,14 +1,15 @@
 """`NvmlBackend`: every NVML call gpufleet makes goes through one query helper here.
 
-The library is a parameter: ``NvmlBackend(lib=pynvml)`` on real GPUs, ``NvmlBackend(lib=SimNvml(...))``
-in tests and demos, so the production code path is what every test runs. The helper initialises
-NVML lazily under a lock, turns NotSupported into None, records FunctionNotFound and permission
-problems once (``problems()``, shown by ``gpufleet doctor``), and marks a GPU that answers
-GpuIsLost as lost without stopping the others.
+The library is a parameter: ``NvmlBackend(lib=pynvml)`` on real GPUs,
+``NvmlBackend(lib=SimNvml(...))`` in tests and demos, so the production code path is what every
+test runs. The helper initialises NVML lazily under a lock, turns NotSupported into None,
+records FunctionNotFound and permission problems once (``problems()``, shown by
+``gpufleet doctor``), and marks a GPU that answers GpuIsLost as lost without stopping the others.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from collections.abc import Callable
@@ -30,7 +31,9 @@ def load_pynvml() -> Any:
     try:
         import pynvml
     except ImportError as exc:  # pragma: no cover - dependency of the package
-        raise NoDeviceError("nvidia-ml-py is not installed", hint="pip install nvidia-ml-py") from exc
+        raise NoDeviceError(
+            "nvidia-ml-py is not installed", hint="pip install nvidia-ml-py"
+        ) from exc
     return pynvml
 
 
@@ -113,8 +116,12 @@ class NvmlBackend:
                 return None
             if sev is NvmlSeverity.CRITICAL and gpu is not None:
                 self._lost.add(gpu)
-                raise GpuLostError(f"GPU {gpu} on {self.node_name}: {exc} ({error_name(code)})") from exc
-            raise DeviceError(f"{fn} failed on {self.node_name}: {exc} ({error_name(code)})") from exc
+                raise GpuLostError(
+                    f"GPU {gpu} on {self.node_name}: {exc} ({error_name(code)})"
+                ) from exc
+            raise DeviceError(
+                f"{fn} failed on {self.node_name}: {exc} ({error_name(code)})"
+            ) from exc
 
     def _handle(self, index: int) -> Any:
         h = self._handles.get(index)
@@ -189,8 +196,12 @@ class NvmlBackend:
             power_limit_min_w=mw(limits[0]) if limits else None,
             power_limit_max_w=mw(limits[1]) if limits else None,
             power_limit_enforced_w=mw(enforced),
-            max_sm_clock_mhz=_opt_int(self._dev("nvmlDeviceGetMaxClockInfo", index, lib.NVML_CLOCK_SM)),
-            max_mem_clock_mhz=_opt_int(self._dev("nvmlDeviceGetMaxClockInfo", index, lib.NVML_CLOCK_MEM)),
+            max_sm_clock_mhz=_opt_int(
+                self._dev("nvmlDeviceGetMaxClockInfo", index, lib.NVML_CLOCK_SM)
+            ),
+            max_mem_clock_mhz=_opt_int(
+                self._dev("nvmlDeviceGetMaxClockInfo", index, lib.NVML_CLOCK_MEM)
+            ),
             pcie_gen_current=_opt_int(self._dev("nvmlDeviceGetCurrPcieLinkGeneration", index)),
             pcie_gen_max=_opt_int(
                 self._dev("nvmlDeviceGetGpuMaxPcieLinkGeneration", index)
@@ -203,17 +214,29 @@ class NvmlBackend:
             ecc_pending=None if ecc is None else bool(ecc[1]),
             mig_current=None if mig is None else bool(mig[0]),
             mig_pending=None if mig is None else bool(mig[1]),
-            compute_mode=None if compute is None else _COMPUTE_MODES.get(int(compute), str(compute)),
+            compute_mode=None
+            if compute is None
+            else _COMPUTE_MODES.get(int(compute), str(compute)),
             slowdown_temp_c=_opt_int(
-                self._dev("nvmlDeviceGetTemperatureThreshold", index, lib.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN)
+                self._dev(
+                    "nvmlDeviceGetTemperatureThreshold",
+                    index,
+                    lib.NVML_TEMPERATURE_THRESHOLD_SLOWDOWN,
+                )
             ),
             shutdown_temp_c=_opt_int(
-                self._dev("nvmlDeviceGetTemperatureThreshold", index, lib.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN)
+                self._dev(
+                    "nvmlDeviceGetTemperatureThreshold",
+                    index,
+                    lib.NVML_TEMPERATURE_THRESHOLD_SHUTDOWN,
+                )
             ),
             minor_number=_opt_int(self._dev("nvmlDeviceGetMinorNumber", index)),
         )
 
-    def _fields(self, index: int, table: dict[int, tuple[str, float]]) -> dict[str, float | int | None]:
+    def _fields(
+        self, index: int, table: dict[int, tuple[str, float]]
+    ) -> dict[str, float | int | None]:
         ids = list(table)
         values = self._dev("nvmlDeviceGetFieldValues", index, ids)
         out: dict[str, float | int | None] = {}
@@ -310,7 +333,9 @@ class NvmlBackend:
         enc = self._dev("nvmlDeviceGetEncoderUtilization", index)
         dec = self._dev("nvmlDeviceGetDecoderUtilization", index)
         sbe_pages = self._dev(
-            "nvmlDeviceGetRetiredPages", index, lib.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS
+            "nvmlDeviceGetRetiredPages",
+            index,
+            lib.NVML_PAGE_RETIREMENT_CAUSE_MULTIPLE_SINGLE_BIT_ECC_ERRORS,
         )
         dbe_pages = self._dev(
             "nvmlDeviceGetRetiredPages", index, lib.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
@@ -354,7 +379,12 @@ class NvmlBackend:
                 return events
             for idx in range(self.device_count()):
                 try:
-                    self._dev("nvmlDeviceRegisterEvents", idx, lib.nvmlEventTypeXidCriticalError, self._event_set)
+                    self._dev(
+                        "nvmlDeviceRegisterEvents",
+                        idx,
+                        lib.nvmlEventTypeXidCriticalError,
+                        self._event_set,
+                    )
                 except (GpuLostError, DeviceError):
                     continue
         wait = timeout_ms
@@ -362,7 +392,10 @@ class NvmlBackend:
             try:
                 data = self._lib.nvmlEventSetWait(self._event_set, wait)
             except self._lib.NVMLError as exc:
-                if int(exc.value) != lib.NVML_ERROR_TIMEOUT and severity_of(int(exc.value)) is NvmlSeverity.ERROR:
+                if (
+                    int(exc.value) != lib.NVML_ERROR_TIMEOUT
+                    and severity_of(int(exc.value)) is NvmlSeverity.ERROR
+                ):
                     self._record("nvmlEventSetWait", f"nvmlEventSetWait: {exc}")
                 break
             wait = 0
@@ -399,15 +432,11 @@ class NvmlBackend:
         with self._lock:
             if self._initialised:
                 if self._event_set is not None:
-                    try:
+                    with contextlib.suppress(self._lib.NVMLError):
                         self._lib.nvmlEventSetFree(self._event_set)
-                    except self._lib.NVMLError:
-                        pass
                     self._event_set = None
-                try:
+                with contextlib.suppress(self._lib.NVMLError):
                     self._lib.nvmlShutdown()
-                except self._lib.NVMLError:
-                    pass
                 self._initialised = False
                 self._handles.clear()
 

@@ -17,6 +17,13 @@ if TYPE_CHECKING:
     from gpufleet.devices.nvml.backend import NvmlBackend
 
 
+DEMO_LOADS = (
+    Load(util=1.0, intensity=1.0, kind="bf16_matmul", fb_used_bytes=60 * 2**30),
+    Load(util=0.7, intensity=0.6, mem_util=0.5, kind="inference", fb_used_bytes=40 * 2**30),
+    Load(util=0.35, intensity=0.3, mem_util=0.2, kind="dataloader-bound", fb_used_bytes=20 * 2**30),
+)
+
+
 @dataclass
 class SimNode:
     """One simulated server: its GPUs and the NVML library it exposes."""
@@ -75,7 +82,9 @@ class SimFleet:
             )
             for i in range(ns.gpus)
         ]
-        return SimNode(name=ns.name, gpus=gpus, clock=self.clock, rack=ns.rack, driver_version=driver)
+        return SimNode(
+            name=ns.name, gpus=gpus, clock=self.clock, rack=ns.rack, driver_version=driver
+        )
 
     def node(self, name: str) -> SimNode:
         if name not in self.nodes:
@@ -97,3 +106,17 @@ class SimFleet:
 
     def backends(self) -> list[NvmlBackend]:
         return [n.backend() for n in self.nodes.values()]
+
+    def demo_activity(self, busy_fraction: float = 0.7) -> None:
+        """A seeded mix of loads: most nodes busy with one of a few job shapes, some idle."""
+        import random
+
+        rng = random.Random(self.spec.seed)
+        now = self.clock()
+        for node in self.nodes.values():
+            shape = rng.choice(DEMO_LOADS)
+            if rng.random() < busy_fraction:
+                for gpu in node.gpus:
+                    with gpu.lock:
+                        gpu.t = min(gpu.t, now - 60.0)  # integrate a minute of history
+                    gpu.run(shape, start_s=now - 60.0)

@@ -15,7 +15,11 @@ from gpufleet.devices.types import ClockEventReason as R
 HGX_BUS_IDS = (0x18, 0x2A, 0x3A, 0x5D, 0x9A, 0xAB, 0xBA, 0xDB)
 DEFAULT_DRIVER = "580.159.04"  # the H200 capture's driver (tests/fixtures/nvidia-h200)
 DEFAULT_CUDA = 13000
-VBIOS_BY_ARCH = {"hopper": "96.00.A5.00.1A", "ampere": "92.00.45.00.06", "blackwell": "97.00.4A.00.01"}
+VBIOS_BY_ARCH = {
+    "hopper": "96.00.A5.00.1A",
+    "ampere": "92.00.45.00.06",
+    "blackwell": "97.00.4A.00.01",
+}
 INFOROM_DEFAULT = "G520.0282.02.02"
 
 
@@ -99,7 +103,9 @@ class SimGpu:
         self.lock = threading.RLock()
 
     # ----- load schedule -------------------------------------------------------------------
-    def run(self, load: Load, start_s: float | None = None, duration_s: float | None = None) -> None:
+    def run(
+        self, load: Load, start_s: float | None = None, duration_s: float | None = None
+    ) -> None:
         """Schedule a load from ``start_s`` (default now) for ``duration_s`` (default forever)."""
         with self.lock:
             start = self.t if start_s is None else start_s
@@ -145,7 +151,8 @@ class SimGpu:
         f = self.has_fault(FaultKind.PCIE_DOWNGRADE)
         gen, width = self.model.pcie_generation, self.model.pcie_lanes
         if f:
-            return int(f.param("gen", gen - 1)), int(f.param("width", width))
+            default_gen = gen if "width" in f.params else gen - 1
+            return int(f.param("gen", default_gen)), int(f.param("width", width))
         return gen, width
 
     def memory_error_addresses(self) -> list[int]:
@@ -273,7 +280,7 @@ class SimGpu:
         load = self.load_at(self.t)
         if load is None:
             return 0, 0
-        return int(round(load.util * 100)), int(round(load.mem_util * 100))
+        return round(load.util * 100), round(load.mem_util * 100)
 
     def fb_used_bytes(self) -> int:
         load = self.load_at(self.t)

@@ -44,6 +44,10 @@ class _EventSet:
         self.delivered: set[tuple[int, float, int]] = set()
 
 
+def _function_not_found(*_args: Any, **_kwargs: Any) -> Any:
+    raise pynvml.NVMLError(pynvml.NVML_ERROR_FUNCTION_NOT_FOUND)
+
+
 def _err(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
@@ -59,6 +63,8 @@ class SimNvml:
         self._lock = threading.Lock()
         self._missing = set(missing_functions)
         self.calls = 0  # how many NVML calls were made (benchmarks, tests)
+        for name in self._missing:  # an older driver: the symbol is absent from libnvidia-ml
+            setattr(self, name, _function_not_found)
 
     def __getattr__(self, name: str) -> Any:
         if name in self.__dict__.get("_missing", ()):
@@ -187,7 +193,7 @@ class SimNvml:
 
     def nvmlDeviceGetComputeMode(self, h: SimHandle) -> int:
         self._gpu(h)
-        return pynvml.NVML_COMPUTEMODE_DEFAULT
+        return int(pynvml.NVML_COMPUTEMODE_DEFAULT)
 
     def nvmlDeviceGetPowerManagementLimitConstraints(self, h: SimHandle) -> list[int]:
         m = self._gpu(h).model
@@ -269,10 +275,10 @@ class SimNvml:
         gpu = self._gpu(h)
         if sensor != pynvml.NVML_TEMPERATURE_GPU:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
-        return int(round(gpu.temp_c))
+        return round(gpu.temp_c)
 
     def nvmlDeviceGetPowerUsage(self, h: SimHandle) -> int:
-        return int(round(self._gpu(h).state.power_w * 1000))
+        return round(self._gpu(h).state.power_w * 1000)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h: SimHandle) -> int:
         return int(self._gpu(h).state.energy_mj)
@@ -289,7 +295,7 @@ class SimNvml:
         return self._gpu(h).state.reasons
 
     def nvmlDeviceGetCurrentClocksThrottleReasons(self, h: SimHandle) -> int:
-        return self.nvmlDeviceGetCurrentClocksEventReasons(h)
+        return self._gpu(h).state.reasons  # the pre-12.x name of the same call
 
     def nvmlDeviceGetRemappedRows(self, h: SimHandle) -> tuple[int, int, int, int]:
         gpu = self._gpu(h)
@@ -302,7 +308,11 @@ class SimNvml:
         f = gpu.has_fault(FaultKind.RETIRED_PAGES)
         if f is None:
             raise _err(_NS)  # Hopper: retirement replaced by row remapping (probe)
-        key = "dbe" if source_filter == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR else "sbe"
+        key = (
+            "dbe"
+            if source_filter == pynvml.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
+            else "sbe"
+        )
         return [0x1000 * (i + 1) for i in range(int(f.param(key, 0)))]
 
     def nvmlDeviceGetRetiredPagesPendingStatus(self, h: SimHandle) -> int:
@@ -327,7 +337,11 @@ class SimNvml:
         load = gpu.load_at(gpu.t)
         if load is None:
             return 0
-        rate = load.pcie_tx_bytes_per_s if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES else load.pcie_rx_bytes_per_s
+        rate = (
+            load.pcie_tx_bytes_per_s
+            if counter == pynvml.NVML_PCIE_UTIL_TX_BYTES
+            else load.pcie_rx_bytes_per_s
+        )
         return int(rate / 1024)  # KB/s
 
     def nvmlDeviceGetViolationStatus(self, h: SimHandle, policy: int) -> SimpleNamespace:
@@ -370,19 +384,24 @@ class SimNvml:
             pynvml.NVML_FI_DEV_ECC_DBE_VOL_TOTAL: None if ecc_off else (ull, gpu.ecc_dbe_volatile),
             pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: None if ecc_off else (ull, gpu.ecc_sbe_aggregate),
             pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: None if ecc_off else (ull, gpu.ecc_dbe_aggregate),
-            pynvml.NVML_FI_DEV_MEMORY_TEMP: (ull, int(round(gpu.state.mem_temp_c))),
+            pynvml.NVML_FI_DEV_MEMORY_TEMP: (ull, round(gpu.state.mem_temp_c)),
             pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (ull, int(gpu.state.energy_mj)),
             pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (ull, int(gpu.pcie_replays)),
             pynvml.NVML_FI_DEV_REMAPPED_COR: (ull, gpu.remapped_cor),
             pynvml.NVML_FI_DEV_REMAPPED_UNC: (ull, gpu.remapped_unc),
             pynvml.NVML_FI_DEV_REMAPPED_PENDING: (ull, int(pending)),
             pynvml.NVML_FI_DEV_REMAPPED_FAILURE: (ull, int(failure)),
-            pynvml.NVML_FI_DEV_POWER_INSTANT: (ull, int(round(gpu.state.power_w * 1000))),
-            pynvml.NVML_FI_DEV_POWER_AVERAGE: (ull, int(round(gpu.state.power_w * 1000))),
-            pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT: (ull, int(float(gpu.power_limit_w or 0) * 1000)),
+            pynvml.NVML_FI_DEV_POWER_INSTANT: (ull, round(gpu.state.power_w * 1000)),
+            pynvml.NVML_FI_DEV_POWER_AVERAGE: (ull, round(gpu.state.power_w * 1000)),
+            pynvml.NVML_FI_DEV_POWER_CURRENT_LIMIT: (
+                ull,
+                int(float(gpu.power_limit_w or 0) * 1000),
+            ),
             pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: (ull, int(gpu.pcie_tx_total)),
             pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (ull, int(gpu.pcie_rx_total)),
-            pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: (ull, int(gpu.nvlink_crc)) if has_nvlink else None,
+            pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: (ull, int(gpu.nvlink_crc))
+            if has_nvlink
+            else None,
             pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: (ull, 0) if has_nvlink else None,
             pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: (ull, 0) if has_nvlink else None,
         }
@@ -418,7 +437,9 @@ class SimNvml:
         self._check_init()
         return _EventSet()
 
-    def nvmlDeviceRegisterEvents(self, h: SimHandle, event_types: int, event_set: _EventSet) -> None:
+    def nvmlDeviceRegisterEvents(
+        self, h: SimHandle, event_types: int, event_set: _EventSet
+    ) -> None:
         self._gpu(h)
         event_set.handles[h.index] = (h, int(event_types))
 

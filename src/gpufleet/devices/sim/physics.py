@@ -48,7 +48,9 @@ class PhysicsParams:
     linger_w: float
 
     @classmethod
-    def for_model(cls, max_power_w: float, idle_w: float | None, max_sm_clock_mhz: int | None) -> PhysicsParams:
+    def for_model(
+        cls, max_power_w: float, idle_w: float | None, max_sm_clock_mhz: int | None
+    ) -> PhysicsParams:
         idle = idle_w if idle_w is not None else 0.113 * max_power_w  # H200: 79/700
         span = max_power_w - idle
         return cls(

@@ -66,7 +66,8 @@ def parse_short_spec(text: str, seed: int = 7, prefix: str = "sim") -> FleetSpec
     m = _SHORT.match(text)
     if not m:
         raise ConfigError(
-            f"--sim {text!r}: expected NODESxGPUSxMODEL (e.g. 2x8xh100-sxm), GPUSxMODEL or a YAML file"
+            f"--sim {text!r}: expected NODESxGPUSxMODEL (e.g. 2x8xh100-sxm), "
+            "GPUSxMODEL or a YAML file"
         )
     a, b, model = m.groups()
     nodes, gpus = (int(a), int(b)) if b is not None else (1, int(a) if a else 8)
@@ -76,7 +77,9 @@ def parse_short_spec(text: str, seed: int = 7, prefix: str = "sim") -> FleetSpec
         raise ConfigError(f"--sim {text!r}: at most 64 GPUs per node")
     key = _model_key(model, f"--sim {text!r}")
     width = max(2, len(str(nodes)))
-    specs = tuple(NodeSpec(name=f"{prefix}-{i:0{width}d}", model=key, gpus=gpus) for i in range(nodes))
+    specs = tuple(
+        NodeSpec(name=f"{prefix}-{i:0{width}d}", model=key, gpus=gpus) for i in range(nodes)
+    )
     return FleetSpec(nodes=specs, seed=seed)
 
 
@@ -145,7 +148,8 @@ def parse_fleet_yaml(text: str, source: str = "<fleet>") -> FleetSpec:
     if dupes:
         raise ConfigError(f"{source}: duplicate node names {sorted(dupes)}")
     faults = tuple(
-        _parse_fault(f, f"{source}: faults[{i}]", set(names)) for i, f in enumerate(doc.get("faults") or [])
+        _parse_fault(f, f"{source}: faults[{i}]", set(names))
+        for i, f in enumerate(doc.get("faults") or [])
     )
     return FleetSpec(nodes=tuple(nodes), seed=seed, faults=faults)
 

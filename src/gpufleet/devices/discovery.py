@@ -1,0 +1,109 @@
+"""Find the GPUs a command should look at: the simulated fleet (``--sim``), imported
+nvidia-smi reports (``--import``), or this machine's real GPUs through NVML."""
+
+from __future__ import annotations
+
+import socket
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from gpufleet.devices.backend import GpuBackend
+from gpufleet.devices.types import DeviceInfo, NodeInventory, Sample
+from gpufleet.errors import DeviceError, GpuLostError, NoDeviceError
+
+NO_GPU_HINT = "try a simulated fleet: --sim 1x8xh100 (or --import nvidia-smi-q.xml)"
+
+
+@dataclass
+class Fleet:
+    """The nodes a command works on, with their backends (none for imported reports)."""
+
+    kind: str  # "nvml", "sim", "import"
+    backends: list[GpuBackend] = field(default_factory=list)
+    imported: list[tuple[NodeInventory, list[Sample]]] = field(default_factory=list)
+    sim: Any = None  # the SimFleet when kind == "sim"
+
+    def close(self) -> None:
+        for b in self.backends:
+            b.close()
+
+
+def open_sim(spec: str, seed: int = 7) -> Fleet:
+    from gpufleet.devices.sim import SimFleet, parse_fleet_spec
+
+    sim = SimFleet(parse_fleet_spec(spec, seed=seed))
+    return Fleet(kind="sim", backends=list(sim.backends()), sim=sim)
+
+
+def open_local_nvml() -> Fleet:
+    """This machine's GPUs. Raises NoDeviceError (exit 2) with a hint when there are none."""
+    from gpufleet.devices.nvml.backend import NvmlBackend, load_pynvml
+
+    backend = NvmlBackend(lib=load_pynvml(), node_name=socket.gethostname())
+    try:
+        count = backend.device_count()
+    except NoDeviceError as exc:
+        raise NoDeviceError(
+            "no NVIDIA GPU found: NVML is not available here", hint=NO_GPU_HINT
+        ) from exc
+    if count == 0:
+        backend.close()
+        raise NoDeviceError("no NVIDIA GPU found: NVML reports 0 devices", hint=NO_GPU_HINT)
+    return Fleet(kind="nvml", backends=[backend])
+
+
+def open_imports(paths: list[Path]) -> Fleet:
+    from gpufleet.devices.smi import parse_smi_xml
+
+    fleet = Fleet(kind="import")
+    for path in paths:
+        if not path.is_file():
+            raise NoDeviceError(f"{path}: no such file")
+        report = parse_smi_xml(path.read_text(encoding="utf-8", errors="replace"), source=str(path))
+        name = path.stem
+        gpus = tuple(g.info for g in report.gpus)
+        inv = NodeInventory(
+            name=name,
+            gpus=gpus,
+            source=str(path),
+            driver_version=report.driver_version,
+            cuda_driver_version=report.cuda_version,
+        )
+        fleet.imported.append((inv, [g.sample for g in report.gpus]))
+    return fleet
+
+
+def open_fleet(sim: str | None = None, imports: list[Path] | None = None, seed: int = 7) -> Fleet:
+    """``--sim`` wins, then ``--import``, then real NVML."""
+    if sim:
+        return open_sim(sim, seed=seed)
+    if imports:
+        return open_imports(imports)
+    return open_local_nvml()
+
+
+def node_inventory(backend: GpuBackend) -> tuple[NodeInventory, list[str]]:
+    """Every GPU's DeviceInfo of one node; lost GPUs are reported, not fatal."""
+    gpus: list[DeviceInfo] = []
+    notes: list[str] = []
+    for i in range(backend.device_count()):
+        try:
+            gpus.append(backend.device_info(i))
+        except GpuLostError as exc:
+            notes.append(str(exc))
+        except DeviceError as exc:
+            notes.append(f"GPU {i}: {exc}")
+    driver = next((g.driver_version for g in gpus if g.driver_version), None)
+    cuda = next((g.cuda_driver_version for g in gpus if g.cuda_driver_version), None)
+    source = "sim" if type(getattr(backend, "_lib", None)).__name__ == "SimNvml" else "nvml"
+    return (
+        NodeInventory(
+            backend.node_name,
+            tuple(gpus),
+            source=source,
+            driver_version=driver,
+            cuda_driver_version=cuda,
+        ),
+        notes,
+    )

@@ -1,0 +1,437 @@
+"""Parser of ``nvidia-smi -q -x`` (the XML device report) into gpufleet's device records.
+
+Reads the DTD versions seen in the field: ``nvsmi_device_v11`` (``clocks_throttle_reasons``,
+``power_readings`` with ``power_draw``/``power_limit``/``enforced_power_limit``, ECC counts as
+``single_bit``/``double_bit`` totals, absolute slowdown/shutdown temperatures), ``v12`` and ``v13``
+(``clocks_event_reasons``, ``gpu_power_readings`` with ``current_power_limit`` and, on v13,
+``average_power_draw``/``instant_power_draw``, ECC as ``sram_*``/``dram_*`` counts, thresholds
+relative to T.Limit). Unknown elements are ignored; a malformed document raises
+:class:`gpufleet.errors.ParseError` naming the file and the element path, e.g.
+``gpu[1]/fb_memory_usage/total: '12x MiB' is not a number``. ``gpu[i]`` counts ``<gpu>``
+elements from 0 in document order, which is also the ``index`` given to the GPU.
+
+Temperatures: ``gpu_temp_slow_threshold``/``gpu_temp_max_threshold`` (v11, v12 on older GPUs) are
+absolute and become ``slowdown_temp_c``/``shutdown_temp_c``. Newer drivers report
+``gpu_temp_slow_tlimit_threshold``/``gpu_temp_max_tlimit_threshold`` as offsets from the GPU's
+T.Limit (``-2 C``, ``-8 C`` on the H200 capture); those are not temperatures, so both fields stay
+``None`` there. A negative "absolute" threshold is treated the same way.
+"""
+
+from __future__ import annotations
+
+import re
+import xml.etree.ElementTree as ET
+from calendar import timegm
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from gpufleet.devices.smi.values import (
+    MIB,
+    Where,
+    clean,
+    integer,
+    link_width,
+    number,
+    pci_device_id,
+    switch,
+)
+from gpufleet.devices.types import ClockEventReason, DeviceInfo, NodeInventory, Sample
+from gpufleet.errors import ParseError
+
+ROOT = "nvidia_smi_log"
+
+# Element suffix of each clock-event reason -> NVML bit (nvmlClocksEventReason*; NVML API
+# Reference, "Clocks Event Reasons"). v11 spells the prefix clocks_throttle_reason_.
+_REASON_BITS: dict[str, ClockEventReason] = {
+    "gpu_idle": ClockEventReason.GPU_IDLE,
+    "applications_clocks_setting": ClockEventReason.APPLICATIONS_CLOCKS_SETTING,
+    "sw_power_cap": ClockEventReason.SW_POWER_CAP,
+    "hw_slowdown": ClockEventReason.HW_SLOWDOWN,
+    "sync_boost": ClockEventReason.SYNC_BOOST,
+    "sw_thermal_slowdown": ClockEventReason.SW_THERMAL_SLOWDOWN,
+    "hw_thermal_slowdown": ClockEventReason.HW_THERMAL_SLOWDOWN,
+    "hw_power_brake_slowdown": ClockEventReason.HW_POWER_BRAKE_SLOWDOWN,
+    "display_clocks_setting": ClockEventReason.DISPLAY_CLOCK_SETTING,
+}
+_REASON_BLOCKS = (
+    ("clocks_event_reasons", "clocks_event_reason_"),
+    ("clocks_throttle_reasons", "clocks_throttle_reason_"),
+)
+
+# nvidia-smi prints PCIe throughput in KB/s from nvmlDeviceGetPcieThroughput, whose unit NVML
+# documents as KB/s; read here as 1024 bytes.
+_KB = 1024
+
+
+@dataclass(frozen=True)
+class MigDevice:
+    """One MIG device (a compute instance inside a GPU instance) listed under ``mig_devices``."""
+
+    index: int
+    gpu_instance_id: int | None
+    compute_instance_id: int | None
+    profile_name: str | None = None
+    sm_count: int | None = None
+    memory_total_bytes: int | None = None
+    memory_used_bytes: int | None = None
+    memory_free_bytes: int | None = None
+    ecc_sram_uncorrectable_volatile: int | None = None
+
+
+@dataclass(frozen=True)
+class SmiGpu:
+    """One ``<gpu>`` of the report: what it is, what it read, its MIG devices."""
+
+    info: DeviceInfo
+    sample: Sample
+    mig_devices: tuple[MigDevice, ...] = ()
+
+
+@dataclass(frozen=True)
+class SmiReport:
+    """A parsed ``nvidia-smi -q -x`` document."""
+
+    source: str
+    driver_version: str | None
+    cuda_version: str | None
+    timestamp: str | None  # as printed, host local time, e.g. "Mon Nov 30 14:56:06 2026"
+    timestamp_s: float | None  # that time read as UTC seconds (the document has no zone)
+    attached_gpus: int | None
+    dtd: str | None  # e.g. "nvsmi_device_v13.dtd"
+    gpus: tuple[SmiGpu, ...]
+
+    @property
+    def devices(self) -> tuple[DeviceInfo, ...]:
+        return tuple(g.info for g in self.gpus)
+
+    @property
+    def samples(self) -> tuple[Sample, ...]:
+        return tuple(g.sample for g in self.gpus)
+
+    def node_inventory(self, name: str | None = None) -> NodeInventory:
+        """This report as one node's inventory (``inventory --import``); name defaults to the
+        file's stem."""
+        node = name if name is not None else Path(self.source).stem
+        return NodeInventory(
+            name=node,
+            gpus=self.devices,
+            source=self.source,
+            driver_version=self.driver_version,
+            cuda_driver_version=self.cuda_version,
+        )
+
+
+class _Gpu:
+    """Typed accessors over one element, with paths for error messages."""
+
+    def __init__(self, elem: ET.Element, path: str, source: str) -> None:
+        self.elem = elem
+        self.path = path
+        self.source = source
+
+    def where(self, sub: str) -> Where:
+        return Where(self.source, f"{self.path}/{sub}" if self.path else sub)
+
+    def text(self, sub: str) -> str | None:
+        found = self.elem.find(sub)
+        if found is None:
+            return None
+        if len(found):  # has children: not a leaf value
+            return None
+        return clean(found.text)
+
+    def first_text(self, *subs: str) -> tuple[str | None, str]:
+        """The first of ``subs`` that has a value, and its path (the first path if none)."""
+        for sub in subs:
+            value = self.text(sub)
+            if value is not None:
+                return value, sub
+        return None, subs[0]
+
+    def int_(self, sub: str, *units: str) -> int | None:
+        return integer(self.text(sub), self.where(sub), units)
+
+    def float_(self, sub: str, *units: str) -> float | None:
+        return number(self.text(sub), self.where(sub), units)
+
+    def first_float(self, subs: tuple[str, ...], *units: str) -> float | None:
+        value, sub = self.first_text(*subs)
+        return number(value, self.where(sub), units)
+
+    def bool_(self, sub: str) -> bool | None:
+        return switch(self.text(sub), self.where(sub))
+
+    def mib(self, sub: str) -> int | None:
+        value = self.int_(sub, "MiB")
+        return None if value is None else value * MIB
+
+
+def parse_smi_xml(text: str, source: str = "<string>") -> SmiReport:
+    """Parse the text of ``nvidia-smi -q -x``; ``source`` names the file in error messages."""
+    if not text.strip():
+        raise ParseError(source, "document", "empty; expected the output of nvidia-smi -q -x")
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        line, col = exc.position  # expat counts columns from 0
+        reason = re.sub(r": line \d+, column \d+$", "", str(exc))
+        raise ParseError(
+            source, f"line {line}, column {col + 1}", f"not well-formed XML ({reason})"
+        ) from None
+    if root.tag != ROOT:
+        raise ParseError(
+            source, f"<{root.tag}>", f"root element must be <{ROOT}> (nvidia-smi -q -x)"
+        )
+    top = _Gpu(root, "", source)
+    driver = top.text("driver_version")
+    cuda = top.text("cuda_version")
+    stamp = top.text("timestamp")
+    stamp_s = _xml_time(stamp)
+    gpus = tuple(
+        _gpu(_Gpu(g, f"gpu[{i}]", source), i, driver, cuda, stamp_s)
+        for i, g in enumerate(root.findall("gpu"))
+    )
+    return SmiReport(
+        source=source,
+        driver_version=driver,
+        cuda_version=cuda,
+        timestamp=stamp,
+        timestamp_s=stamp_s,
+        attached_gpus=top.int_("attached_gpus"),
+        dtd=_dtd(text),
+        gpus=gpus,
+    )
+
+
+def parse_smi_xml_file(path: str | Path) -> SmiReport:
+    """Read and parse one ``nvidia-smi -q -x`` file; unreadable files raise ParseError too."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8", errors="replace")
+    except OSError as exc:
+        raise ParseError(str(p), "file", f"cannot be read ({exc.strerror or exc})") from None
+    return parse_smi_xml(text, str(p))
+
+
+def _dtd(text: str) -> str | None:
+    head = text[:512]
+    marker = 'SYSTEM "'
+    at = head.find(marker)
+    if at < 0:
+        return None
+    end = head.find('"', at + len(marker))
+    return head[at + len(marker) : end] if end > 0 else None
+
+
+def _xml_time(stamp: str | None) -> float | None:
+    """The report's time (``Mon Nov 30 14:56:06 2026``, C locale) read as UTC; ``None`` when it
+    is printed some other way (the time is informative: no reason to reject the document)."""
+    if stamp is None:
+        return None
+    try:
+        parsed = datetime.strptime(stamp, "%a %b %d %H:%M:%S %Y")
+    except ValueError:
+        return None
+    return float(timegm(parsed.timetuple()))
+
+
+def _gpu(
+    g: _Gpu, index: int, driver: str | None, cuda: str | None, stamp_s: float | None
+) -> SmiGpu:
+    uuid = g.text("uuid")
+    if uuid is None:
+        raise g.where("uuid").error("missing: every GPU must have a uuid")
+    name = g.text("product_name")
+    if name is None:
+        raise g.where("product_name").error("missing: every GPU must have a product name")
+    info = _device_info(g, index, uuid, name, driver, cuda)
+    sample = _sample(g, stamp_s)
+    return SmiGpu(info=info, sample=sample, mig_devices=_mig_devices(g))
+
+
+def _model_key(name: str, pci_id: str | None) -> str | None:
+    from gpufleet.catalog import load_catalog
+
+    model = load_catalog().gpu_by_nvml_name(name, pci_id)
+    return model.key if model is not None else None
+
+
+def _power_block(g: _Gpu) -> str:
+    """``gpu_power_readings`` (v12+) or ``power_readings`` (v11 and older)."""
+    return (
+        "gpu_power_readings" if g.elem.find("gpu_power_readings") is not None else "power_readings"
+    )
+
+
+def _device_info(
+    g: _Gpu, index: int, uuid: str, name: str, driver: str | None, cuda: str | None
+) -> DeviceInfo:
+    pci_id = pci_device_id(g.text("pci/pci_device_id"))
+    pw = _power_block(g)
+    link = "pci/pci_gpu_link_info"
+    inforom, _ = g.first_text("inforom_version/img_version", "inforom_version/oem_object")
+    return DeviceInfo(
+        index=index,
+        uuid=uuid,
+        name=name,
+        model=_model_key(name, pci_id),
+        pci_bus_id=g.text("pci/pci_bus_id") or g.elem.get("id"),
+        pci_device_id=pci_id,
+        serial=g.text("serial"),
+        vbios_version=g.text("vbios_version"),
+        inforom_version=inforom,
+        driver_version=driver,
+        cuda_driver_version=cuda,
+        memory_total_bytes=g.mib("fb_memory_usage/total"),
+        power_limit_default_w=g.float_(f"{pw}/default_power_limit", "W"),
+        power_limit_min_w=g.float_(f"{pw}/min_power_limit", "W"),
+        power_limit_max_w=g.float_(f"{pw}/max_power_limit", "W"),
+        power_limit_enforced_w=g.first_float(
+            (f"{pw}/current_power_limit", f"{pw}/enforced_power_limit"), "W"
+        ),
+        max_sm_clock_mhz=g.int_("max_clocks/sm_clock", "MHz"),
+        max_mem_clock_mhz=g.int_("max_clocks/mem_clock", "MHz"),
+        pcie_gen_current=g.int_(f"{link}/pcie_gen/current_link_gen"),
+        pcie_gen_max=g.int_(f"{link}/pcie_gen/max_link_gen"),
+        pcie_width_current=link_width(
+            g.text(f"{link}/link_widths/current_link_width"),
+            g.where(f"{link}/link_widths/current_link_width"),
+        ),
+        pcie_width_max=link_width(
+            g.text(f"{link}/link_widths/max_link_width"),
+            g.where(f"{link}/link_widths/max_link_width"),
+        ),
+        persistence_mode=g.bool_("persistence_mode"),
+        ecc_current=g.bool_("ecc_mode/current_ecc"),
+        ecc_pending=g.bool_("ecc_mode/pending_ecc"),
+        mig_current=g.bool_("mig_mode/current_mig"),
+        mig_pending=g.bool_("mig_mode/pending_mig"),
+        compute_mode=g.text("compute_mode"),
+        slowdown_temp_c=_absolute_temp(g, "temperature/gpu_temp_slow_threshold"),
+        shutdown_temp_c=_absolute_temp(g, "temperature/gpu_temp_max_threshold"),
+        minor_number=g.int_("minor_number"),
+    )
+
+
+def _absolute_temp(g: _Gpu, sub: str) -> int | None:
+    """An absolute threshold temperature; negative values are T.Limit offsets -> None."""
+    value = g.int_(sub, "C")
+    return value if value is not None and value > 0 else None
+
+
+def _sample(g: _Gpu, stamp_s: float | None) -> Sample:
+    pw = _power_block(g)
+    tx = g.float_("pci/tx_util", "KB/s")
+    rx = g.float_("pci/rx_util", "KB/s")
+    sbe_v, dbe_v = _ecc_totals(g, "volatile")
+    sbe_a, dbe_a = _ecc_totals(g, "aggregate")
+    return Sample(
+        timestamp_s=stamp_s if stamp_s is not None else 0.0,  # 0.0: the report had no time
+        gpu_util_pct=g.float_("utilization/gpu_util", "%"),
+        mem_util_pct=g.float_("utilization/memory_util", "%"),
+        enc_util_pct=g.float_("utilization/encoder_util", "%"),
+        dec_util_pct=g.float_("utilization/decoder_util", "%"),
+        mem_used_bytes=g.mib("fb_memory_usage/used"),
+        mem_free_bytes=g.mib("fb_memory_usage/free"),
+        mem_reserved_bytes=g.mib("fb_memory_usage/reserved"),
+        gpu_temp_c=g.float_("temperature/gpu_temp", "C"),
+        mem_temp_c=g.float_("temperature/memory_temp", "C"),
+        power_w=g.first_float(
+            (f"{pw}/power_draw", f"{pw}/average_power_draw", f"{pw}/instant_power_draw"), "W"
+        ),
+        sm_clock_mhz=g.int_("clocks/sm_clock", "MHz"),
+        mem_clock_mhz=g.int_("clocks/mem_clock", "MHz"),
+        clock_event_reasons=_reasons(g),
+        pcie_replay_count=g.int_("pci/replay_counter"),
+        pcie_tx_bytes_per_s=None if tx is None else tx * _KB,
+        pcie_rx_bytes_per_s=None if rx is None else rx * _KB,
+        ecc_sbe_volatile=sbe_v,
+        ecc_dbe_volatile=dbe_v,
+        ecc_sbe_aggregate=sbe_a,
+        ecc_dbe_aggregate=dbe_a,
+        remapped_rows_correctable=g.int_("remapped_rows/remapped_row_corr"),
+        remapped_rows_uncorrectable=g.int_("remapped_rows/remapped_row_unc"),
+        remap_pending=g.bool_("remapped_rows/remapped_row_pending"),
+        remap_failure=g.bool_("remapped_rows/remapped_row_failure"),
+        retired_pages_sbe=g.int_("retired_pages/multiple_single_bit_retirement/retired_count"),
+        retired_pages_dbe=g.int_("retired_pages/double_bit_retirement/retired_count"),
+        retired_pages_pending=g.bool_("retired_pages/pending_retirement"),
+    )
+
+
+def _reasons(g: _Gpu) -> int | None:
+    """The active clock-event reasons as the NVML bitmask; None when the report has none."""
+    for block, prefix in _REASON_BLOCKS:
+        elem = g.elem.find(block)
+        if elem is None:
+            continue
+        mask = 0
+        seen = False
+        for child in elem:
+            if not child.tag.startswith(prefix):
+                continue
+            bit = _REASON_BITS.get(child.tag.removeprefix(prefix))
+            if bit is None:
+                continue  # a reason gpufleet does not know: ignored
+            active = switch(child.text, g.where(f"{block}/{child.tag}"))
+            if active is None:
+                continue
+            seen = True
+            if active:
+                mask |= int(bit)
+        return mask if seen else None
+    return None
+
+
+def _ecc_totals(g: _Gpu, kind: str) -> tuple[int | None, int | None]:
+    """(corrected, uncorrected) ECC totals of ``volatile`` or ``aggregate``.
+
+    v11: ``single_bit/total`` and ``double_bit/total``. v12/v13: the sum of ``sram_correctable``
+    and ``dram_correctable``; of ``sram_uncorrectable`` (or its ``_parity`` + ``_secded`` split)
+    and ``dram_uncorrectable`` - the same totals ``ecc.errors.*.total`` gives in CSV.
+    """
+    base = f"ecc_errors/{kind}"
+    if (
+        g.elem.find(f"{base}/single_bit") is not None
+        or g.elem.find(f"{base}/double_bit") is not None
+    ):
+        return g.int_(f"{base}/single_bit/total"), g.int_(f"{base}/double_bit/total")
+    corrected = _sum(g, base, ("sram_correctable", "dram_correctable"))
+    if g.text(f"{base}/sram_uncorrectable") is not None:
+        unc_parts: tuple[str, ...] = ("sram_uncorrectable", "dram_uncorrectable")
+    else:
+        unc_parts = ("sram_uncorrectable_parity", "sram_uncorrectable_secded", "dram_uncorrectable")
+    return corrected, _sum(g, base, unc_parts)
+
+
+def _sum(g: _Gpu, base: str, parts: tuple[str, ...]) -> int | None:
+    values = [g.int_(f"{base}/{p}") for p in parts]
+    present = [v for v in values if v is not None]
+    return sum(present) if present else None
+
+
+def _mig_devices(g: _Gpu) -> tuple[MigDevice, ...]:
+    out: list[MigDevice] = []
+    for i, elem in enumerate(g.elem.findall("mig_devices/mig_device")):
+        m = _Gpu(elem, f"{g.path}/mig_devices/mig_device[{i}]", g.source)
+        index = m.int_("index")
+        profile = m.text("profile_name") or m.text("name")
+        if profile is not None:
+            profile = profile.removeprefix("MIG ").strip()
+        out.append(
+            MigDevice(
+                index=index if index is not None else i,
+                gpu_instance_id=m.int_("gpu_instance_id"),
+                compute_instance_id=m.int_("compute_instance_id"),
+                profile_name=profile,
+                sm_count=m.int_("device_attributes/shared/multiprocessor_count"),
+                memory_total_bytes=m.mib("fb_memory_usage/total"),
+                memory_used_bytes=m.mib("fb_memory_usage/used"),
+                memory_free_bytes=m.mib("fb_memory_usage/free"),
+                ecc_sram_uncorrectable_volatile=m.int_(
+                    "ecc_error_count/volatile_count/sram_uncorrectable"
+                ),
+            )
+        )
+    return tuple(out)
