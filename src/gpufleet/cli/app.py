@@ -26,6 +26,13 @@ COMMAND_MODULES = (
     "gpufleet.cli.doctor",
     "gpufleet.cli.plan",
     "gpufleet.cli.catalog",
+    "gpufleet.cli.health",
+    "gpufleet.cli.agent",
+    "gpufleet.cli.validate",
+    "gpufleet.cli.controller",
+    "gpufleet.cli.jobs",
+    "gpufleet.cli.mig",
+    "gpufleet.cli.config",
 )
 
 

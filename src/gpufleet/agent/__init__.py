@@ -1,0 +1,1 @@
+"""The node agent: sampler + local health + /metrics + push to the control plane."""

@@ -1,0 +1,94 @@
+"""The agent -> control plane wire schema, version 1.
+
+One batch per push: ``POST /api/v1/ingest`` with a JSON body (``Content-Encoding: gzip``
+allowed), ``Authorization: Bearer <agent token>``. Batches carry a per-agent sequence number,
+strictly increasing from 1; the control plane stores each (agent_id, seq) once, so a replayed
+batch is acknowledged again but not stored twice. Samples are columnar per GPU (one list per
+field) to keep batches small. ``findings`` is the agent's complete current set (a snapshot): a
+finding missing from a later batch has cleared on the node.
+
+Responses: 200 ``Ack`` once the batch is durable; 400/422 malformed (with a reason); 401/403
+bad token; 413 oversized; 429 with ``Retry-After`` under back-pressure.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SCHEMA_VERSION = 1
+MAX_BATCH_BYTES = 8 * 2**20  # uncompressed JSON
+
+
+class _Wire(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class WireDevice(_Wire):
+    """A GPU's identity and configuration: `gpufleet.devices.types.DeviceInfo` as a mapping."""
+
+    index: int
+    uuid: str
+    info: dict[str, Any]
+
+
+class WireSamples(_Wire):
+    """Samples of one GPU, columnar: ``fields[name][i]`` was read at ``t[i]``."""
+
+    gpu_uuid: str
+    gpu_index: int
+    t: list[float]
+    fields: dict[str, list[float | None]]
+
+
+class WireFinding(_Wire):
+    """A `gpufleet.health.types.Finding` on the wire (severity as its integer)."""
+
+    rule: str
+    code: str
+    severity: int = Field(ge=0, le=3)
+    component: str
+    message: str
+    action: str = "none"
+    evidence: dict[str, Any] = Field(default_factory=dict)
+    sticky: bool = False
+    gpu_index: int | None = None
+    first_seen_s: float = 0.0
+    last_seen_s: float = 0.0
+
+
+class WireEvent(_Wire):
+    """A `gpufleet.devices.types.GpuEvent` on the wire."""
+
+    gpu_index: int
+    gpu_uuid: str | None = None
+    kind: str
+    timestamp_s: float
+    xid: int | None = None
+    detail: str = ""
+
+
+class Batch(_Wire):
+    """One push from one agent."""
+
+    schema_version: Literal[1] = SCHEMA_VERSION
+    node: str = Field(min_length=1, max_length=253)
+    agent_id: str = Field(min_length=1, max_length=128)
+    seq: int = Field(ge=1)
+    sent_at_s: float
+    heartbeat_interval_s: float = 2.0
+    devices: list[WireDevice] | None = None  # on the first batch and whenever they change
+    samples: list[WireSamples] = Field(default_factory=list)
+    findings: list[WireFinding] = Field(default_factory=list)
+    events: list[WireEvent] = Field(default_factory=list)
+    health: int = Field(0, ge=0, le=3)  # node verdict (Severity)
+    buffered: bool = False  # True when replayed from the agent's disk buffer
+
+
+class Ack(_Wire):
+    """The control plane's answer to a batch."""
+
+    agent_id: str
+    seq: int
+    duplicate: bool = False

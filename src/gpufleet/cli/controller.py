@@ -1,0 +1,10 @@
+"""`gpufleet controller` (placeholder until implemented)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this module's commands to the app."""
+    _ = app

@@ -1,0 +1,10 @@
+"""`gpufleet jobs` (placeholder until implemented)."""
+
+from __future__ import annotations
+
+import typer
+
+
+def register(app: typer.Typer) -> None:
+    """Attach this module's commands to the app."""
+    _ = app

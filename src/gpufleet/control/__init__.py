@@ -1,0 +1,1 @@
+"""gpufleet.control (see DESIGN.md)."""

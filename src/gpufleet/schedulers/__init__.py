@@ -1,0 +1,1 @@
+"""Scheduler backends behind one protocol: `embedded`, `slurm`, `kubernetes`."""

@@ -1,0 +1,1 @@
+"""gpufleet.telemetry (see DESIGN.md)."""

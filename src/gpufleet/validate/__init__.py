@@ -1,0 +1,1 @@
+"""gpufleet.validate (see DESIGN.md)."""

@@ -1,0 +1,1 @@
+"""gpufleet.web (see DESIGN.md)."""
