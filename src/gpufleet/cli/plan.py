@@ -1,10 +1,167 @@
-"""`gpufleet plan` (placeholder until implemented)."""
+"""`gpufleet plan`: size a GPU fleet from a YAML spec (terminal summary, JSON, BOM CSV, HTML)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from importlib import resources
+from pathlib import Path
+
 import typer
+from rich.table import Table
+
+from gpufleet.cli.output import console, emit_json, fmt
+from gpufleet.errors import ConfigError, UsageError
+
+EXAMPLE = "training-1024.yaml"
+
+
+def _money(v: float | None) -> str:
+    if v is None:
+        return "N/A"
+    return f"${v / 1e6:,.2f}M" if abs(v) >= 1e6 else f"${v:,.0f}"
+
+
+def _summary(result: object, compare: bool) -> None:
+    from gpufleet.plan.planner import CandidatePlan, Plan
+
+    assert isinstance(result, Plan)
+    best = result.best
+    assert best is not None and best.facility and best.fabric and best.cost and best.storage
+    console.print(
+        f"[bold]{result.name}[/]: chosen [bold green]{best.candidate}[/] ({best.server.name})"
+    )
+    t = Table(title="Plan", show_header=False)
+    f, fab, c, s = best.facility, best.fabric, best.cost, best.storage
+    for w in best.workloads:
+        detail = f"{w.gpus} GPUs"
+        if w.training:
+            m = w.training.memory
+            detail += (
+                f", tp {m.tensor_parallel} pp {m.pipeline_parallel} dp {m.data_parallel}, "
+                f"{m.total_bytes / 1e9:.1f} GB/GPU, {w.training.days:.1f} days "
+                f"({w.training.days_range[0]:.1f}-{w.training.days_range[1]:.1f})"
+            )
+        if w.inference:
+            detail += (
+                f", {w.inference.replicas} x {w.inference.gpus_per_replica}-GPU replicas, "
+                f"{w.inference.decode_tokens_per_s:,.0f} tok/s ({w.inference.decode_bound})"
+            )
+        t.add_row(f"workload {w.name}", detail)
+    t.add_row("GPUs / servers", f"{best.gpus} / {best.servers}")
+    t.add_row(
+        "racks",
+        f"{f.racks} ({f.servers_per_rack}/rack, {f.rack_load_kw:.1f} kW, "
+        f"limited by {f.servers_per_rack_limited_by})",
+    )
+    t.add_row(
+        "power",
+        f"IT {f.it_kw:,.0f} kW, facility {f.facility_kw:,.0f} kW (PUE {f.pue}), "
+        f"{f.annual_mwh:,.0f} MWh/yr",
+    )
+    t.add_row(
+        "circuits",
+        f"{f.circuits_per_rack}/rack x {f.circuit_kw:.1f} kW ({f.redundancy}), {f.pdus} PDUs",
+    )
+    t.add_row("cooling", f"{f.heat_load_kw:,.0f} kW = {f.heat_load_tons:,.0f} tons")
+    ct = fab.compute
+    t.add_row(
+        "compute fabric",
+        f"{ct.levels}-level, {ct.leaves} leaf, {ct.spines} spine, "
+        f"{ct.cores} core; {ct.endpoint_links} + {ct.leaf_spine_links} + "
+        f"{ct.spine_core_links} links",
+    )
+    t.add_row("optics", f"{fab.transceivers:,} transceivers")
+    if s.checkpoint_bytes:
+        t.add_row(
+            "storage",
+            f"checkpoint {s.checkpoint_bytes / 1e12:.2f} TB, write "
+            f"{s.checkpoint_write_bytes_per_s / 1e9:.1f} GB/s, read "
+            f"{s.dataset_read_bytes_per_s / 1e9:.2f} GB/s",
+        )
+    t.add_row("capex / opex", f"{_money(c.capex)} / {_money(c.opex_per_year)} per year")
+    t.add_row(
+        f"TCO {c.horizon_years:g} y",
+        f"{_money(c.tco)}, {fmt(c.cost_per_gpu_hour, ' $/GPU-h', 2)} at {c.utilization:.0%}",
+    )
+    t.add_row(
+        "vs cloud",
+        "N/A"
+        if c.cloud_per_gpu_hour is None
+        else f"owning wins from month {c.breakeven_month}"
+        if c.breakeven_month
+        else "never",
+    )
+    console.print(t)
+    if compare:
+        ct2 = Table(title="Candidates")
+        for col in ("candidate", "GPUs", "servers", "days", "MWh", "TCO", "tokens/J", "status"):
+            ct2.add_column(col)
+        for cp in result.candidates:
+            assert isinstance(cp, CandidatePlan)
+            ct2.add_row(
+                cp.candidate,
+                str(cp.gpus),
+                str(cp.servers),
+                fmt(cp.training_days, digits=1),
+                fmt(cp.run_energy_mwh, digits=0),
+                _money(cp.cost.tco if cp.cost else None),
+                fmt(cp.tokens_per_joule, digits=3),
+                "ok" if cp.feasible else f"infeasible: {cp.problem}",
+            )
+        console.print(ct2)
+    for n in best.notes:
+        console.print(f"[yellow]note:[/] {n}", highlight=False)
+
+
+def plan_command(
+    spec: Path | None = typer.Argument(None, help="Plan spec (YAML)."),
+    json_out: bool = typer.Option(False, "--json", help="Print the whole plan as JSON."),
+    html: Path | None = typer.Option(None, "--html", help="Write a self-contained HTML report."),
+    bom: Path | None = typer.Option(None, "--bom", help="Write the bill of materials as CSV."),
+    compare: bool = typer.Option(False, "--compare", help="Show every candidate side by side."),
+    example: bool = typer.Option(False, "--example", help="Print a commented example spec."),
+) -> None:
+    """Size GPUs, servers, racks, power, cooling, fabric, storage and cost from a YAML spec."""
+    if example:
+        text = resources.files("gpufleet.plan").joinpath("examples", EXAMPLE).read_text("utf-8")
+        if json_out:
+            emit_json({"example": EXAMPLE, "spec": text})
+        else:
+            typer.echo(text, nl=False)
+        return
+    if spec is None:
+        raise UsageError("give a spec file", hint="gpufleet plan --example > spec.yaml")
+    try:
+        text = spec.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{spec}: cannot read: {exc.strerror or exc}") from exc
+    from gpufleet.plan.bom import bom_csv, bom_rows
+    from gpufleet.plan.planner import plan
+    from gpufleet.plan.report_html import render_html
+    from gpufleet.plan.spec import load_spec
+
+    result = plan(load_spec(text, str(spec)))
+    best = result.best
+    assert best is not None
+    outputs: list[tuple[Path | None, Callable[[], str]]] = [
+        (bom, lambda: bom_csv(bom_rows(best))),
+        (html, lambda: render_html(result)),
+    ]
+    for target, content in outputs:
+        if target is not None:
+            try:
+                target.write_text(content(), encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(f"{target}: cannot write: {exc.strerror or exc}") from exc
+    if json_out:
+        emit_json(result)
+        return
+    _summary(result, compare)
+    for label, target in (("BOM", bom), ("HTML report", html)):
+        if target is not None:
+            console.print(f"{label} written to {target}")
 
 
 def register(app: typer.Typer) -> None:
     """Attach this module's commands to the app."""
-    _ = app
+    app.command("plan")(plan_command)

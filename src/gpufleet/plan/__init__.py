@@ -1,0 +1,1 @@
+"""The planner: workload sizing, hardware, facility, fabric, storage, cost (pure functions)."""

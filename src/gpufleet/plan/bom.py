@@ -1,0 +1,92 @@
+"""Bill of materials: servers, switches by tier, cables and transceivers by type and length, PDUs,
+racks. Pure: rows in, CSV text out; the CLI writes the file."""
+
+from __future__ import annotations
+
+import csv
+import io
+from dataclasses import dataclass
+
+from gpufleet.plan.planner import CandidatePlan
+
+__all__ = ["BomRow", "bom_csv", "bom_rows"]
+
+BOM_COLUMNS = ("category", "item", "detail", "length_m", "quantity")
+
+
+@dataclass(frozen=True)
+class BomRow:
+    """One line of the bill of materials."""
+
+    category: str
+    item: str
+    detail: str
+    length_m: float | None
+    quantity: int
+
+
+def bom_rows(cp: CandidatePlan) -> list[BomRow]:
+    """The bill of materials of one feasible candidate plan."""
+    if not cp.feasible or cp.facility is None or cp.fabric is None:
+        return []
+    f, fab = cp.facility, cp.fabric
+    rows = [
+        BomRow(
+            "server",
+            cp.server.name,
+            f"{cp.server.gpus} x {cp.server.gpu_name}, "
+            f"{cp.server.power_kw:g} kW, {cp.server.rack_units}U",
+            None,
+            cp.servers,
+        ),
+        BomRow(
+            "rack",
+            "rack",
+            f"{f.servers_per_rack} servers, {f.rack_load_kw:g} kW max, {f.cooling} cooled",
+            None,
+            f.racks,
+        ),
+        BomRow("power", "PDU", f"{f.circuit_kw:.1f} kW circuit each, {f.redundancy}", None, f.pdus),
+    ]
+    for net, tree in (("compute", fab.compute), ("storage", fab.storage), ("in-band", fab.inband)):
+        for tier, n in (("leaf", tree.leaves), ("spine", tree.spines), ("core", tree.cores)):
+            if n:
+                rows.append(
+                    BomRow(
+                        "switch",
+                        f"{net} {tier} switch",
+                        f"{tree.radix}-port {fab.port_gbps}G",
+                        None,
+                        n,
+                    )
+                )
+    if fab.oob_switches:
+        rows.append(BomRow("switch", "out-of-band switch", "48-port 1GbE", None, fab.oob_switches))
+    xcvr: dict[str, int] = {}
+    for c in fab.cables:
+        rows.append(
+            BomRow("cable", f"{c.network} {c.tier} {c.medium}", c.fibre or "", c.length_m, c.count)
+        )
+        if c.transceiver:
+            xcvr[c.transceiver] = xcvr.get(c.transceiver, 0) + c.transceivers
+    for kind, n in sorted(xcvr.items()):
+        rows.append(BomRow("transceiver", kind, "two per optical link", None, n))
+    return rows
+
+
+def bom_csv(rows: list[BomRow]) -> str:
+    """CSV text with a header row."""
+    buf = io.StringIO()
+    w = csv.writer(buf, lineterminator="\n")
+    w.writerow(BOM_COLUMNS)
+    for r in rows:
+        w.writerow(
+            [
+                r.category,
+                r.item,
+                r.detail,
+                "" if r.length_m is None else f"{r.length_m:g}",
+                r.quantity,
+            ]
+        )
+    return buf.getvalue()

@@ -1,0 +1,289 @@
+"""Network fabric: rail-optimized non-blocking fat trees, cables by reach class, management nets.
+
+Sources:
+- Fat-tree counts: Al-Fares, Loukissas, Vahdat 2008, "A Scalable, Commodity Data Center Network
+  Architecture" (SIGCOMM): switches of radix k; two levels serve k^2/2 hosts (k leaves, k/2 spines
+  at full size), three levels k^3/4 (k pods of k/2 edge + k/2 aggregation, (k/2)^2 cores).
+- Rail-optimized layout and the reference counts: NVIDIA DGX SuperPOD with DGX B200 Reference
+  Architecture (RA-11334): scalable unit (SU) of 32 nodes, 8 compute NICs per node, 64-port
+  400G switches; 2 SU = 16 leaf + 8 spine, 4 SU = 32 + 16, 8 SU = 64 + 32.
+- Reach classes: passive DAC to 3 m (IEEE 802.3ck/NVIDIA LinkX DAC lengths), multimode SR4 optics
+  50 m on OM4 (NVIDIA LinkX 400G OSFP SR4, MMA4Z00-NS), single-mode DR4 500 m on OS2
+  (400GBASE-DR4, IEEE 802.3bs), FR4 2 km on OS2 (400GBASE-FR4, 100G Lambda MSA).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+
+from gpufleet.errors import UsageError
+
+__all__ = [
+    "CableLine",
+    "Fabric",
+    "FatTree",
+    "Layout",
+    "cable_class",
+    "fat_tree",
+    "plan_fabric",
+]
+
+STANDARD_LENGTHS_M = (
+    1,
+    1.5,
+    2,
+    2.5,
+    3,
+    5,
+    7,
+    10,
+    15,
+    20,
+    30,
+    50,
+    70,
+    100,
+    150,
+    200,
+    300,
+    500,
+    1000,
+    2000,
+)
+# (max reach m, medium, transceiver, fibre) in order of preference.
+REACH_CLASSES: tuple[tuple[float, str, str | None, str | None], ...] = (
+    (3.0, "DAC", None, None),
+    (50.0, "MM optics", "400G SR4", "OM4 MPO-12"),
+    (500.0, "SM optics", "400G DR4", "OS2 MPO-12"),
+    (2000.0, "SM optics", "400G FR4", "OS2 duplex LC"),
+)
+OOB_SWITCH_PORTS = 48  # 1 GbE management switch
+VERTICAL_SLACK_M = 3.0  # up into the tray and down into the rack, plus service loop
+
+
+@dataclass(frozen=True)
+class FatTree:
+    """Switch and link counts of one non-blocking (rail-optimized) fat tree."""
+
+    nodes: int
+    ports_per_node: int
+    radix: int
+    levels: int
+    leaves: int
+    spines: int
+    cores: int
+    endpoint_links: int
+    leaf_spine_links: int
+    spine_core_links: int
+
+    @property
+    def endpoints(self) -> int:
+        return self.nodes * self.ports_per_node
+
+    @property
+    def switches(self) -> int:
+        return self.leaves + self.spines + self.cores
+
+
+def fat_tree(nodes: int, ports_per_node: int, radix: int) -> FatTree:
+    """Counts for ``nodes`` x ``ports_per_node`` endpoints on radix-``radix`` switches.
+
+    One switch when all endpoints fit on it. Otherwise rail-optimized leaves: each rail gets one
+    leaf per group of k/2 nodes, every leaf has k/2 uplinks; two levels while leaves <= k (spines
+    = leaves*k/2/k), three levels beyond (an aggregation switch per leaf, cores = aggregation/2),
+    up to k^3/4 endpoints.
+    """
+    k = radix
+    e = nodes * ports_per_node
+    if e == 0:
+        return FatTree(nodes, ports_per_node, k, 0, 0, 0, 0, 0, 0, 0)
+    if e <= k:
+        return FatTree(nodes, ports_per_node, k, 1, 1, 0, 0, e, 0, 0)
+    half = k // 2
+    leaves = ports_per_node * math.ceil(nodes / half)
+    if leaves <= k:
+        spines = math.ceil(leaves * half / k)
+        return FatTree(nodes, ports_per_node, k, 2, leaves, spines, 0, e, leaves * half, 0)
+    if leaves > k * half:
+        raise UsageError(
+            f"{e} endpoints exceed a three-level fat tree of radix {k} ({k**3 // 4} endpoints)",
+            hint="raise constraints.switch_radix or split the cluster",
+        )
+    spines = leaves
+    cores = math.ceil(spines * half / k)
+    return FatTree(
+        nodes, ports_per_node, k, 3, leaves, spines, cores, e, leaves * half, spines * half
+    )
+
+
+def cable_class(length_m: float) -> tuple[str, str | None, str | None]:
+    """Medium, transceiver type and fibre for a link of ``length_m``."""
+    for reach, medium, xcvr, fibre in REACH_CLASSES:
+        if length_m <= reach:
+            return medium, xcvr, fibre
+    raise UsageError(
+        f"a {length_m:.0f} m link exceeds 2 km single-mode reach",
+        hint="lower constraints.racks_per_row or split the site",
+    )
+
+
+def standard_length(length_m: float) -> float:
+    """The shortest stock cable length at or above ``length_m``."""
+    return next((float(x) for x in STANDARD_LENGTHS_M if x >= length_m - 1e-9), length_m)
+
+
+@dataclass(frozen=True)
+class CableLine:
+    """Cables of one network, tier, type and stock length; optics need two transceivers each."""
+
+    network: str
+    tier: str
+    medium: str
+    length_m: float
+    count: int
+    transceiver: str | None
+    transceivers: int
+    fibre: str | None
+
+
+@dataclass(frozen=True)
+class Layout:
+    """Where racks stand: rows of ``racks_per_row`` with a network rack mid-row for the leaves
+    and the spine/core racks in a central row."""
+
+    racks: int
+    servers_per_rack: int
+    racks_per_row: int
+    rack_width_m: float
+    row_pitch_m: float
+
+    @property
+    def rows(self) -> int:
+        return max(1, math.ceil(self.racks / self.racks_per_row))
+
+
+def _endpoint_lengths(layout: Layout, servers: int) -> dict[float, int]:
+    """Servers by their run to the row's leaf rack (stock length)."""
+    out: dict[float, int] = defaultdict(int)
+    if layout.racks <= 1:
+        out[standard_length(2.0)] += servers  # leaf in the same rack
+        return out
+    left = servers
+    for rack in range(layout.racks):
+        pos = rack % layout.racks_per_row
+        in_row = min(
+            layout.racks_per_row,
+            layout.racks - (rack // layout.racks_per_row) * layout.racks_per_row,
+        )
+        mid = (in_row - 1) / 2
+        n = min(layout.servers_per_rack, left)
+        left -= n
+        out[standard_length(abs(pos - mid) * layout.rack_width_m + VERTICAL_SLACK_M)] += n
+    return out
+
+
+def _row_lengths(layout: Layout) -> dict[float, float]:
+    """Fraction of leaf uplinks by row-to-central-row run (stock length)."""
+    out: dict[float, float] = defaultdict(float)
+    mid = (layout.rows - 1) / 2
+    half_row = min(layout.racks, layout.racks_per_row) / 2 * layout.rack_width_m
+    for row in range(layout.rows):
+        run = abs(row - mid) * layout.row_pitch_m + half_row + 2 * VERTICAL_SLACK_M
+        out[standard_length(run)] += 1 / layout.rows
+    return out
+
+
+def _lines(network: str, tier: str, by_length: dict[float, int]) -> list[CableLine]:
+    lines = []
+    for length, count in sorted(by_length.items()):
+        if count <= 0:
+            continue
+        medium, xcvr, fibre = cable_class(length)
+        lines.append(
+            CableLine(network, tier, medium, length, count, xcvr, 2 * count if xcvr else 0, fibre)
+        )
+    return lines
+
+
+def _spread(total: int, fractions: dict[float, float]) -> dict[float, int]:
+    """Split ``total`` links over lengths by fraction, keeping the sum exact."""
+    out: dict[float, int] = {}
+    items = sorted(fractions.items())
+    given = 0
+    for i, (length, frac) in enumerate(items):
+        n = total - given if i == len(items) - 1 else round(total * frac)
+        out[length] = n
+        given += n
+    return out
+
+
+def cables_for(network: str, tree: FatTree, layout: Layout) -> list[CableLine]:
+    """Cables of one tree: every endpoint link once, every switch-to-switch link once."""
+    per_server = _endpoint_lengths(layout, tree.nodes)
+    lines = _lines(
+        network, "node-leaf", {length: n * tree.ports_per_node for length, n in per_server.items()}
+    )
+    if tree.leaf_spine_links:
+        lines += _lines(network, "leaf-spine", _spread(tree.leaf_spine_links, _row_lengths(layout)))
+    if tree.spine_core_links:
+        central_racks = math.ceil((tree.spines + tree.cores) / 16)  # 16 x 1-2U switches a rack
+        run = standard_length(central_racks / 2 * layout.rack_width_m + 2 * VERTICAL_SLACK_M)
+        lines += _lines(network, "spine-core", {run: tree.spine_core_links})
+    return lines
+
+
+@dataclass(frozen=True)
+class Fabric:
+    """Compute (east-west), storage, in-band and out-of-band management networks."""
+
+    compute: FatTree
+    storage: FatTree
+    inband: FatTree
+    oob_switches: int
+    oob_links: int
+    cables: tuple[CableLine, ...]
+    port_gbps: int
+    data_switches: int
+
+    @property
+    def transceivers(self) -> int:
+        return sum(c.transceivers for c in self.cables)
+
+
+def plan_fabric(
+    *,
+    servers: int,
+    compute_nics: int,
+    storage_nics: int,
+    radix: int,
+    port_gbps: int,
+    layout: Layout,
+    pdus: int,
+) -> Fabric:
+    """All networks for ``servers`` nodes laid out as ``layout``."""
+    compute = fat_tree(servers, compute_nics, radix)
+    storage = fat_tree(servers, storage_nics, radix)
+    inband = fat_tree(servers, 1, radix)
+    cables = (
+        cables_for("compute", compute, layout)
+        + cables_for("storage", storage, layout)
+        + cables_for("in-band", inband, layout)
+    )
+    data_switches = compute.switches + storage.switches + inband.switches
+    oob_ports = servers + pdus + data_switches
+    oob_switches = math.ceil(oob_ports / OOB_SWITCH_PORTS) if oob_ports else 0
+    cables.append(
+        CableLine("out-of-band", "node-switch", "Cat6 copper", 3.0, oob_ports, None, 0, None)
+    )
+    return Fabric(
+        compute=compute,
+        storage=storage,
+        inband=inband,
+        oob_switches=oob_switches,
+        oob_links=oob_ports,
+        cables=tuple(cables),
+        port_gbps=port_gbps,
+        data_switches=data_switches,
+    )

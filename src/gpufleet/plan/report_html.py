@@ -1,0 +1,316 @@
+"""Self-contained offline HTML report: inline CSS and SVG charts drawn here; no CDN, no scripts.
+
+One page for two readers: the money (capex, opex, TCO, cost per GPU-hour, break-even against
+cloud) first, then facility and the network (fabric tiers, cables and optics by reach class).
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from gpufleet.plan.planner import CandidatePlan, Plan
+
+__all__ = ["bar_chart_svg", "line_chart_svg", "render_html"]
+
+_CSS = """body{font-family:system-ui,sans-serif;max-width:1000px;margin:2em auto;color:#222}
+h1{font-size:1.6em}h2{border-bottom:2px solid #3a6;padding-bottom:.2em;margin-top:1.6em}
+table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:.25em .6em;
+text-align:right}th{background:#eef5ee}td:first-child,th:first-child{text-align:left}
+.kpi{display:inline-block;border:1px solid #ccc;border-radius:6px;padding:.5em 1em;margin:.3em}
+.kpi b{display:block;font-size:1.4em}.note{color:#a60}svg{margin:.5em 0}"""
+_COLORS = ("#3a6", "#37a", "#c63", "#a3a", "#aa3", "#3aa")
+
+
+def _money(v: float | None) -> str:
+    if v is None:
+        return "N/A"
+    return f"${v / 1e6:,.2f}M" if abs(v) >= 1e6 else f"${v:,.0f}"
+
+
+def bar_chart_svg(title: str, items: list[tuple[str, float]], unit: str = "") -> str:
+    """A horizontal bar chart as an inline SVG string."""
+    w, row = 460, 24
+    h = 30 + row * len(items)
+    top = max((v for _, v in items), default=0.0) or 1.0
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img" '
+        f'aria-label="{escape(title)}"><text x="0" y="16" font-weight="bold">{escape(title)}</text>'
+    ]
+    for i, (label, v) in enumerate(items):
+        y = 26 + i * row
+        bw = max(1.0, 260 * v / top)
+        parts.append(
+            f'<text x="0" y="{y + 15}" font-size="12">{escape(label[:22])}</text>'
+            f'<rect x="150" y="{y + 3}" width="{bw:.1f}" height="16" '
+            f'fill="{_COLORS[i % len(_COLORS)]}"/>'
+            f'<text x="{155 + bw:.1f}" y="{y + 15}" font-size="12">{v:,.3g}{escape(unit)}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def line_chart_svg(title: str, series: list[tuple[str, list[float]]], x_label: str) -> str:
+    """Lines over a shared integer x axis (e.g. months) as an inline SVG string."""
+    w, h, left, bottom = 560, 260, 70, 40
+    n = max((len(s) for _, s in series), default=0)
+    top = max((max(s) for _, s in series if s), default=1.0) or 1.0
+    pw, ph = w - left - 130, h - bottom - 30
+    parts = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img" '
+        f'aria-label="{escape(title)}">'
+        f'<text x="0" y="16" font-weight="bold">{escape(title)}</text>',
+        f'<line x1="{left}" y1="{30 + ph}" x2="{left + pw}" y2="{30 + ph}" stroke="#888"/>',
+        f'<line x1="{left}" y1="30" x2="{left}" y2="{30 + ph}" stroke="#888"/>',
+        f'<text x="{left + pw / 2}" y="{h - 8}" font-size="12">{escape(x_label)}</text>',
+        f'<text x="2" y="36" font-size="11">{_money(top)}</text>',
+    ]
+    for i, (name, ys) in enumerate(series):
+        if not ys:
+            continue
+        pts = " ".join(
+            f"{left + pw * j / max(n - 1, 1):.1f},{30 + ph - ph * y / top:.1f}"
+            for j, y in enumerate(ys)
+        )
+        color = _COLORS[i % len(_COLORS)]
+        parts.append(
+            f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}"/>'
+            f'<text x="{left + pw + 8}" y="{50 + 18 * i}" font-size="12" '
+            f'fill="{color}">{escape(name)}</text>'
+        )
+    parts.append("</svg>")
+    return "".join(parts)
+
+
+def _table(headers: list[str], rows: list[list[str]]) -> str:
+    head = "".join(f"<th>{escape(h)}</th>" for h in headers)
+    body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
+    return f"<table><tr>{head}</tr>{body}</table>"
+
+
+def _kpi(label: str, value: str) -> str:
+    return f'<div class="kpi">{escape(label)}<b>{escape(value)}</b></div>'
+
+
+def _money_section(cp: CandidatePlan) -> str:
+    c = cp.cost
+    assert c is not None
+    out = [
+        "<h2>Money</h2>",
+        _kpi("Capex", _money(c.capex)),
+        _kpi("Opex per year", _money(c.opex_per_year)),
+        _kpi(f"TCO over {c.horizon_years:g} years", _money(c.tco)),
+        _kpi(
+            f"Cost per GPU-hour at {c.utilization:.0%} use",
+            "N/A" if c.cost_per_gpu_hour is None else f"${c.cost_per_gpu_hour:.2f}",
+        ),
+        _kpi(
+            "Owning beats cloud from",
+            "N/A"
+            if c.cloud_per_gpu_hour is None
+            else f"month {c.breakeven_month}"
+            if c.breakeven_month
+            else "never",
+        ),
+    ]
+    out.append(
+        _table(
+            ["part", "USD"],
+            [
+                ["servers (capex)", _money(c.servers_capex)],
+                ["network (capex)", _money(c.network_capex)],
+                ["energy per year (incl. cooling via PUE)", _money(c.energy_per_year)],
+                ["support per year", _money(c.support_per_year)],
+                ["space per year", _money(c.space_per_year)],
+            ],
+        )
+    )
+    if c.capex is not None and c.cloud_per_month is not None:
+        months = int(c.horizon_years * 12)
+        own = [c.capex + c.opex_per_year / 12 * m for m in range(months + 1)]
+        cloud = [c.cloud_per_month * m for m in range(months + 1)]
+        out.append(
+            line_chart_svg(
+                "Cumulative cost: own vs cloud", [("own", own), ("cloud", cloud)], "months"
+            )
+        )
+    return "".join(out)
+
+
+def _facility_section(cp: CandidatePlan) -> str:
+    f = cp.facility
+    assert f is not None
+    rows = [
+        ["servers", f"{cp.servers} x {cp.server.name} ({f.server_kw:g} kW each)"],
+        [
+            "racks",
+            f"{f.racks} ({f.servers_per_rack} per rack, "
+            f"limited by {f.servers_per_rack_limited_by})",
+        ],
+        ["rack load", f"{f.rack_load_kw:.1f} kW of {f.rack_limit_kw:g} kW limit"],
+        [
+            "circuits",
+            f"{f.circuits_per_rack} per rack at {f.circuit_kw:.1f} kW ({f.redundancy}); "
+            f"{f.pdus} PDUs",
+        ],
+        ["IT power", f"{f.it_kw:,.1f} kW (network {f.network_it_kw:,.1f} kW)"],
+        ["facility power", f"{f.facility_kw:,.1f} kW at PUE {f.pue}"],
+        [
+            "heat load",
+            f"{f.heat_load_kw:,.1f} kW = {f.heat_load_tons:,.1f} tons ({f.cooling} cooling)",
+        ],
+        ["energy", f"{f.annual_mwh:,.0f} MWh per year"],
+    ]
+    chart = bar_chart_svg(
+        "Power (kW)",
+        [
+            ("servers", f.servers_it_kw),
+            ("network", f.network_it_kw),
+            ("cooling/losses", f.cooling_overhead_kw),
+        ],
+        " kW",
+    )
+    return "<h2>Facility</h2>" + _table(["item", "value"], rows) + chart
+
+
+def _network_section(cp: CandidatePlan) -> str:
+    fab = cp.fabric
+    assert fab is not None
+    trees = [
+        [
+            n,
+            str(t.endpoints),
+            str(t.levels),
+            str(t.leaves),
+            str(t.spines),
+            str(t.cores),
+            str(t.endpoint_links),
+            str(t.leaf_spine_links),
+            str(t.spine_core_links),
+        ]
+        for n, t in (("compute", fab.compute), ("storage", fab.storage), ("in-band", fab.inband))
+    ]
+    cables = [
+        [
+            c.network,
+            c.tier,
+            c.medium,
+            f"{c.length_m:g}",
+            str(c.count),
+            c.transceiver or "-",
+            str(c.transceivers),
+            c.fibre or "-",
+        ]
+        for c in fab.cables
+    ]
+    return (
+        "<h2>Network</h2>"
+        + _table(
+            [
+                "network",
+                "endpoints",
+                "levels",
+                "leaf",
+                "spine",
+                "core",
+                "endpoint links",
+                "leaf-spine",
+                "spine-core",
+            ],
+            trees,
+        )
+        + f"<p>Out-of-band: {fab.oob_switches} x 48-port 1GbE switches, {fab.oob_links} ports.</p>"
+        + _table(
+            [
+                "network",
+                "tier",
+                "medium",
+                "length m",
+                "cables",
+                "transceiver",
+                "transceivers",
+                "fibre",
+            ],
+            cables,
+        )
+    )
+
+
+def render_html(plan: Plan) -> str:
+    """The whole report as one HTML string."""
+    best = plan.best
+    assert best is not None
+    feasible = [c for c in plan.candidates if c.feasible]
+    comp_rows = [
+        [
+            c.candidate,
+            str(c.gpus),
+            str(c.servers),
+            "N/A" if c.training_days is None else f"{c.training_days:.1f}",
+            "N/A" if c.run_energy_mwh is None else f"{c.run_energy_mwh:,.0f}",
+            _money(c.cost.tco if c.cost else None),
+            "N/A" if c.tokens_per_joule is None else f"{c.tokens_per_joule:.3f}",
+            "ok" if c.feasible else f"infeasible: {c.problem}",
+        ]
+        for c in plan.candidates
+    ]
+    charts = "".join(
+        bar_chart_svg(
+            title, [(c.candidate, v) for c in feasible if (v := get(c)) is not None], unit
+        )
+        for title, get, unit in (
+            ("TCO (USD)", lambda c: c.cost.tco if c.cost else None, ""),
+            ("Training days", lambda c: c.training_days, " d"),
+            ("GPUs", lambda c: float(c.gpus), ""),
+            ("Facility power (kW)", lambda c: c.facility.facility_kw if c.facility else None, ""),
+        )
+    )
+    work = []
+    for w in best.workloads:
+        if w.training:
+            m = w.training.memory
+            work.append(
+                [
+                    w.name,
+                    "training",
+                    str(w.gpus),
+                    f"tp {m.tensor_parallel} pp {m.pipeline_parallel} dp {m.data_parallel}; "
+                    f"{m.total_bytes / 1e9:.1f} GB/GPU; {w.training.days:.1f} days "
+                    f"({w.training.days_range[0]:.1f}-{w.training.days_range[1]:.1f})",
+                ]
+            )
+        elif w.inference:
+            i = w.inference
+            work.append(
+                [
+                    w.name,
+                    "inference",
+                    str(w.gpus),
+                    f"{i.replicas} x {i.gpus_per_replica} GPUs; {i.decode_tokens_per_s:,.0f} "
+                    f"tokens/s ({i.decode_bound} bound)",
+                ]
+            )
+        else:
+            work.append([w.name, w.kind, str(w.gpus), "given"])
+    notes = "".join(f'<li class="note">{escape(n)}</li>' for n in best.notes)
+    assumptions = "".join(f"<li>{escape(a)}</li>" for a in plan.assumptions)
+    return (
+        f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(plan.name)}'
+        f"</title><style>{_CSS}</style></head><body><h1>GPU fleet plan: {escape(plan.name)}</h1>"
+        f"<p>Chosen: <b>{escape(best.candidate)}</b> ({escape(best.server.name)}), "
+        f"{best.gpus} GPUs "
+        f"in {best.servers} servers.</p>"
+        + _money_section(best)
+        + "<h2>Workloads</h2>"
+        + _table(["workload", "kind", "GPUs", "sizing"], work)
+        + "<h2>Candidates</h2>"
+        + _table(
+            ["candidate", "GPUs", "servers", "days", "run MWh", "TCO", "tokens/J", "status"],
+            comp_rows,
+        )
+        + charts
+        + _facility_section(best)
+        + _network_section(best)
+        + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
+        + f"<h2>Assumptions and sources</h2><ul>{assumptions}</ul>"
+        + "<p>Formulas and their sources: see docs/plan.md.</p></body></html>"
+    )

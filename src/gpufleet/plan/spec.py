@@ -1,0 +1,312 @@
+"""The planner's input: a YAML spec validated by pydantic, every figure with an explicit unit.
+
+Figures that are not plain counts carry their unit in the value (``rack_power: "40 kW"``) or in the
+field name (``target_days``, ``horizon_years``). ``load_spec`` turns any problem into one
+:class:`~gpufleet.errors.ParseError` naming the field path (``constraints.rack_power: '40 kV' is
+not a power``) and, for misspelt keys, a did-you-mean.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Annotated, Any, Literal
+
+import yaml
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+
+from gpufleet.errors import ParseError
+from gpufleet.plan.units import parse_quantity
+
+__all__ = [
+    "BYTES_PER_VALUE",
+    "Constraints",
+    "GpuCountWorkload",
+    "InferenceWorkload",
+    "ModelShape",
+    "PlanSpec",
+    "Prices",
+    "StorageSpec",
+    "TrainingWorkload",
+    "load_spec",
+]
+
+# Bytes per value at each numeric precision (IEEE 754 / OCP MX formats: fp8 1 byte, fp4 half).
+BYTES_PER_VALUE: dict[str, float] = {
+    "fp32": 4.0,
+    "tf32": 4.0,
+    "bf16": 2.0,
+    "fp16": 2.0,
+    "fp8": 1.0,
+    "fp4": 0.5,
+    "int8": 1.0,
+    "int4": 0.5,
+}
+# Precisions for tensor-core compute (catalog ``tflops`` keys); int8/int4 weights use fp8/fp4 peaks.
+ComputePrecision = Literal["tf32", "bf16", "fp16", "fp8", "fp4"]
+StoragePrecision = Literal["fp32", "bf16", "fp16", "fp8", "fp4", "int8", "int4"]
+
+
+def _unit(dimension: str) -> BeforeValidator:
+    return BeforeValidator(lambda v: parse_quantity(v, dimension))
+
+
+Power = Annotated[float, _unit("power")]  # watts
+Voltage = Annotated[float, _unit("voltage")]  # volts
+Current = Annotated[float, _unit("current")]  # amperes
+Money = Annotated[float, _unit("money")]  # USD
+EnergyPrice = Annotated[float, _unit("energy_price")]  # USD per kWh
+HourlyPrice = Annotated[float, _unit("hourly_price")]  # USD per hour
+YearlyPrice = Annotated[float, _unit("yearly_price")]  # USD per year
+MonthlyPrice = Annotated[float, _unit("monthly_price")]  # USD per month
+Duration = Annotated[float, _unit("time")]  # seconds
+Size = Annotated[float, _unit("size")]  # bytes
+Length = Annotated[float, _unit("length")]  # metres
+Auto = Literal["auto"]
+
+
+class _Spec(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class ModelShape(_Spec):
+    """A transformer: its parameter count, its architecture, or both.
+
+    With only ``parameters``, the planner derives a nominal architecture (stated in the plan).
+    """
+
+    parameters: float | None = Field(default=None, gt=0)
+    layers: int | None = Field(default=None, gt=0)
+    hidden_size: int | None = Field(default=None, gt=0)
+    heads: int | None = Field(default=None, gt=0)
+    kv_heads: int | None = Field(default=None, gt=0)
+    vocab_size: int | None = Field(default=None, gt=0)
+    ffn_hidden_size: int | None = Field(default=None, gt=0)
+    gated_mlp: bool = False
+    tied_embeddings: bool = True
+
+    @model_validator(mode="after")
+    def _enough(self) -> ModelShape:
+        arch = (self.layers, self.hidden_size, self.heads)
+        if self.parameters is None and None in arch:
+            raise ValueError("give parameters, or layers + hidden_size + heads (or both)")
+        if any(a is not None for a in arch) and None in arch:
+            raise ValueError("an architecture needs all of layers, hidden_size and heads")
+        if self.heads and self.hidden_size and self.hidden_size % self.heads:
+            raise ValueError(
+                f"hidden_size {self.hidden_size} is not a multiple of heads {self.heads}"
+            )
+        if self.kv_heads and self.heads and self.heads % self.kv_heads:
+            raise ValueError(f"heads {self.heads} is not a multiple of kv_heads {self.kv_heads}")
+        return self
+
+
+class TrainingWorkload(_Spec):
+    """Pre-training or fine-tuning a transformer with mixed-precision Adam."""
+
+    kind: Literal["training"]
+    name: str = "training"
+    model: ModelShape
+    sequence_length: int = Field(gt=0)
+    global_batch: int = Field(gt=0, description="sequences per optimizer step")
+    micro_batch: int = Field(default=1, gt=0)
+    tokens: float = Field(gt=0, description="tokens to train on")
+    precision: ComputePrecision = "bf16"
+    optimizer: Literal["adam", "adamw"] = "adam"
+    zero_stage: Literal[0, 1, 2, 3] = 1
+    tensor_parallel: int | Auto = "auto"
+    pipeline_parallel: int | Auto = "auto"
+    data_parallel: int | Auto = "auto"
+    sequence_parallel: bool = True
+    recompute: Literal["none", "selective", "full"] = "selective"
+    target_days: float | None = Field(default=None, gt=0)
+    mfu: float = Field(default=0.40, gt=0, le=1)
+    gpus: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _degrees(self) -> TrainingWorkload:
+        for name in ("tensor_parallel", "pipeline_parallel", "data_parallel"):
+            v = getattr(self, name)
+            if isinstance(v, int) and v < 1:
+                raise ValueError(f"{name} must be 'auto' or a positive integer, not {v}")
+        return self
+
+
+class InferenceWorkload(_Spec):
+    """Serving a transformer: decode bounded by memory bandwidth, prefill by compute."""
+
+    kind: Literal["inference"]
+    name: str = "inference"
+    model: ModelShape
+    weights_precision: StoragePrecision = "fp8"
+    kv_cache_precision: StoragePrecision = "fp8"
+    context_length: int = Field(gt=0, description="tokens held per sequence (prompt + output)")
+    concurrent_sequences: int = Field(gt=0)
+    target_tokens_per_s: float = Field(gt=0, description="generated tokens per second, fleet-wide")
+    mfu: float = Field(default=0.40, gt=0, le=1)
+    bandwidth_efficiency: float = Field(default=0.70, gt=0, le=1)
+    tensor_parallel: int | Auto = "auto"
+
+
+class GpuCountWorkload(_Spec):
+    """A plain number of GPUs (capacity someone already sized)."""
+
+    kind: Literal["gpus"]
+    name: str = "capacity"
+    gpus: int = Field(gt=0)
+
+
+Workload = Annotated[
+    TrainingWorkload | InferenceWorkload | GpuCountWorkload, Field(discriminator="kind")
+]
+
+
+class Circuit(_Spec):
+    """One branch circuit feeding a rack PDU."""
+
+    voltage: Voltage = 208.0
+    current: Current = 60.0
+    phases: Literal[1, 3] = 3
+
+
+class Constraints(_Spec):
+    """Facility and network limits. ``None`` means "use the default for the cooling type"."""
+
+    rack_power: Power | None = None
+    cooling: Literal["air", "liquid"] = "air"
+    pue: float | None = Field(default=None, ge=1.0, le=3.0)
+    circuit: Circuit = Circuit()
+    redundancy: Literal["N", "N+1", "2N"] = "N+1"
+    racks_available: int | None = Field(default=None, gt=0)
+    budget: Money | None = None
+    rack_units: int = Field(default=42, gt=0)
+    reserved_rack_units: int = Field(default=4, ge=0)
+    generic_host_overhead: Power = 3000.0
+    memory_headroom: float = Field(default=0.10, ge=0, lt=1)
+    switch_radix: int = Field(default=64, ge=4)
+    switch_port_gbps: int = Field(default=400, gt=0)
+    switch_power: Power = 1500.0
+    racks_per_row: int = Field(default=12, gt=0)
+    rack_width: Length = 0.6
+    row_pitch: Length = 2.4
+
+    @model_validator(mode="after")
+    def _radix(self) -> Constraints:
+        if self.switch_radix % 2:
+            raise ValueError(f"switch_radix must be even, not {self.switch_radix}")
+        if self.reserved_rack_units >= self.rack_units:
+            raise ValueError("reserved_rack_units leaves no space for servers")
+        return self
+
+
+PerCandidate = Money | dict[str, Money]
+
+
+class Prices(_Spec):
+    """What things cost. Missing prices leave that part of the cost out (the plan says so)."""
+
+    server: PerCandidate | None = None
+    gpu: PerCandidate | None = None
+    energy: EnergyPrice | None = None
+    cloud_per_gpu_hour: HourlyPrice | None = None
+    support_per_year: YearlyPrice | None = None
+    support_percent_of_capex: float | None = Field(default=None, ge=0, le=100)
+    space_per_rack_month: MonthlyPrice | None = None
+    switch: Money | None = None
+    transceiver: Money | None = None
+    utilization: float = Field(default=0.80, gt=0, le=1)
+
+
+class StorageSpec(_Spec):
+    """Checkpoint and dataset I/O targets."""
+
+    checkpoint_time: Duration = 300.0
+    dataset_bytes_per_token: float = Field(default=4.0, gt=0)
+
+
+class PlanSpec(_Spec):
+    """The whole spec: what to run, on which candidates, under which limits and prices."""
+
+    name: str = "plan"
+    horizon_years: float = Field(default=4.0, gt=0, le=30)
+    candidates: list[str] = Field(min_length=1)
+    workloads: list[Workload] = Field(min_length=1)
+    constraints: Constraints = Constraints()
+    prices: Prices = Prices()
+    storage: StorageSpec = StorageSpec()
+
+
+_ALL_MODELS: tuple[type[BaseModel], ...] = (
+    ModelShape,
+    TrainingWorkload,
+    InferenceWorkload,
+    GpuCountWorkload,
+    Circuit,
+    Constraints,
+    Prices,
+    StorageSpec,
+    PlanSpec,
+)
+
+
+def _path(loc: tuple[int | str, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif (
+            part in ("training", "inference", "gpus")
+            and out.startswith("workloads[")
+            and out.endswith("]")
+        ):
+            continue  # the discriminator tag pydantic inserts
+        elif part.startswith("function-") or part in ("str", "float", "int", "dict[str,float]"):
+            continue
+        else:
+            out += f".{part}" if out else part
+    return out or "(top level)"
+
+
+def _problem(err: dict[str, Any]) -> str:
+    kind = err.get("type", "")
+    msg = str(err.get("msg", "invalid"))
+    if kind == "extra_forbidden":
+        key = str(err["loc"][-1])
+        fields = sorted({f for m in _ALL_MODELS for f in m.model_fields})
+        close = difflib.get_close_matches(key, fields, 1)
+        return "unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
+    if kind == "union_tag_invalid" or kind == "union_tag_not_found":
+        return "kind must be one of 'training', 'inference', 'gpus'"
+    for prefix in ("Value error, ", "Assertion failed, "):
+        if msg.startswith(prefix):
+            msg = msg[len(prefix) :]
+    return msg
+
+
+def load_spec(source: str | dict[str, Any], name: str = "spec") -> PlanSpec:
+    """Validate a spec given as YAML text or an already-parsed mapping; no file I/O here."""
+    if isinstance(source, str):
+        try:
+            doc = yaml.safe_load(source)
+        except yaml.YAMLError as exc:
+            mark = getattr(exc, "problem_mark", None)
+            where = f"line {mark.line + 1}" if mark is not None else "YAML"
+            raise ParseError(
+                name, where, f"not valid YAML: {getattr(exc, 'problem', exc)}"
+            ) from exc
+    else:
+        doc = source
+    if not isinstance(doc, dict):
+        raise ParseError(name, "(top level)", "expected a mapping with candidates and workloads")
+    try:
+        return PlanSpec.model_validate(doc)
+    except ValidationError as exc:
+        errors = exc.errors()
+        # A union of a money and a mapping reports both branches; prefer the unit message.
+        first = max(errors, key=lambda e: ("is not " in str(e.get("msg")), len(e["loc"])))
+        problem = _problem(dict(first))
+        if "input" in first and first.get("type") not in ("extra_forbidden", "missing"):
+            given = first["input"]
+            if not isinstance(given, dict | list) and repr(given) not in problem:
+                problem = f"{given!r}: {problem}"
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        raise ParseError(name, _path(tuple(first["loc"])), problem + more) from exc

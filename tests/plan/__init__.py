@@ -1,0 +1,1 @@
+"""Tests of the planner (gpufleet.plan) and `gpufleet plan`."""
