@@ -24,7 +24,7 @@ from gpufleet.catalog import load_catalog
 from gpufleet.devices.sim.faults import Fault, FaultKind
 from gpufleet.errors import ConfigError, UnknownNameError
 
-_SHORT = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(?:(\d+)\s*x\s*)?([A-Za-z][\w.\-]*)\s*$")
+_SHORT = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(?:(\d+)\s*x\s*)?([A-Za-z][\w.\-]*)\s*$", re.IGNORECASE)
 _FAULT_KEYS = {"node", "gpu", "kind", "at_s", "duration_s"}
 
 

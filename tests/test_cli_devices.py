@@ -1,0 +1,135 @@
+"""`gpufleet inventory`, `status` and `doctor` on the simulator and on imported reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from gpufleet.cli.app import app
+from tests.conftest import FIXTURES, H200, real_gpu_available
+
+runner = CliRunner()
+
+
+def run_json(*args: str) -> dict:  # type: ignore[type-arg]
+    result = runner.invoke(app, [*args, "--json"])
+    assert result.exit_code == 0, result.output
+    return json.loads(result.stdout)
+
+
+def test_inventory_json_shape_on_the_simulator() -> None:
+    doc = run_json("inventory", "--sim", "2x8xh100-sxm")
+    assert [n["name"] for n in doc["nodes"]] == ["sim-00", "sim-01"]
+    g = doc["nodes"][1]["gpus"][7]
+    for key in (
+        "index",
+        "uuid",
+        "name",
+        "model",
+        "memory_total_bytes",
+        "driver_version",
+        "vbios_version",
+        "pcie_gen_current",
+        "pcie_gen_max",
+        "pcie_width_current",
+        "pcie_width_max",
+    ):
+        assert key in g
+    assert g["index"] == 7 and g["model"] == "h100-sxm" and g["name"] == "NVIDIA H100 80GB HBM3"
+    assert g["memory_total_bytes"] == 81559 * 2**20
+    assert doc["drift"] == []
+    assert doc["gpu_count"] == 16
+
+
+def test_inventory_finds_drift_in_a_fleet_file(tmp_path: Path) -> None:
+    f = tmp_path / "fleet.yaml"
+    f.write_text(
+        "nodes:\n  - {name: n, model: h100, gpus: 2, count: 3}\n"
+        "  - {name: old, model: h100, gpus: 2, driver_version: '535.161.08'}\n"
+        "faults:\n  - {node: n-01, gpu: 1, kind: pcie_downgrade, width: 8}\n"
+    )
+    doc = run_json("inventory", "--sim", str(f))
+    fields = sorted((d["kind"], d["field"]) for d in doc["drift"])
+    assert ("version", "driver_version") in fields
+    assert ("pcie_link", "pcie_link") in fields
+    link = next(d for d in doc["drift"] if d["kind"] == "pcie_link")
+    assert link["values"] == {"Gen5 x8": ["n-01/1"]}
+
+
+def test_inventory_imports_the_real_h200_capture() -> None:
+    doc = run_json("inventory", "--import", str(H200 / "nvidia-smi-q.xml"))
+    g = doc["nodes"][0]["gpus"][0]
+    assert g["name"] == "NVIDIA H200" and g["model"] == "h200-sxm"
+    assert g["vbios_version"] == "96.00.A5.00.1A" and g["driver_version"] == "580.159.04"
+    assert g["uuid"] == "GPU-a9be1d05-4c94-ff08-6f9e-9571d1d634c3"
+    assert (g["pcie_gen_current"], g["pcie_width_max"]) == (5, 16)
+
+
+def test_inventory_import_multi_gpu_drift() -> None:
+    doc = run_json("inventory", "--import", str(FIXTURES / "smi" / "h200x8-v13.xml"))
+    assert len(doc["nodes"][0]["gpus"]) == 8
+    assert any(d["field"] == "vbios_version" for d in doc["drift"])
+
+
+def test_status_json_reports_load_and_reasons() -> None:
+    doc = run_json("status", "--sim", "4x2xh100", "--busy")
+    gpus = [g for n in doc["nodes"] for g in n["gpus"]]
+    assert len(gpus) == 8
+    busy = [g for g in gpus if g["gpu_util_pct"]]
+    idle = [g for g in gpus if g["gpu_util_pct"] == 0]
+    assert busy and idle  # the seeded mix has both
+    assert all("idle" in g["clock_event_reasons_words"] for g in idle)
+    assert all(g["power_w"] > 100 for g in busy)
+
+
+def test_status_table_renders() -> None:
+    result = runner.invoke(app, ["status", "--sim", "1x2xh200"], env={"COLUMNS": "160"})
+    assert result.exit_code == 0
+    assert "h200-sxm" in result.stdout and "idle" in result.stdout
+
+
+def test_doctor_on_a_healthy_simulated_node() -> None:
+    doc = run_json("doctor", "--sim", "1x2xh200")
+    assert doc["status"] == "ok"
+    names = {c["name"] for n in doc["nodes"] for c in n["checks"]}
+    assert {"nvml", "driver_library_match", "gpus"} <= names
+
+
+def test_doctor_flags_persistence_and_ecc(tmp_path: Path) -> None:
+    f = tmp_path / "fleet.yaml"
+    f.write_text(
+        "nodes: [{name: n, model: h100, gpus: 2}]\n"
+        "faults:\n  - {node: n, gpu: 0, kind: persistence_off}\n"
+        "  - {node: n, gpu: 1, kind: ecc_disabled}\n"
+    )
+    result = runner.invoke(app, ["doctor", "--sim", str(f), "--json"])
+    assert result.exit_code == 1
+    doc = json.loads(result.stdout)
+    warned = {c["name"]: c for n in doc["nodes"] for c in n["checks"] if c["status"] == "warn"}
+    assert (
+        "gpu0.persistence" in warned and "nvidia-persistenced" in warned["gpu0.persistence"]["hint"]
+    )
+    assert "gpu1.ecc" in warned
+
+
+@pytest.mark.skipif(real_gpu_available(), reason="this machine has a GPU")
+@pytest.mark.parametrize("command", ["inventory", "status", "doctor"])
+def test_without_gpu_one_line_and_exit_2(command: str) -> None:
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufleet", command],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    if command != "doctor":
+        lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and "--sim" in lines[0] and "Traceback" not in proc.stderr

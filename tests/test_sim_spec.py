@@ -1,0 +1,88 @@
+"""Simulated fleet specs: short forms, YAML files, and their errors."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet.devices.sim import FaultKind, SimFleet, parse_fleet_spec
+from gpufleet.errors import ConfigError
+
+
+@pytest.mark.parametrize(
+    ("text", "nodes", "gpus", "model"),
+    [
+        ("2x8xh100-sxm", 2, 8, "h100-sxm"),
+        ("2X8XH100-SXM", 2, 8, "h100-sxm"),
+        ("4xh200", 1, 4, "h200-sxm"),
+        ("h100", 1, 8, "h100-sxm"),
+        ("3x2xa100-sxm4-80gb", 3, 2, "a100-sxm4-80gb"),
+    ],
+)
+def test_short_specs(text: str, nodes: int, gpus: int, model: str) -> None:
+    spec = parse_fleet_spec(text)
+    assert len(spec.nodes) == nodes
+    assert all(n.gpus == gpus and n.model == model for n in spec.nodes)
+    assert len({n.name for n in spec.nodes}) == nodes
+
+
+def test_unknown_model_suggests() -> None:
+    with pytest.raises(ConfigError) as err:
+        parse_fleet_spec("2x8xh10-sxm")
+    assert "h10-sxm" in str(err.value) and "h100-sxm" in str(err.value)
+
+
+@pytest.mark.parametrize("text", ["0x8xh100", "2x0xh100", "2x8x", "x8"])
+def test_bad_short_specs(text: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_fleet_spec(text)
+
+
+def test_yaml_fleet_with_faults(tmp_path: Path) -> None:
+    f = tmp_path / "fleet.yaml"
+    f.write_text(
+        """
+seed: 3
+nodes:
+  - {name: a, model: h100, gpus: 8, count: 2, rack: r1}
+  - {name: b, model: h200-sxm, gpus: 4, driver_version: "570.86.15"}
+faults:
+  - {node: a-01, gpu: 3, kind: xid, xid: 79, at_s: 10}
+  - {node: b, kind: slow_gpu, fraction: 0.85}
+"""
+    )
+    spec = parse_fleet_spec(str(f))
+    assert [n.name for n in spec.nodes] == ["a-00", "a-01", "b"]
+    assert spec.nodes[0].rack == "r1" and spec.nodes[2].driver_version == "570.86.15"
+    assert spec.seed == 3
+    assert spec.faults[0].kind == FaultKind.XID and spec.faults[0].params == {"xid": 79}
+    assert spec.faults[1].gpu is None
+    fleet = SimFleet(spec)
+    assert all(g.slow_fraction() == 0.85 for g in fleet.node("b").gpus)
+    assert fleet.node("a-00").gpus[0].slow_fraction() == 1.0
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        ("nodes: []", "non-empty 'nodes'"),
+        ("nodes: [{gpus: 8}]", "nodes[0]"),
+        ("nodes: [{model: h100}]\nfaults: [{kind: meltdown}]", "faults[0].kind"),
+        ("nodes: [{model: h100}]\nfaults: [{kind: xid, node: nope}]", "faults[0].node"),
+        ("nodes: [{model: h100, name: x}, {model: h100, name: x}]", "duplicate node names"),
+        ("nodes: [: bad", "not valid YAML"),
+    ],
+)
+def test_yaml_errors_name_the_field(tmp_path: Path, body: str, needle: str) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(body)
+    with pytest.raises(ConfigError) as err:
+        parse_fleet_spec(str(f))
+    assert needle in str(err.value)
+    assert str(f) in str(err.value)
+
+
+def test_missing_yaml_file() -> None:
+    with pytest.raises(ConfigError, match="no such fleet file"):
+        parse_fleet_spec("does-not-exist.yaml")
