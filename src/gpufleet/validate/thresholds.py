@@ -1,0 +1,208 @@
+"""Pass thresholds per GPU model: the catalog's peak x an expected efficiency.
+
+Expected efficiencies were measured on an H200 (``tests/fixtures/nvidia-h200/load_trace.json``:
+bf16 matmul 0.80 of peak, HBM copy 0.88 of the data-sheet bandwidth, PCIe Gen5 x16 55.5 GB/s
+pinned); models with their own measured figures (``GpuModel.efficiency``) use those. A figure
+passes at >= ``pass_fraction`` (default 0.90) of the expected value; a figure between
+``pass_fraction`` and ``warn_fraction`` (default 0.95) passes with a warning. Both can be set per
+test in a YAML file (``--config``)::
+
+    defaults: {pass_fraction: 0.9, warn_fraction: 0.95}
+    tests:
+      matmul: {pass_fraction: 0.85}
+      targeted_power: {min_power_fraction: 0.95}
+    expect_mig: false
+    straggler_z: 3.5
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet.catalog import GpuModel, load_catalog
+from gpufleet.devices.sim import workload as wl
+from gpufleet.errors import ConfigError
+from gpufleet.validate.results import Metric, Status
+from gpufleet.validate.suite import TESTS
+
+DEFAULT_PASS_FRACTION = 0.90
+DEFAULT_WARN_FRACTION = 0.95
+# Targeted power must reach this fraction of the enforced limit (issue 4; like DCGM's targeted
+# power plugin, which checks that the GPU reaches the requested power).
+MIN_POWER_FRACTION = 0.95
+# NVIDIA "Dynamic Page Retirement" (docs.nvidia.com/deploy/dynamic-page-retirement): a board
+# that has retired 60 or more pages qualifies for RMA.
+RETIRED_PAGES_LIMIT = 60
+# Iglewicz & Hoaglin (1993), "How to Detect and Handle Outliers": modified z-scores with
+# |z| > 3.5 are potential outliers.
+STRAGGLER_Z = 3.5
+# A straggler must also sit this far from its peers' median: on a very uniform fleet the MAD is
+# tiny and a 0.5 % difference would otherwise count.
+STRAGGLER_MIN_DEVIATION = 0.03
+MATMUL_DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp64", "fp8")
+# Assumption (not a measurement): RDMA bandwidth between two nodes reaches 90 % of the NICs'
+# line rate (ib_write_bw on ConnectX-7 NDR typically reports ~90-97 % of 400 Gb/s).
+NETWORK_EFFICIENCY = 0.90
+DEFAULT_NODE_NICS_GBITS = 8 * 400  # a DGX H100/H200: 8x ConnectX-7 400 Gb/s (catalog)
+
+
+@dataclass(frozen=True)
+class TestLimits:
+    """Pass and warn lines of one test, as fractions of the expected value."""
+
+    __test__ = False  # not a pytest test class
+
+    pass_fraction: float = DEFAULT_PASS_FRACTION
+    warn_fraction: float = DEFAULT_WARN_FRACTION
+    min_power_fraction: float = MIN_POWER_FRACTION
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """All thresholds of a run."""
+
+    default: TestLimits = TestLimits()
+    per_test: dict[str, TestLimits] = field(default_factory=dict)
+    expect_mig: bool | None = False  # None: either is fine
+    straggler_z: float = STRAGGLER_Z
+    straggler_min_deviation: float = STRAGGLER_MIN_DEVIATION
+    retired_pages_limit: int = RETIRED_PAGES_LIMIT
+
+    def limits(self, test: str) -> TestLimits:
+        return self.per_test.get(test, self.default)
+
+    def judge(
+        self, test: str, name: str, value: float, expected: float | None, unit: str
+    ) -> Metric:
+        """A higher-is-better figure against its expected value."""
+        if expected is None or expected <= 0:
+            return Metric(name, value, unit, expected, None, Status.PASS)
+        lim = self.limits(test)
+        pass_min = lim.pass_fraction * expected
+        if value < pass_min:
+            status = Status.FAIL
+        elif value < lim.warn_fraction * expected:
+            status = Status.WARN
+        else:
+            status = Status.PASS
+        return Metric(name, value, unit, expected, pass_min, status)
+
+
+_LIMIT_KEYS = {"pass_fraction", "warn_fraction", "min_power_fraction"}
+
+
+def _limits(base: TestLimits, item: Any, where: str) -> TestLimits:
+    if not isinstance(item, dict):
+        raise ConfigError(f"{where}: expected a mapping of {sorted(_LIMIT_KEYS)}")
+    unknown = set(item) - _LIMIT_KEYS
+    if unknown:
+        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; known {sorted(_LIMIT_KEYS)}")
+    try:
+        vals = {k: float(v) for k, v in item.items()}
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{where}: values must be numbers ({exc})") from exc
+    for k, v in vals.items():
+        if not 0.0 < v <= 1.5:
+            raise ConfigError(f"{where}.{k}: {v} is not a fraction in (0, 1.5]")
+    out = replace(base, **vals)
+    if out.warn_fraction < out.pass_fraction:
+        raise ConfigError(f"{where}: warn_fraction must be >= pass_fraction")
+    return out
+
+
+def parse_thresholds(text: str, source: str = "<thresholds>") -> Thresholds:
+    """Parse a thresholds YAML document; errors name the file and the field."""
+    try:
+        doc = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
+    if not isinstance(doc, dict):
+        raise ConfigError(f"{source}: expected a mapping")
+    known = {"defaults", "tests", "expect_mig", "straggler_z", "retired_pages_limit"}
+    unknown = set(doc) - known
+    if unknown:
+        raise ConfigError(f"{source}: unknown key(s) {sorted(unknown)}; known {sorted(known)}")
+    default = _limits(TestLimits(), doc.get("defaults") or {}, f"{source}: defaults")
+    per: dict[str, TestLimits] = {}
+    tests = doc.get("tests") or {}
+    if not isinstance(tests, dict):
+        raise ConfigError(f"{source}: tests: expected a mapping of test name to limits")
+    for name, item in tests.items():
+        if name not in TESTS:
+            from gpufleet.errors import UnknownNameError
+
+            err = UnknownNameError("test", str(name), list(TESTS))
+            raise ConfigError(f"{source}: tests.{name}: {err.message}", hint=err.hint)
+        per[str(name)] = _limits(default, item, f"{source}: tests.{name}")
+    mig = doc.get("expect_mig", False)
+    if mig is not None and not isinstance(mig, bool):
+        raise ConfigError(f"{source}: expect_mig: expected true, false or null")
+    try:
+        z = float(doc.get("straggler_z", STRAGGLER_Z))
+        pages = int(doc.get("retired_pages_limit", RETIRED_PAGES_LIMIT))
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{source}: straggler_z/retired_pages_limit: {exc}") from exc
+    if z <= 0:
+        raise ConfigError(f"{source}: straggler_z must be positive")
+    return Thresholds(
+        default=default, per_test=per, expect_mig=mig, straggler_z=z, retired_pages_limit=pages
+    )
+
+
+def load_thresholds(path: Path | None) -> Thresholds:
+    if path is None:
+        return Thresholds()
+    if not path.is_file():
+        raise ConfigError(f"{path}: no such thresholds file")
+    return parse_thresholds(path.read_text(encoding="utf-8"), source=str(path))
+
+
+# ----- expected values per model -------------------------------------------------------------
+def model_of(key: str | None) -> GpuModel | None:
+    return None if key is None else load_catalog().find_gpu(key)
+
+
+def expected_matmul_tflops(model: GpuModel, dtype: str) -> float | None:
+    """Short-burst matmul TFLOP/s: the measured figure, or peak x the H200's efficiency."""
+    return wl.achieved_tflops(model, dtype)
+
+
+def expected_sustained_tflops(model: GpuModel) -> float | None:
+    """bf16 TFLOP/s under a sustained load at the power cap."""
+    eff = model.efficiency
+    if eff is not None and eff.sustained_bf16_tflops:
+        return eff.sustained_bf16_tflops
+    burst = wl.achieved_tflops(model, "bf16")
+    if burst is None:
+        return None
+    from gpufleet.devices.sim.physics import MEASURED_CAPPED_CLOCK_RATIO
+
+    return burst * wl.clock_factor(MEASURED_CAPPED_CLOCK_RATIO)
+
+
+def expected_hbm_gbps(model: GpuModel) -> float:
+    return wl.hbm_copy_gbps(model)
+
+
+def expected_pcie_gbps(model: GpuModel, direction: str) -> float:
+    """At the model's full link (a downgraded link is what this test must catch)."""
+    return wl.pcie_gbps(model, None, None, direction)
+
+
+def expected_collective_busbw(model: GpuModel) -> float:
+    return wl.collective_busbw_gbps(model)
+
+
+def node_network_gbps(model: GpuModel) -> float:
+    """GB/s one node moves to another: its compute NICs' line rate x NETWORK_EFFICIENCY."""
+    systems = load_catalog().systems_for(model.key)
+    gbits = (
+        systems[0].compute_nics * systems[0].compute_nic_gbps
+        if systems
+        else DEFAULT_NODE_NICS_GBITS
+    )
+    return gbits / 8.0 * NETWORK_EFFICIENCY
