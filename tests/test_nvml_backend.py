@@ -217,3 +217,18 @@ def test_close_shuts_nvml_down() -> None:
     assert node.nvml._init_count == 1
     backend.close()
     assert node.nvml._init_count == 0
+
+
+def test_xid_79_of_a_lost_gpu_is_delivered() -> None:
+    fleet, clock = make()
+    fleet.inject(Fault(FaultKind.FALLEN_OFF_BUS, node="sim-00", gpu=1, at_s=2))
+    backend = fleet.node("sim-00").backend()
+    uuid1 = backend.device_info(1).uuid
+    backend.poll_events()  # registers the event set while the GPU answers
+    clock.advance(3)
+    with pytest.raises(GpuLostError):
+        backend.sample_fast(1)
+    events = backend.poll_events()
+    xids = [(e.gpu_index, e.xid, e.gpu_uuid) for e in events if e.kind == "xid"]
+    assert xids == [(1, 79, uuid1)]
+    assert [e.gpu_index for e in events if e.kind == "gpu_lost"] == [1]

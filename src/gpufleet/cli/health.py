@@ -1,10 +1,241 @@
-"""`gpufleet health` (placeholder until implemented)."""
+"""`gpufleet health`: the node verdict, findings and actions (exit codes for Slurm/Nagios), and
+`gpufleet health ack` to acknowledge a sticky finding."""
 
 from __future__ import annotations
 
+import time
+from pathlib import Path
+from typing import Any
+
 import typer
+from rich.table import Table
+
+from gpufleet.cli.common import JsonOption, SeedOption, SimOption
+from gpufleet.cli.output import console, emit_json, err_console
+from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.health import slurm
+from gpufleet.health.acks import (
+    Acknowledgement,
+    AckStore,
+    FileAckStore,
+    MemoryAckStore,
+    default_state_dir,
+    new_ack_id,
+)
+from gpufleet.health.collect import collect_node
+from gpufleet.health.config import load_health_config
+from gpufleet.health.tracker import HealthReport, HealthTracker
+from gpufleet.health.types import Severity
+
+# Injectable side effect: tests replace it with a recorder (see tests/health/test_cli.py).
+RUNNER: slurm.Runner = slurm.run_subprocess
+
+health_app = typer.Typer(
+    help="Node health: verdict, findings and recommended actions.",
+    invoke_without_command=True,
+    no_args_is_help=False,
+)
+
+_COLOURS = {Severity.OK: "green", Severity.WARN: "yellow", Severity.FAIL: "red"}
+
+
+def _reports_sim(
+    spec: str, seed: int, node: str | None, duration_s: float, tracker_for: Any
+) -> list[HealthReport]:
+    from gpufleet.devices.sim import ManualClock, SimFleet, parse_fleet_spec
+
+    clock = ManualClock()
+    fleet = SimFleet(parse_fleet_spec(spec, seed=seed), clock=clock)
+    names = [node] if node else list(fleet.nodes)
+    reports = []
+    for name in names:
+        sim_node = fleet.node(name)
+        backend = sim_node.backend()
+        try:
+            data = collect_node(backend, duration_s=duration_s, sleep=clock.advance)
+        finally:
+            backend.close()
+        reports.append(tracker_for(name, clock).evaluate(data))
+    return reports
+
+
+def _reports_local(node: str | None, duration_s: float, tracker_for: Any) -> list[HealthReport]:
+    from gpufleet.devices.discovery import open_local_nvml
+
+    fleet = open_local_nvml()
+    try:
+        backend = fleet.backends[0]
+        data = collect_node(backend, duration_s=duration_s)
+    finally:
+        fleet.close()
+    if node:
+        from dataclasses import replace
+
+        data = replace(data, node=node)
+    return [tracker_for(data.node, time.time).evaluate(data)]
+
+
+def _render(report: HealthReport) -> None:
+    colour = _COLOURS.get(report.verdict, "magenta")
+    console.print(
+        f"[bold]{report.node}[/]: [{colour}]{report.verdict.word.upper()}[/] "
+        f"({len(report.findings)} finding(s), {len(report.gpu_verdicts)} GPU(s))"
+    )
+    if report.findings:
+        table = Table()
+        for col in ("severity", "gpu", "component", "code", "message", "action", "sticky"):
+            table.add_column(col, overflow="fold", no_wrap=col in ("code", "severity"))
+        for f in report.findings:
+            c = _COLOURS.get(f.severity, "magenta")
+            table.add_row(
+                f"[{c}]{f.severity.word}[/]",
+                "" if f.gpu_index is None else str(f.gpu_index),
+                f.component,
+                f.code,
+                f.message,
+                f.action.value,
+                "yes" if f.sticky else "",
+            )
+        console.print(table)
+    for err in report.errors:
+        err_console.print(f"[yellow]rule error:[/] {err}")
+
+
+def _store(state_dir: Path | None, persistent: bool) -> AckStore:
+    if state_dir is not None:
+        return FileAckStore(state_dir)
+    return FileAckStore(default_state_dir()) if persistent else MemoryAckStore()
+
+
+@health_app.callback()
+def health(
+    ctx: typer.Context,
+    sim: str | None = SimOption,
+    seed: int = SeedOption,
+    as_json: bool = JsonOption,
+    exit_code: bool = typer.Option(
+        False, "--exit-code", help="Exit 0 ok, 1 warn, 2 fail, 3 unknown (Slurm/Nagios)."
+    ),
+    slurm_drain: bool = typer.Option(
+        False, "--slurm-drain", help="On fail, drain this node with scontrol (finding as reason)."
+    ),
+    config: Path | None = typer.Option(None, "--config", help="YAML file with a health: section."),
+    duration: float = typer.Option(3.0, "--duration", min=0, help="Seconds to sample."),
+    node: str | None = typer.Option(
+        None, "--node", help="Node name (Slurm name; with --sim: which node)."
+    ),
+    scontrol: str = typer.Option("scontrol", "--scontrol", help="Path of scontrol."),
+    state_dir: Path | None = typer.Option(
+        None, "--state-dir", help="Ack log and sticky findings (default: the state dir)."
+    ),
+) -> None:
+    """Check this node's GPUs (or a simulated fleet's nodes) and print the verdict."""
+    if ctx.invoked_subcommand is not None:
+        return
+    try:
+        cfg = load_health_config(config)
+        persistent = sim is None
+
+        def tracker_for(name: str, clock: Any) -> HealthTracker:
+            return HealthTracker(cfg, clock=clock, store=_store(state_dir, persistent))
+
+        if sim:
+            reports = _reports_sim(sim, seed, node, duration, tracker_for)
+        else:
+            reports = _reports_local(node, duration, tracker_for)
+        drained: list[list[str]] = []
+        if slurm_drain:
+            for r in reports:
+                args = slurm.drain_if_failed(
+                    r, node=node or r.node, scontrol=scontrol, runner=RUNNER
+                )
+                if args:
+                    drained.append(args)
+    except GpufleetError as exc:
+        if not exit_code:
+            raise
+        hint = f"; {exc.hint}" if exc.hint else ""
+        err_console.print(f"[bold red]error:[/] {exc.message}{hint}", highlight=False)
+        raise typer.Exit(int(Severity.UNKNOWN)) from exc
+    verdict = _overall(reports)
+    if as_json:
+        emit_json(
+            {
+                "verdict": verdict.word,
+                "nodes": [r.to_dict() for r in reports],
+                "drained": drained,
+            }
+        )
+    else:
+        for r in reports:
+            _render(r)
+        for args in drained:
+            console.print(f"[red]drained[/]: {' '.join(args)}", highlight=False)
+    if exit_code:
+        raise typer.Exit(int(verdict))
+
+
+def _overall(reports: list[HealthReport]) -> Severity:
+    if not reports:
+        return Severity.UNKNOWN
+    if any(r.verdict == Severity.FAIL for r in reports):
+        return Severity.FAIL
+    if any(r.verdict == Severity.UNKNOWN for r in reports):
+        return Severity.UNKNOWN
+    return max(r.verdict for r in reports)
+
+
+@health_app.command("ack")
+def ack(
+    code: str = typer.Argument(..., help="Finding code, e.g. ECC_DBE_VOLATILE or XID_79."),
+    component: str = typer.Argument(..., help="GPU UUID (or gpu<index>) or 'node'."),
+    who: str = typer.Option(..., "--who", help="Who acknowledges."),
+    why: str = typer.Option(..., "--why", help="Why (ticket, action taken)."),
+    state_dir: Path | None = typer.Option(None, "--state-dir", help="Where the ack log lives."),
+    node: str | None = typer.Option(None, "--node", help="Node of the finding (default: any)."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Acknowledge a sticky finding: it clears, and the ack is logged with who and why."""
+    if not who.strip() or not why.strip():
+        raise ConfigError("--who and --why must not be empty")
+    store = FileAckStore(state_dir or default_state_dir())
+    matches = [
+        (n, f)
+        for n, findings in store.nodes_with_sticky().items()
+        for f in findings
+        if f.code == code and f.component == component and (node is None or n == node)
+    ]
+    if not matches:
+        known = [
+            f"{f.code} {f.component} ({n})"
+            for n, fs in store.nodes_with_sticky().items()
+            for f in fs
+        ]
+        raise ConfigError(
+            f"{store.dir}: no active sticky finding {code} on {component}",
+            hint=f"active: {', '.join(known)}" if known else "no sticky findings recorded here",
+        )
+    acks = []
+    for n, f in matches:
+        a = Acknowledgement(
+            code=code,
+            component=component,
+            who=who,
+            why=why,
+            at_s=time.time(),
+            node=n,
+            occurrence=f.occurrence,
+            id=new_ack_id(),
+        )
+        store.append(a)
+        acks.append(a)
+    if as_json:
+        emit_json({"acknowledged": [a.to_dict() for a in acks], "log": str(store.log_path)})
+    else:
+        for a in acks:
+            console.print(f"acknowledged {a.code} on {a.component} ({a.node}) by {a.who}: {a.why}")
 
 
 def register(app: typer.Typer) -> None:
     """Attach this module's commands to the app."""
-    _ = app
+    app.add_typer(health_app, name="health")

@@ -38,6 +38,9 @@ class Finding:
     gpu_index: int | None = None
     first_seen_s: float = 0.0
     last_seen_s: float = 0.0
+    # What makes this occurrence distinct (e.g. the DBE count, the XID's event time): after an
+    # acknowledgement, the same key with the same occurrence stays quiet; a new one is new.
+    occurrence: str = ""
 
     @property
     def key(self) -> tuple[str, str]:

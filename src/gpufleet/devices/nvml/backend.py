@@ -132,6 +132,34 @@ class NvmlBackend:
             self._handles[index] = h
         return h
 
+    def _event_gpu(self, handle: Any) -> tuple[int, str | None]:
+        """Which GPU an event came from: by handle identity first (works for a lost GPU, whose
+        every call fails), then by UUID."""
+        key = _handle_key(handle)
+        for i, h in self._handles.items():
+            if _handle_key(h) == key:
+                uuid = next((u for u, j in self._uuid_to_index.items() if j == i), None)
+                return i, uuid
+        try:
+            uuid = self.call("nvmlDeviceGetUUID", handle)
+        except (GpuLostError, DeviceError):
+            return -1, None
+        uuid_text = None if uuid is None else _text(uuid)
+        if uuid_text is None:
+            return -1, None
+        if uuid_text in self._uuid_to_index:
+            return self._uuid_to_index[uuid_text], uuid_text
+        for i in range(self.device_count()):
+            if i in self._lost:
+                continue
+            try:
+                if _text(self._dev("nvmlDeviceGetUUID", i)) == uuid_text:
+                    self._uuid_to_index[uuid_text] = i
+                    return i, uuid_text
+            except (GpuLostError, DeviceError):
+                continue
+        return -1, uuid_text
+
     def _dev(self, fn: str, index: int, *args: Any) -> Any:
         return self.call(fn, self._handle(index), *args, gpu=index)
 
@@ -399,20 +427,7 @@ class NvmlBackend:
                     self._record("nvmlEventSetWait", f"nvmlEventSetWait: {exc}")
                 break
             wait = 0
-            uuid = self.call("nvmlDeviceGetUUID", data.device)
-            uuid_text = None if uuid is None else _text(uuid)
-            idx = self._uuid_to_index.get(uuid_text or "", -1)
-            if idx < 0 and uuid_text is not None:
-                for i in range(self.device_count()):
-                    if i in self._lost:
-                        continue
-                    try:
-                        if _text(self._dev("nvmlDeviceGetUUID", i)) == uuid_text:
-                            idx = i
-                            self._uuid_to_index[uuid_text] = i
-                            break
-                    except GpuLostError:
-                        continue
+            idx, uuid_text = self._event_gpu(data.device)
             ts = getattr(data, "timeStamp", None)
             events.append(
                 GpuEvent(
@@ -445,6 +460,16 @@ def _hostname() -> str:
     import socket
 
     return socket.gethostname()
+
+
+def _handle_key(handle: Any) -> Any:
+    """A comparable identity for an NVML device handle (a ctypes pointer or a simulator handle)."""
+    try:
+        import ctypes
+
+        return ctypes.cast(handle, ctypes.c_void_p).value
+    except (TypeError, ctypes.ArgumentError):
+        return handle
 
 
 def _mem_total(info: Any) -> int | None:
