@@ -1,0 +1,178 @@
+"""Slurm client commands as argument lists (never a shell), with configurable binary paths and an
+injectable runner, so tests can check every argument list without a cluster.
+
+Argument syntax from the Slurm 22.05 man pages: sbatch(1) (``--parsable`` prints ``ID[;cluster]``,
+``--gres``, ``--requeue``, ``--wrap``), scontrol(1) (``update NodeName=... State=DRAIN
+Reason=...``, ``requeue``, ``update JobId=... StartTime=now``), sinfo(1)/squeue(1) ``--json``,
+scancel(1).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+from gpufleet.errors import GpufleetError
+from gpufleet.schedulers.base import JobSpec
+
+
+@dataclass(frozen=True)
+class SlurmBinaries:
+    """Paths (or names on PATH) of the Slurm and MUNGE programs gpufleet runs."""
+
+    sbatch: str = "sbatch"
+    scontrol: str = "scontrol"
+    sinfo: str = "sinfo"
+    squeue: str = "squeue"
+    scancel: str = "scancel"
+    slurmctld: str = "slurmctld"
+    slurmd: str = "slurmd"
+    munged: str = "munged"
+
+    @classmethod
+    def in_dir(cls, bindir: str, sbindir: str | None = None) -> SlurmBinaries:
+        """Client programs under ``bindir``, daemons under ``sbindir`` (default: same)."""
+        s = sbindir or bindir
+        j = os.path.join
+        return cls(
+            *(j(bindir, n) for n in ("sbatch", "scontrol", "sinfo", "squeue", "scancel")),
+            *(j(s, n) for n in ("slurmctld", "slurmd", "munged")),
+        )
+
+
+@dataclass(frozen=True)
+class CommandResult:
+    """What one program run returned."""
+
+    argv: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Runner = Callable[[Sequence[str], Mapping[str, str], float], CommandResult]
+
+
+def subprocess_runner(
+    argv: Sequence[str], env: Mapping[str, str], timeout_s: float
+) -> CommandResult:
+    """Run ``argv`` (no shell) with exactly ``env``; a missing program or a timeout becomes a
+    :class:`GpufleetError` naming the program."""
+    try:
+        p = subprocess.run(
+            list(argv),
+            env=dict(env),
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            check=False,
+        )
+    except FileNotFoundError as exc:
+        raise GpufleetError(
+            f"{argv[0]}: not found", hint="install slurm-client or set the Slurm binary paths"
+        ) from exc
+    except subprocess.TimeoutExpired as exc:
+        raise GpufleetError(f"{shlex.join(argv)}: no answer within {timeout_s:g} s") from exc
+    return CommandResult(tuple(argv), p.returncode, p.stdout, p.stderr)
+
+
+def gres_arg(gpus: int, gres_type: str | None = None) -> str:
+    """``--gres=gpu:N`` or ``--gres=gpu:TYPE:N``."""
+    return f"--gres=gpu:{gres_type}:{gpus}" if gres_type else f"--gres=gpu:{gpus}"
+
+
+def job_script(spec: JobSpec) -> str:
+    """The batch script body for ``--wrap``: the command argument list quoted for sh, or a sleep
+    of ``duration_s`` for a job that only occupies GPUs."""
+    if spec.command:
+        return shlex.join(spec.command)
+    if spec.duration_s is not None:
+        return f"sleep {spec.duration_s:g}"
+    raise GpufleetError(f"job {spec.name!r}: give a command or a duration")
+
+
+@dataclass(frozen=True)
+class SlurmCommands:
+    """Builds argument lists and runs them through ``runner`` with ``SLURM_CONF`` set."""
+
+    binaries: SlurmBinaries = field(default_factory=SlurmBinaries)
+    runner: Runner = subprocess_runner
+    slurm_conf: str | None = None
+    base_env: Mapping[str, str] | None = None  # default: this process's environment
+    timeout_s: float = 30.0
+
+    def env(self, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+        env = dict(os.environ if self.base_env is None else self.base_env)
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        env.update(extra or {})
+        return env
+
+    def run(self, argv: Sequence[str], extra_env: Mapping[str, str] | None = None) -> CommandResult:
+        """Run one argument list; a non-zero exit becomes a clear gpufleet error."""
+        from gpufleet.schedulers.slurm.errors import raise_for
+
+        res = self.runner(argv, self.env(extra_env), self.timeout_s)
+        if res.returncode != 0:
+            raise_for(res)
+        return res
+
+    # --- argument lists -------------------------------------------------------------------
+    def sbatch_args(
+        self,
+        spec: JobSpec,
+        gres_type: str | None = None,
+        partition: str | None = None,
+        output_dir: str | None = None,
+    ) -> list[str]:
+        """sbatch argument list for ``spec`` (env is passed through the process environment
+        with ``--export=ALL``, so values may hold commas)."""
+        args = [self.binaries.sbatch, "--parsable", f"--job-name={spec.name}"]
+        if partition:
+            args.append(f"--partition={partition}")
+        args += [f"--nodes={spec.nodes}", gres_arg(spec.gpus, gres_type)]
+        args.append("--requeue")  # gpufleet's failover requeues jobs; Slurm needs them requeueable
+        if spec.checkpoint_dir:
+            args.append(f"--chdir={spec.checkpoint_dir}")
+        if output_dir:
+            args.append(f"--output={output_dir.rstrip('/')}/slurm-%j.out")
+        args += [f"--comment=tenant={spec.tenant}", "--export=ALL"]
+        args.append(f"--wrap={job_script(spec)}")
+        return args
+
+    def drain_args(self, node: str, reason: str) -> list[str]:
+        return [
+            self.binaries.scontrol,
+            "update",
+            f"NodeName={node}",
+            "State=DRAIN",
+            f"Reason={reason}",
+        ]
+
+    def resume_args(self, node: str) -> list[str]:
+        return [self.binaries.scontrol, "update", f"NodeName={node}", "State=RESUME"]
+
+    def requeue_args(self, job_id: str) -> list[str]:
+        return [self.binaries.scontrol, "requeue", job_id]
+
+    def start_now_args(self, job_id: str) -> list[str]:
+        """Clear the begin time a requeue sets (now + cred_expire + 1, 121 s by default)."""
+        return [self.binaries.scontrol, "update", f"JobId={job_id}", "StartTime=now"]
+
+    def cancel_args(self, job_id: str) -> list[str]:
+        return [self.binaries.scancel, job_id]
+
+    def sinfo_args(self) -> list[str]:
+        return [self.binaries.sinfo, "--json"]
+
+    def squeue_args(self) -> list[str]:
+        return [self.binaries.squeue, "--json"]
+
+    def show_job_args(self, job_id: str) -> list[str]:
+        return [self.binaries.scontrol, "show", "job", job_id]
+
+    def ping_args(self) -> list[str]:
+        return [self.binaries.scontrol, "ping"]

@@ -1,0 +1,106 @@
+"""Generated slurm.conf / gres.conf / topology.conf, checked against hand-derived lines."""
+
+from __future__ import annotations
+
+import pytest
+
+from gpufleet.errors import ConfigError
+from gpufleet.schedulers.slurm import config_gen as cg
+from gpufleet.schedulers.slurm.hostlist import compress, expand
+
+
+def test_hostlist_round_trip() -> None:
+    assert expand("gpu[001-003,007],login") == ["gpu001", "gpu002", "gpu003", "gpu007", "login"]
+    assert compress(["gpu1", "gpu2", "gpu3", "gpu5"]) == "gpu[1-3,5]"
+    assert compress(["n01", "n02"]) == "n[01-02]"
+    with pytest.raises(ConfigError):
+        expand("gpu[1-x]")
+
+
+def test_gres_type_from_catalog() -> None:
+    assert cg.gres_type("h100-sxm") == "h100"
+    assert cg.gres_type("a100-sxm4-40gb") == "a100_sxm4_40gb"  # no one-word alias
+    assert cg.gres_type("l40s") == "l40s"
+
+
+def _plan(servers: int, levels: int, radix: int = 64) -> dict[str, object]:
+    return {
+        "chosen": "h100-sxm",
+        "candidates": [
+            {
+                "candidate": "h100-sxm",
+                "servers": servers,
+                "server": {"gpus": 8, "gpu_key": "h100-sxm"},
+                "fabric": {"compute": {"levels": levels, "radix": radix}},
+            }
+        ],
+    }
+
+
+def test_from_plan_two_level_tree() -> None:
+    # 64 nodes on radix-64: groups of 32 nodes share a leaf per rail -> 2 leaves, 1 spine.
+    cl = cg.from_plan(_plan(64, 2))
+    assert cg.node_lines(cl) == ["NodeName=gpu[001-064] Gres=gpu:h100:8 State=UNKNOWN"]
+    assert cg.topology_conf(cl).splitlines()[1:] == [
+        "SwitchName=leaf1 Nodes=gpu[001-032]",
+        "SwitchName=leaf2 Nodes=gpu[033-064]",
+        "SwitchName=spine1 Switches=leaf[1-2]",
+    ]
+    conf = cg.slurm_conf(cl)
+    for line in (
+        "SelectType=select/cons_tres",
+        "GresTypes=gpu",
+        "TopologyPlugin=topology/tree",
+        "PartitionName=gpu Nodes=gpu[001-064] Default=YES MaxTime=INFINITE State=UP",
+    ):
+        assert line in conf.splitlines()
+    gres = cg.gres_conf(cl).splitlines()
+    assert gres[1] == "AutoDetect=off"
+    assert gres[2:] == ["NodeName=gpu[001-064] Name=gpu Type=h100 Count=8 File=/dev/nvidia[0-7]"]
+
+
+def test_from_plan_three_levels_and_single_switch() -> None:
+    # radix 8: 4 nodes a group; 40 nodes -> 10 leaves; pods of 4 leaves -> 3 spines; 1 core.
+    top = cg.topology_conf(cg.from_plan(_plan(40, 3, radix=8))).splitlines()[1:]
+    assert top[9] == "SwitchName=leaf10 Nodes=gpu[037-040]"
+    assert top[10:] == [
+        "SwitchName=spine1 Switches=leaf[01-04]",
+        "SwitchName=spine2 Switches=leaf[05-08]",
+        "SwitchName=spine3 Switches=leaf[09-10]",
+        "SwitchName=core1 Switches=spine[1-3]",
+    ]
+    one = cg.topology_conf(cg.from_plan(_plan(1, 1))).splitlines()[1:]
+    assert one == ["SwitchName=leaf1 Nodes=gpu001"]
+
+
+def test_from_inventory_types_and_errors() -> None:
+    doc = {
+        "nodes": [
+            {"name": "a", "gpus": [{"model": "h100-sxm"}] * 2},
+            {"name": "b", "gpus": [{"model": "h100-sxm"}, {"model": "l4"}]},
+        ]
+    }
+    cl = cg.from_inventory(doc)
+    assert cg.node_lines(cl) == [
+        "NodeName=a Gres=gpu:h100:2 State=UNKNOWN",
+        "NodeName=b Gres=gpu:h100:1,gpu:l4:1 State=UNKNOWN",
+    ]
+    assert cg.gres_conf(cl).splitlines()[3:] == [
+        "NodeName=b Name=gpu Type=h100 Count=1 File=/dev/nvidia0",
+        "NodeName=b Name=gpu Type=l4 Count=1 File=/dev/nvidia1",
+    ]
+    with pytest.raises(ConfigError, match=r"nodes\[0\]\.name"):
+        cg.from_inventory({"nodes": [{"gpus": []}]})
+    with pytest.raises(ConfigError, match="candidates"):
+        cg.from_plan({"nodes": []})
+
+
+def test_health_check_wrapper_sets_slurm_conf() -> None:
+    text = cg.health_check_wrapper(
+        "/etc/slurm dir/slurm.conf", ["gpufleet", "health", "--exit-code"]
+    )
+    assert "export SLURM_CONF='/etc/slurm dir/slurm.conf'\n" in text
+    assert text.rstrip().endswith("exec gpufleet health --exit-code")
+    conf = cg.slurm_conf(cg.from_plan(_plan(1, 1)), health_check_program="/x/hc.sh")
+    assert "HealthCheckProgram=/x/hc.sh" in conf.splitlines()
+    assert "HealthCheckInterval=30" in conf.splitlines()
