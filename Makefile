@@ -9,11 +9,17 @@ $(BIN)/python:
 	$(PY) -m venv $(VENV)
 	$(BIN)/pip install -q --upgrade pip
 
+# torch: the CPU build (2.13.0) lies on disk on these machines; pinning it keeps pip from
+# fetching a multi-GB CUDA build. Only the gloo collective test and the torch engine use it.
 install: $(BIN)/python
+	$(BIN)/pip install -q torch==2.13.0
 	$(BIN)/pip install -q -e '.[all]'
 
+# Debian packages the tests drive for real: Slurm + munge (scheduler tests), Prometheus and
+# promtool (exporter tests), PostgreSQL (storage tests), Chromium (dashboard tests).
+SYSDEPS ?= slurmctld slurmd slurm-client munge prometheus postgresql chromium
 sysdeps:
-	./scripts/install-sysdeps.sh
+	./scripts/install-sysdeps.sh $(SYSDEPS)
 
 lint: install
 	$(BIN)/ruff check src tests benchmarks
