@@ -1,0 +1,168 @@
+"""The GPUs a MIG plan covers: from ``--gpus``, an inventory, a plan, or a current-layout file.
+
+``--gpus``: comma-separated ``[NODES x] GPUS x MODEL`` terms, e.g. ``8xh200`` (one node of 8),
+``2x8xh100`` (two nodes of 8), ``8xh200,4xh100``.
+
+A current-layout file (also what ``gpufleet mig plan --out`` writes) lists each node's GPUs in
+index order with their instance counts; ``{}`` is a GPU with MIG off::
+
+    nodes:
+      - name: node-0
+        model: h200
+        gpus:
+          - {1g.18gb: 7}
+          - {3g.71gb: 2}
+          - {}
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gpufleet.catalog import load_catalog
+from gpufleet.errors import ConfigError, ParseError, UnknownNameError
+from gpufleet.mig.layouts import Layout, layout_for_counts
+
+__all__ = [
+    "FleetGpu",
+    "fleet_from_inventory",
+    "fleet_from_plan",
+    "load_current",
+    "parse_gpus",
+]
+
+_TERM = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(\d+)\s*x\s*([A-Za-z0-9][\w.\-]*)\s*$", re.I)
+
+
+@dataclass(frozen=True)
+class FleetGpu:
+    """One GPU: its node, index on the node, catalog model key, and today's layout."""
+
+    node: str
+    index: int
+    model: str
+    current: Layout | None = None  # None: unknown, treated as MIG off
+
+
+def _model_key(name: str, where: str) -> str:
+    try:
+        return load_catalog().gpu(name).key
+    except UnknownNameError as exc:
+        raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from exc
+
+
+def parse_gpus(text: str, source: str = "--gpus") -> list[FleetGpu]:
+    """Parse ``[NODES x] GPUS x MODEL[, ...]`` into GPUs on named nodes."""
+    out: list[FleetGpu] = []
+    node_no = 0
+    for raw in text.split(","):
+        if not raw.strip():
+            continue
+        m = _TERM.match(raw)
+        if m is None:
+            raise ParseError(
+                source, repr(raw.strip()), "expected [NODES x] GPUS x MODEL, e.g. 8xh200"
+            )
+        nodes = int(m[1]) if m[1] else 1
+        per = int(m[2])
+        if nodes < 1 or per < 1:
+            raise ParseError(source, repr(raw.strip()), "counts must be at least 1")
+        key = _model_key(m[3], source)
+        for _ in range(nodes):
+            out.extend(FleetGpu(f"node-{node_no}", i, key) for i in range(per))
+            node_no += 1
+    if not out:
+        raise ConfigError(f"{source}: no GPUs given")
+    return out
+
+
+def _read_doc(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (ValueError, yaml.YAMLError) as exc:
+        raise ParseError(str(path), "document", f"not valid JSON/YAML: {exc}") from exc
+
+
+def fleet_from_inventory(path: Path) -> list[FleetGpu]:
+    """GPUs from ``gpufleet inventory --json`` output (``nodes[].gpus[].model``)."""
+    doc = _read_doc(path)
+    nodes = doc.get("nodes") if isinstance(doc, dict) else None
+    if not isinstance(nodes, list):
+        raise ParseError(str(path), "nodes", "expected the output of 'gpufleet inventory --json'")
+    out: list[FleetGpu] = []
+    for n, node in enumerate(nodes):
+        name = str(node.get("name", f"node-{n}"))
+        for g, gpu in enumerate(node.get("gpus") or []):
+            model = gpu.get("model") or gpu.get("name")
+            if not model:
+                raise ParseError(str(path), f"nodes[{n}].gpus[{g}]", "no model or name")
+            key = _model_key(str(model), f"{path}: nodes[{n}].gpus[{g}]")
+            out.append(FleetGpu(name, int(gpu.get("index", g)), key))
+    if not out:
+        raise ConfigError(f"{path}: the inventory lists no GPUs")
+    return out
+
+
+def fleet_from_plan(path: Path) -> list[FleetGpu]:
+    """GPUs of the chosen candidate of ``gpufleet plan --json`` output."""
+    doc = _read_doc(path)
+    if not isinstance(doc, dict) or not isinstance(doc.get("candidates"), list):
+        raise ParseError(str(path), "candidates", "expected the output of 'gpufleet plan --json'")
+    chosen = doc.get("chosen")
+    cand = next((c for c in doc["candidates"] if c.get("candidate") == chosen), None)
+    if cand is None:
+        raise ParseError(str(path), "chosen", f"no candidate named {chosen!r}")
+    server = cand.get("server") or {}
+    try:
+        key = _model_key(str(server["gpu_key"]), f"{path}: server.gpu_key")
+        per, servers = int(server["gpus"]), int(cand["servers"])
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ParseError(str(path), f"candidate {chosen}", f"missing field {exc}") from exc
+    return [FleetGpu(f"node-{n}", i, key) for n in range(servers) for i in range(per)]
+
+
+def load_current(path: Path) -> list[FleetGpu]:
+    """GPUs with today's layouts, from a current-layout file (format in the module doc)."""
+    doc = _read_doc(path)
+    nodes = doc.get("nodes") if isinstance(doc, dict) else None
+    if not isinstance(nodes, list):
+        raise ParseError(str(path), "nodes", "expected a list of nodes with name, model, gpus")
+    out: list[FleetGpu] = []
+    for n, node in enumerate(nodes):
+        where = f"{path}: nodes[{n}]"
+        if not isinstance(node, dict) or not isinstance(node.get("gpus"), list):
+            raise ParseError(str(path), f"nodes[{n}]", "needs name, model and a gpus list")
+        key = _model_key(str(node.get("model", "")), f"{where}.model")
+        name = str(node.get("name", f"node-{n}"))
+        for g, counts in enumerate(node["gpus"]):
+            if counts is None:
+                counts = {}
+            if not isinstance(counts, dict) or not all(
+                isinstance(v, int) and v >= 0 for v in counts.values()
+            ):
+                raise ParseError(str(path), f"nodes[{n}].gpus[{g}]", "expected {profile: count}")
+            try:
+                layout = layout_for_counts(key, counts, f"{where}.gpus[{g}]")
+            except UnknownNameError as exc:
+                raise ConfigError(f"{where}.gpus[{g}]: {exc.message}", hint=exc.hint) from exc
+            out.append(FleetGpu(name, g, key, layout))
+    return out
+
+
+def current_document(gpus: list[tuple[FleetGpu, Layout]]) -> dict[str, Any]:
+    """The current-layout document for GPUs and their (new) layouts."""
+    nodes: dict[str, dict[str, Any]] = {}
+    for gpu, layout in gpus:
+        entry = nodes.setdefault(gpu.node, {"name": gpu.node, "model": gpu.model, "gpus": []})
+        entry["gpus"].append(layout.counts)
+    return {"nodes": list(nodes.values())}

@@ -1,0 +1,1 @@
+"""Kubernetes: the scheduler backend (cordon, taint, evict, label) and generated manifests."""
