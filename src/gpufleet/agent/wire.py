@@ -72,7 +72,7 @@ class WireEvent(_Wire):
 class Batch(_Wire):
     """One push from one agent."""
 
-    schema_version: Literal[1] = SCHEMA_VERSION
+    schema_version: Literal[1] = 1  # SCHEMA_VERSION
     node: str = Field(min_length=1, max_length=253)
     agent_id: str = Field(min_length=1, max_length=128)
     seq: int = Field(ge=1)

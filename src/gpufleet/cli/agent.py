@@ -1,10 +1,104 @@
-"""`gpufleet agent` (placeholder until implemented)."""
+"""`gpufleet agent`: run the node agent (sampler, health, /metrics, push to the control plane)."""
 
 from __future__ import annotations
 
+import logging
+import signal
+import threading
+from pathlib import Path
+
 import typer
+
+from gpufleet.cli.common import JsonOption, SeedOption, SimOption
+from gpufleet.cli.output import console, emit_json
+from gpufleet.errors import UsageError
 
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the app."""
-    _ = app
+    """Attach `gpufleet agent`."""
+
+    @app.command("agent")
+    def agent_cmd(
+        sim: str | None = SimOption,
+        seed: int = SeedOption,
+        listen: str = typer.Option(
+            "127.0.0.1:9400", "--listen", help="HOST:PORT for /metrics, /health, /healthz."
+        ),
+        controller: str | None = typer.Option(
+            None, "--controller", help="Control plane URL; batches go to URL/api/v1/ingest."
+        ),
+        token: str | None = typer.Option(
+            None, "--token", envvar="GPUFLEET_AGENT_TOKEN", help="Agent bearer token."
+        ),
+        state_dir: Path = typer.Option(
+            Path("/var/lib/gpufleet/agent"),
+            "--state-dir",
+            help="Sequence numbers, agent id and the offline spool live here.",
+        ),
+        fast_interval: float = typer.Option(1.0, "--fast-interval", help="Fast tier, seconds."),
+        slow_interval: float = typer.Option(30.0, "--slow-interval", help="Slow tier, seconds."),
+        push_interval: float = typer.Option(5.0, "--push-interval", help="Push period, seconds."),
+        duration: float = typer.Option(
+            0.0, "--duration", help="Stop after this many seconds (0: run until stopped)."
+        ),
+        log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Run the node agent until SIGTERM/SIGINT (or --duration)."""
+        from gpufleet.agent.runner import Agent, AgentConfig
+        from gpufleet.agent.server import AgentServer, parse_listen
+        from gpufleet.devices.discovery import open_fleet
+
+        if fast_interval <= 0 or slow_interval <= 0 or push_interval <= 0:
+            raise UsageError("--fast-interval, --slow-interval and --push-interval must be > 0")
+        if controller and not token:
+            raise UsageError("--controller needs --token (or GPUFLEET_AGENT_TOKEN)")
+        logging.basicConfig(
+            level=getattr(logging, log_level.upper(), logging.INFO),
+            format='{"t":"%(asctime)s","level":"%(levelname)s","msg":"%(message)s"}'
+            if json_out
+            else "%(asctime)s %(levelname)s %(name)s: %(message)s",
+        )
+        host, port = parse_listen(listen)
+        fleet = open_fleet(sim=sim, seed=seed)
+        if not fleet.backends:
+            raise UsageError("the agent needs live GPUs or --sim, not imported reports")
+        if len(fleet.backends) > 1:
+            console.print(f"[yellow]--sim has {len(fleet.backends)} nodes; serving the first[/]")
+        backend = fleet.backends[0]
+        cfg = AgentConfig(
+            fast_interval_s=fast_interval,
+            slow_interval_s=slow_interval,
+            push_interval_s=push_interval,
+            controller=controller,
+            token=token,
+            state_dir=state_dir,
+        )
+        agent = Agent(backend, cfg)
+        server = AgentServer(agent, host, port).start()
+        stop = threading.Event()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+        started = {
+            "node": backend.node_name,
+            "gpus": backend.device_count(),
+            "listen": f"{host}:{server.port}",
+            "controller": controller,
+            "agent_id": agent.state.agent_id if agent.state else None,
+        }
+        if json_out:
+            emit_json({"event": "started", **started})
+        else:
+            console.print(
+                f"gpufleet agent on {started['node']}: {started['gpus']} GPUs, "
+                f"http://{started['listen']}/metrics"
+                + (f", pushing to {controller}" if controller else "")
+            )
+        try:
+            agent.run(stop, duration_s=duration or None)
+        finally:
+            server.stop()
+            agent.close()
+            fleet.close()
+        if json_out:
+            emit_json({"event": "stopped", "rounds": agent.sampler.ticks})

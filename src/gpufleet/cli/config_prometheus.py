@@ -1,10 +1,127 @@
-"""`gpufleet config ...` generators for prometheus (placeholder until implemented)."""
+"""`gpufleet config prometheus`: a scrape config for the node agents and example alert rules."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
+import yaml
+
+from gpufleet.cli.common import JsonOption
+from gpufleet.cli.output import emit_json
+from gpufleet.errors import UsageError
+
+# Alert rules over the agents' metrics. Thresholds: XID codes and actions come from the catalog
+# at runtime on the agent; these rules alert on the agent's verdicts and a few raw signals.
+ALERT_RULES: list[dict[str, object]] = [
+    {
+        "alert": "GpufleetGpuFailed",
+        "expr": "max by (Hostname, gpu, UUID) (gpufleet_gpu_health_status) == 2",
+        "for": "1m",
+        "labels": {"severity": "critical"},
+        "annotations": {
+            "summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} failed its health checks",
+            "description": "curl http://{{ $labels.instance }}/health for the findings.",
+        },
+    },
+    {
+        "alert": "GpufleetGpuWarning",
+        "expr": "max by (Hostname, gpu, UUID) (gpufleet_gpu_health_status) == 1",
+        "for": "10m",
+        "labels": {"severity": "warning"},
+        "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} warns"},
+    },
+    {
+        "alert": "GpufleetXidErrors",
+        "expr": "increase(gpufleet_xid_errors_total[10m]) > 0",
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "XID {{ $labels.xid }} on GPU {{ $labels.gpu }} of {{ $labels.Hostname }}"
+        },
+    },
+    {
+        "alert": "GpufleetGpuLost",
+        "expr": "gpufleet_gpu_lost == 1",
+        "labels": {"severity": "critical"},
+        "annotations": {
+            "summary": "GPU {{ $labels.gpu }} fell off the bus on {{ $labels.Hostname }}"
+        },
+    },
+    {
+        "alert": "GpufleetAgentDown",
+        "expr": 'up{job="gpufleet-agent"} == 0',
+        "for": "2m",
+        "labels": {"severity": "critical"},
+        "annotations": {"summary": "gpufleet agent {{ $labels.instance }} is not answering"},
+    },
+    {
+        "alert": "GpuHotAndThrottled",
+        "expr": 'gpufleet_clock_event_reason_active{reason="hw_thermal"} == 1',
+        "for": "5m",
+        "labels": {"severity": "warning"},
+        "annotations": {
+            "summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }}: HW thermal slowdown"
+        },
+    },
+    {
+        "alert": "GpuRowRemapFailure",
+        "expr": "DCGM_FI_DEV_ROW_REMAP_FAILURE == 1",
+        "labels": {"severity": "critical"},
+        "annotations": {
+            "summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }}: row remapping failed"
+        },
+    },
+]
+
+
+def scrape_config(
+    targets: list[str], interval_s: int = 15, rules_file: str | None = "gpufleet-rules.yml"
+) -> dict[str, object]:
+    doc: dict[str, object] = {
+        "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"},
+        "scrape_configs": [
+            {
+                "job_name": "gpufleet-agent",
+                "scrape_interval": f"{interval_s}s",
+                "metrics_path": "/metrics",
+                "static_configs": [{"targets": targets}],
+            }
+        ],
+    }
+    if rules_file:
+        doc["rule_files"] = [rules_file]
+    return doc
+
+
+def rules_doc() -> dict[str, object]:
+    return {"groups": [{"name": "gpufleet", "rules": ALERT_RULES}]}
 
 
 def register_config(config_app: typer.Typer) -> None:
-    """Attach this module's generators to the `gpufleet config` group."""
-    _ = config_app
+    """Attach `gpufleet config prometheus`."""
+
+    @config_app.command("prometheus")
+    def prometheus_cmd(
+        target: list[str] = typer.Option(
+            None, "--target", help="Agent HOST:PORT (repeat); default localhost:9400."
+        ),
+        interval: int = typer.Option(15, "--interval", help="Scrape interval, seconds."),
+        rules_out: Path | None = typer.Option(
+            None, "--rules-out", help="Also write the alert rules to this file."
+        ),
+        rules_only: bool = typer.Option(False, "--rules", help="Print the alert rules instead."),
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Print a Prometheus scrape config for the agents (and example alert rules)."""
+        if interval < 1:
+            raise UsageError("--interval must be at least 1 second")
+        targets = list(target or ["localhost:9400"])
+        rules_name = rules_out.name if rules_out else "gpufleet-rules.yml"
+        config = scrape_config(targets, interval, rules_name)
+        if rules_out is not None:
+            rules_out.write_text(yaml.safe_dump(rules_doc(), sort_keys=False), encoding="utf-8")
+        if json_out:
+            emit_json({"config": config, "rules": rules_doc()})
+            return
+        doc = rules_doc() if rules_only else config
+        typer.echo(yaml.safe_dump(doc, sort_keys=False), nl=False)

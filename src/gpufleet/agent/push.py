@@ -1,0 +1,187 @@
+"""Pushing batches to the control plane: ``POST {controller}/api/v1/ingest`` (wire schema v1).
+
+Every batch gets the next persisted sequence number. While the spool is empty a batch is sent
+at once; when the control plane is unreachable or answers 5xx/429 (``Retry-After`` honoured),
+or while older batches still wait, it goes to the on-disk spool, and the spool is replayed in
+sequence order once the control plane answers again. A batch is removed from the spool only
+after its ``Ack``, so nothing is sent again after an acknowledgement (a crash between the ack and
+the removal resends one batch, which the control plane's (agent_id, seq) check absorbs).
+400/413/422 answers reject a batch for good: it is dropped and counted, never retried.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import gzip
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import httpx
+
+from gpufleet.agent.spool import AgentState, Spool
+from gpufleet.agent.wire import Ack, Batch
+
+log = logging.getLogger("gpufleet.agent.push")
+
+INGEST_PATH = "/api/v1/ingest"
+MAX_BACKOFF_S = 60.0
+PERMANENT = frozenset({400, 413, 422})
+
+
+@dataclass
+class PushStats:
+    """Counters the agent exports as gpufleet_agent_push_* metrics."""
+
+    sent: int = 0
+    acked: int = 0
+    duplicates: int = 0
+    retryable_failures: int = 0
+    rejected: int = 0
+    auth_failures: int = 0
+    errors: int = 0
+    last_ack_s: float = 0.0
+
+
+class _Retry(Exception):
+    def __init__(self, reason: str, retry_after_s: float | None = None) -> None:
+        super().__init__(reason)
+        self.retry_after_s = retry_after_s
+
+
+class _Reject(Exception):
+    pass
+
+
+def _retry_after(value: str | None, now: float) -> float | None:
+    if not value:
+        return None
+    try:
+        return max(0.0, float(value))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value).timestamp()
+    except (TypeError, ValueError):
+        return None
+    return max(0.0, when - now)
+
+
+def encode(batch: Batch) -> bytes:
+    """A batch as its gzip-compressed JSON body."""
+    return gzip.compress(batch.model_dump_json().encode(), compresslevel=5)
+
+
+class Pusher:
+    """Sends batches in sequence order, spooling what the control plane has not acknowledged."""
+
+    def __init__(
+        self,
+        controller: str,
+        token: str,
+        state: AgentState,
+        spool: Spool,
+        *,
+        transport: httpx.BaseTransport | None = None,
+        timeout_s: float = 5.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.url = controller.rstrip("/") + INGEST_PATH
+        self.state = state
+        self.spool = spool
+        self.clock = clock
+        self.stats = PushStats()
+        self.retry_at = 0.0
+        self._backoff = 1.0
+        self._client = httpx.Client(
+            transport=transport,
+            timeout=timeout_s,
+            headers={
+                "Authorization": f"Bearer {token}",
+                "Content-Type": "application/json",
+                "Content-Encoding": "gzip",
+                "User-Agent": "gpufleet-agent",
+            },
+        )
+
+    def close(self) -> None:
+        self._client.close()
+
+    # ----- one push cycle --------------------------------------------------------------------
+    def push(self, build: Callable[[int], Batch]) -> None:
+        """Build the next batch (``build(seq)``), send or spool it, then replay the spool."""
+        now = self.clock()
+        seq = self.state.take_seq()
+        batch = build(seq)
+        if len(self.spool) == 0 and now >= self.retry_at:
+            try:
+                self._send(seq, encode(batch))
+                return
+            except _Retry as exc:
+                self._defer(now, exc)
+            except _Reject as exc:
+                self._rejected(seq, exc)
+                return
+        self.spool.put(seq, encode(batch.model_copy(update={"buffered": True})))
+        self.replay()
+
+    def replay(self) -> int:
+        """Send spooled batches, oldest first, until one fails; returns how many were acked."""
+        now = self.clock()
+        done = 0
+        if now < self.retry_at:
+            return 0
+        for seq in self.spool.seqs():
+            try:
+                self._send(seq, self.spool.get(seq))
+            except _Retry as exc:
+                self._defer(now, exc)
+                break
+            except _Reject as exc:
+                self._rejected(seq, exc)
+            except OSError as exc:  # unreadable spool file: drop it, keep going
+                self.stats.errors += 1
+                log.error("spooled batch %d unreadable: %s", seq, exc)
+            self.spool.remove(seq)
+            done += 1
+        return done
+
+    # ----- one request -----------------------------------------------------------------------
+    def _send(self, seq: int, body: bytes) -> None:
+        self.stats.sent += 1
+        try:
+            resp = self._client.post(self.url, content=body)
+        except httpx.HTTPError as exc:
+            raise _Retry(f"{type(exc).__name__}: {exc}") from exc
+        code = resp.status_code
+        if code == 200:
+            try:
+                ack = Ack.model_validate_json(resp.content)
+            except ValueError as exc:
+                raise _Retry(f"unreadable Ack: {exc}") from exc
+            if ack.seq != seq:
+                raise _Retry(f"Ack for seq {ack.seq}, expected {seq}")
+            self.stats.acked += 1
+            self.stats.duplicates += int(ack.duplicate)
+            self.stats.last_ack_s = self.clock()
+            self._backoff = 1.0
+            self.retry_at = 0.0
+            return
+        if code in PERMANENT:
+            raise _Reject(f"HTTP {code}: {resp.text[:200]}")
+        if code in (401, 403):
+            self.stats.auth_failures += 1
+            raise _Retry(f"HTTP {code}: the control plane refused the agent token")
+        raise _Retry(f"HTTP {code}", _retry_after(resp.headers.get("Retry-After"), self.clock()))
+
+    def _defer(self, now: float, exc: _Retry) -> None:
+        self.stats.retryable_failures += 1
+        wait = exc.retry_after_s if exc.retry_after_s is not None else self._backoff
+        self._backoff = min(MAX_BACKOFF_S, self._backoff * 2)
+        self.retry_at = now + wait
+        log.warning("push deferred %.1f s: %s", wait, exc)
+
+    def _rejected(self, seq: int, exc: _Reject) -> None:
+        self.stats.rejected += 1
+        log.error("batch %d rejected by the control plane, dropped: %s", seq, exc)

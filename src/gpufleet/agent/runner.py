@@ -1,0 +1,342 @@
+"""`Agent`: the sampler, local health, the /metrics collector and the pusher of one node.
+
+`Agent.tick(now)` does one sampling round and one health evaluation (tests drive it with a
+manual clock); `Agent.push_once()` builds and sends one batch; `Agent.run(stop)` is the
+real-time loop (sampling on the fast interval, pushing on its own thread). Every iteration is
+guarded: an error is counted and logged, and the loop goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpufleet.agent import wire
+from gpufleet.agent.health_seam import (
+    GpuInputs,
+    HealthEvaluator,
+    HealthOutcome,
+    build_input,
+    default_evaluator,
+)
+from gpufleet.agent.push import Pusher
+from gpufleet.agent.spool import DEFAULT_MAX_BATCHES, DEFAULT_MAX_BYTES, AgentState, Spool
+from gpufleet.devices.backend import GpuBackend
+from gpufleet.health.types import Finding, Severity
+from gpufleet.telemetry import metrics as M
+from gpufleet.telemetry.exposition import (
+    AgentCollector,
+    ExtraMetric,
+    HealthView,
+    make_registry,
+    render_text,
+)
+from gpufleet.telemetry.sampler import DEFAULT_CALL_TIMEOUT_S, Sampler, TickResult
+
+log = logging.getLogger("gpufleet.agent")
+
+DEFAULT_PUSH_INTERVAL_S = 5.0
+MAX_SAMPLES_PER_BATCH = 3600  # rows per GPU and tier; keeps a batch well under MAX_BATCH_BYTES
+
+
+@dataclass
+class AgentConfig:
+    """How one agent runs (CLI flags map onto these)."""
+
+    fast_interval_s: float = 1.0
+    slow_interval_s: float = 30.0
+    call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
+    push_interval_s: float = DEFAULT_PUSH_INTERVAL_S
+    controller: str | None = None
+    token: str | None = None
+    state_dir: Path | None = None
+    spool_max_batches: int = DEFAULT_MAX_BATCHES
+    spool_max_bytes: int = DEFAULT_MAX_BYTES
+    hostname: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def finding_to_wire(f: Finding) -> wire.WireFinding:
+    return wire.WireFinding(
+        rule=f.rule,
+        code=f.code,
+        severity=int(f.severity),
+        component=f.component,
+        message=f.message,
+        action=str(f.action.value if hasattr(f.action, "value") else f.action),
+        evidence=_jsonable(f.evidence),
+        sticky=f.sticky,
+        gpu_index=f.gpu_index,
+        first_seen_s=f.first_seen_s,
+        last_seen_s=f.last_seen_s,
+    )
+
+
+def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
+    from gpufleet.cli.output import to_jsonable  # plain-value conversion only
+
+    out = to_jsonable(d)
+    return out if isinstance(out, dict) else {}
+
+
+class Agent:
+    """One node's agent; thread-safe readers for the HTTP server."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        config: AgentConfig | None = None,
+        *,
+        clock: Callable[[], float] = time.time,
+        evaluator: HealthEvaluator | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self.config = cfg = config or AgentConfig()
+        self.clock = clock
+        self.backend = backend
+        self.sampler = Sampler(
+            backend,
+            fast_interval_s=cfg.fast_interval_s,
+            slow_interval_s=cfg.slow_interval_s,
+            call_timeout_s=cfg.call_timeout_s,
+            clock=clock,
+        )
+        self.hostname = cfg.hostname or backend.node_name
+        self.evaluate = evaluator or default_evaluator(clock, cfg.state_dir)
+        self.health = HealthOutcome()
+        self.health_errors = 0
+        self.loop_errors = 0
+        self.push_errors = 0
+        self._health_lock = threading.Lock()
+        self._pending_events: list[wire.WireEvent] = []
+        self._cursors: dict[tuple[int, str], int] = {}
+        self._devices_sent = -1
+        self.pusher: Pusher | None = None
+        self.state: AgentState | None = None
+        if cfg.controller:
+            if cfg.state_dir is None:  # pragma: no cover - the CLI always passes one
+                from gpufleet.errors import UsageError
+
+                raise UsageError("--controller needs --state-dir (sequence numbers and spool)")
+            self.state = AgentState(cfg.state_dir, backend.node_name)
+            spool = Spool(
+                cfg.state_dir / "spool",
+                max_batches=cfg.spool_max_batches,
+                max_bytes=cfg.spool_max_bytes,
+            )
+            self.pusher = Pusher(
+                cfg.controller, cfg.token or "", self.state, spool, transport=transport, clock=clock
+            )
+        self.collector = AgentCollector(
+            self.sampler, hostname=self.hostname, health=self.health_view, extra=self.extra_metrics
+        )
+        self.registry = make_registry(self.collector)
+
+    # ----- sampling and health ---------------------------------------------------------------
+    def tick(self, now: float | None = None) -> TickResult | None:
+        """One sampling round and one health evaluation; never raises."""
+        try:
+            result = self.sampler.tick(now)
+        except Exception:
+            self.loop_errors += 1
+            log.exception("sampling round failed")
+            return None
+        try:
+            self._evaluate(result)
+        except Exception:
+            self.health_errors += 1
+            log.exception("health evaluation failed")
+        return result
+
+    def _evaluate(self, result: TickResult) -> None:
+        s = self.sampler
+        with s.lock:
+            inputs = [
+                GpuInputs(
+                    index=g.index,
+                    info=g.info,
+                    samples=tuple(g.recent),
+                    events=tuple(g.new_events),
+                    lost=g.lost,
+                    stalled=g.stalled,
+                )
+                for g in s.gpus
+            ]
+            for ev in result.events:
+                self._pending_events.append(
+                    wire.WireEvent(
+                        gpu_index=ev.gpu_index,
+                        gpu_uuid=ev.gpu_uuid,
+                        kind=ev.kind,
+                        timestamp_s=ev.timestamp_s,
+                        xid=ev.xid,
+                        detail=ev.detail,
+                    )
+                )
+            del self._pending_events[: max(0, len(self._pending_events) - 10_000)]
+        outcome = self.evaluate(build_input(s.node, inputs))
+        with self._health_lock:
+            self.health = outcome
+
+    def health_view(self) -> HealthView:
+        h = self.health
+        return HealthView(node=int(h.verdict), gpus={k: int(v) for k, v in h.gpu_verdicts.items()})
+
+    # ----- outputs ---------------------------------------------------------------------------
+    def render_metrics(self) -> bytes:
+        return render_text(self.registry)
+
+    def health_doc(self) -> dict[str, Any]:
+        h = self.health
+        return {
+            "node": self.hostname,
+            "verdict": int(h.verdict),
+            "verdict_word": Severity(h.verdict).word,
+            "gpus": {str(k): Severity(v).word for k, v in sorted(h.gpu_verdicts.items())},
+            "findings": [finding_to_wire(f).model_dump(mode="json") for f in h.findings],
+        }
+
+    def healthz(self) -> tuple[bool, dict[str, Any]]:
+        age = self.sampler.healthy_age_s()
+        limit = max(3 * self.config.fast_interval_s, 5.0)
+        ok = age <= limit
+        return ok, {"ok": ok, "last_round_age_s": None if math.isinf(age) else round(age, 3)}
+
+    def extra_metrics(self) -> Iterable[ExtraMetric]:
+        yield ExtraMetric(
+            "gpufleet_agent_errors",
+            "counter",
+            "Errors caught by the agent's loops, per part.",
+            float(self.loop_errors + self.sampler.tick_errors),
+            (("part", "sampler"),),
+        )
+        yield ExtraMetric(
+            "gpufleet_agent_health_errors",
+            "counter",
+            "Health evaluations that failed.",
+            float(self.health_errors),
+        )
+        p = self.pusher
+        if p is None:
+            return
+        yield ExtraMetric(M.BUFFER_DEPTH, "gauge", "", float(len(p.spool)), (("buffer", "spool"),))
+        st = p.stats
+        for name, help_, value in (
+            ("gpufleet_agent_push_acked", "Batches acknowledged by the control plane.", st.acked),
+            (
+                "gpufleet_agent_push_failures",
+                "Push attempts that will be retried.",
+                st.retryable_failures,
+            ),
+            (
+                "gpufleet_agent_push_rejected",
+                "Batches the control plane rejected (dropped).",
+                st.rejected,
+            ),
+            (
+                "gpufleet_agent_spool_dropped",
+                "Spooled batches dropped because the spool was full.",
+                p.spool.dropped,
+            ),
+        ):
+            yield ExtraMetric(name, "counter", help_, float(value))
+
+    # ----- push ------------------------------------------------------------------------------
+    def build_batch(self, seq: int) -> wire.Batch:
+        s = self.sampler
+        samples: list[wire.WireSamples] = []
+        with s.lock:
+            devices = None
+            if self._devices_sent != s.devices_version:
+                devices = [
+                    wire.WireDevice(index=g.index, uuid=g.info.uuid, info=_jsonable(vars(g.info)))
+                    for g in s.gpus
+                    if g.info is not None
+                ]
+                self._devices_sent = s.devices_version
+            for g in s.gpus:
+                for tier, ring in (("fast", g.fast), ("slow", g.slow)):
+                    key = (g.index, tier)
+                    t, rows, count = ring.since(self._cursors.get(key, 0))
+                    self._cursors[key] = count
+                    if len(t) == 0:
+                        continue
+                    t, rows = t[-MAX_SAMPLES_PER_BATCH:], rows[-MAX_SAMPLES_PER_BATCH:]
+                    fields = {
+                        name: [None if math.isnan(v) else float(v) for v in rows[:, i].tolist()]
+                        for i, name in enumerate(ring.columns)
+                        if not bool(all(math.isnan(v) for v in rows[:, i].tolist()))
+                    }
+                    samples.append(
+                        wire.WireSamples(
+                            gpu_uuid=g.uuid, gpu_index=g.index, t=t.tolist(), fields=fields
+                        )
+                    )
+            events, self._pending_events = self._pending_events, []
+        h = self.health
+        assert self.state is not None
+        return wire.Batch(
+            node=s.node,
+            agent_id=self.state.agent_id,
+            seq=seq,
+            sent_at_s=self.clock(),
+            heartbeat_interval_s=self.config.push_interval_s,
+            devices=devices,
+            samples=samples,
+            findings=[finding_to_wire(f) for f in h.findings],
+            events=events,
+            health=int(h.verdict),
+        )
+
+    def push_once(self) -> None:
+        """Build one batch and send (or spool) it, then replay the spool; never raises."""
+        if self.pusher is None:
+            return
+        try:
+            self.pusher.push(self.build_batch)
+        except Exception:
+            self.push_errors += 1
+            log.exception("push failed")
+
+    # ----- real-time loop --------------------------------------------------------------------
+    def run(self, stop: threading.Event, duration_s: float | None = None) -> None:
+        """Sample on schedule until ``stop`` is set (or ``duration_s`` of wall time passed)."""
+        end = None if duration_s is None else time.monotonic() + duration_s
+        pusher = None
+        if self.pusher is not None:
+            pusher = threading.Thread(
+                target=self._push_loop, args=(stop,), name="gpufleet-push", daemon=True
+            )
+            pusher.start()
+        while not stop.is_set():
+            if end is not None and time.monotonic() >= end:
+                break
+            try:
+                self.tick()
+                wait = self.sampler.next_due() - self.clock()
+            except Exception:
+                self.loop_errors += 1
+                log.exception("agent loop iteration failed")
+                wait = self.config.fast_interval_s
+            stop.wait(min(max(wait, 0.01), self.config.fast_interval_s))
+        stop.set()
+        if pusher is not None:
+            pusher.join(timeout=10)
+            self.push_once()  # flush what was sampled since the last push
+
+    def _push_loop(self, stop: threading.Event) -> None:
+        while not stop.wait(self.config.push_interval_s):
+            self.push_once()
+
+    def close(self) -> None:
+        self.sampler.close()
+        if self.pusher is not None:
+            self.pusher.close()

@@ -1,0 +1,118 @@
+"""The agent's on-disk state: its identity, the next sequence number, and a bounded spool of
+batches the control plane has not acknowledged yet.
+
+Layout under the state directory::
+
+    agent.json              {"agent_id": ..., "next_seq": N}   (atomic rename on every change)
+    spool/<seq:012d>.json.gz  one gzip-compressed wire.Batch body per file, replayed in seq order
+
+The spool is bounded by ``max_batches`` (default 2000: at a 5 s push interval, ~2.8 hours of an
+unreachable control plane) and ``max_bytes`` (default 64 MiB); when either is exceeded the
+oldest batches are deleted and counted in ``dropped``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import uuid as uuidlib
+from pathlib import Path
+
+from gpufleet.errors import ConfigError
+
+DEFAULT_MAX_BATCHES = 2000
+DEFAULT_MAX_BYTES = 64 * 2**20
+
+
+def _atomic_write(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    with open(tmp, "wb") as fh:
+        fh.write(data)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+class AgentState:
+    """The agent's id and next sequence number, persisted so they survive a restart."""
+
+    def __init__(self, state_dir: Path, node: str) -> None:
+        self.path = state_dir / "agent.json"
+        state_dir.mkdir(parents=True, exist_ok=True)
+        if self.path.exists():
+            try:
+                doc = json.loads(self.path.read_text(encoding="utf-8"))
+                self.agent_id = str(doc["agent_id"])
+                self.next_seq = int(doc["next_seq"])
+            except (ValueError, KeyError, TypeError) as exc:
+                raise ConfigError(
+                    f"{self.path}: not a valid agent state file ({exc})",
+                    hint="move it away to start a new agent identity",
+                ) from exc
+        else:
+            self.agent_id = f"{node}-{uuidlib.uuid4().hex[:12]}"
+            self.next_seq = 1
+            self._save()
+
+    def _save(self) -> None:
+        doc = {"agent_id": self.agent_id, "next_seq": self.next_seq}
+        _atomic_write(self.path, json.dumps(doc).encode())
+
+    def take_seq(self) -> int:
+        """The next sequence number, persisted as used before the caller sends it."""
+        seq = self.next_seq
+        self.next_seq += 1
+        self._save()
+        return seq
+
+
+class Spool:
+    """Batches waiting for an acknowledgement, oldest first, bounded (drop-oldest)."""
+
+    def __init__(
+        self,
+        directory: Path,
+        *,
+        max_batches: int = DEFAULT_MAX_BATCHES,
+        max_bytes: int = DEFAULT_MAX_BYTES,
+    ) -> None:
+        self.dir = directory
+        self.dir.mkdir(parents=True, exist_ok=True)
+        self.max_batches = max_batches
+        self.max_bytes = max_bytes
+        self.dropped = 0
+        self._sizes: dict[int, int] = {}
+        for p in self.dir.glob("*.json.gz"):
+            with contextlib.suppress(ValueError, OSError):
+                self._sizes[int(p.name.split(".")[0])] = p.stat().st_size
+
+    def _path(self, seq: int) -> Path:
+        return self.dir / f"{seq:012d}.json.gz"
+
+    def __len__(self) -> int:
+        return len(self._sizes)
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self._sizes.values())
+
+    def seqs(self) -> list[int]:
+        return sorted(self._sizes)
+
+    def put(self, seq: int, body_gz: bytes) -> None:
+        _atomic_write(self._path(seq), body_gz)
+        self._sizes[seq] = len(body_gz)
+        while len(self._sizes) > self.max_batches or (
+            self.nbytes > self.max_bytes and len(self._sizes) > 1
+        ):
+            self.remove(min(self._sizes))
+            self.dropped += 1
+
+    def get(self, seq: int) -> bytes:
+        return self._path(seq).read_bytes()
+
+    def remove(self, seq: int) -> None:
+        self._sizes.pop(seq, None)
+        with contextlib.suppress(FileNotFoundError):
+            self._path(seq).unlink()

@@ -1,0 +1,380 @@
+"""The two-tier sampler: a fast tier (default every 1 s) and a slow tier (default every 30 s)
+over a `GpuBackend`, into per-GPU numeric ring buffers.
+
+Each GPU's device work runs on that GPU's own worker thread and the sampler waits for it at
+most ``call_timeout_s``: a hung NVML call (``FaultKind.HUNG_CALL`` in the simulator) marks only
+that GPU *stalled*, and the GPU is skipped (no new work queued behind the hung call) until the
+call returns. A lost GPU (``GpuLostError``) is marked lost and the others keep sampling. Event
+polling runs on its own worker under the same bound.
+
+``tick(now)`` does one round and is what tests drive with a manual clock; the agent's real-time
+loop calls it on schedule (`Sampler.next_due`).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+import time
+from collections import Counter, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from gpufleet.devices.backend import GpuBackend
+from gpufleet.devices.types import DeviceInfo, GpuEvent, Sample
+from gpufleet.errors import GpuLostError
+from gpufleet.telemetry.fields import FAST_COLUMNS, SLOW_COLUMNS, sample_row
+from gpufleet.telemetry.ring import RingBuffer
+
+log = logging.getLogger("gpufleet.telemetry.sampler")
+
+DEFAULT_FAST_INTERVAL_S = 1.0
+DEFAULT_SLOW_INTERVAL_S = 30.0
+DEFAULT_CALL_TIMEOUT_S = 0.5
+DEFAULT_FAST_CAPACITY = 600  # 10 minutes at 1 s
+DEFAULT_SLOW_CAPACITY = 120  # 1 hour at 30 s
+EVENT_HISTORY = 1024
+DEFAULT_RECENT = 130  # Sample objects kept for health rules (~2 min at 1 s, plus slow ones)
+
+
+class _Job:
+    __slots__ = ("done", "error", "fn", "result")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+
+class _Worker:
+    """A daemon thread that runs one job at a time for one GPU (or for event polling)."""
+
+    def __init__(self, name: str) -> None:
+        self._q: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self.current: _Job | None = None
+        self.busy_since: float | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        job = self.current
+        return job is not None and not job.done.is_set()
+
+    def submit(self, fn: Callable[[], Any]) -> _Job:
+        job = _Job(fn)
+        self.current = job
+        self.busy_since = time.monotonic()
+        self._q.put(job)
+        return job
+
+    def stop(self) -> None:
+        self._q.put(None)
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            try:
+                job.result = job.fn()
+            except BaseException as exc:  # reported to the sampler, never raised here
+                job.error = exc
+            finally:
+                job.done.set()
+
+
+@dataclass
+class MigInstance:
+    """A MIG GPU instance of a GPU: its id, profile name and its own small ring buffer."""
+
+    gi_id: int
+    profile: str
+    ring: RingBuffer
+
+
+@dataclass
+class GpuState:
+    """Everything the sampler knows about one GPU; read under `Sampler.lock`."""
+
+    index: int
+    fast: RingBuffer
+    slow: RingBuffer
+    info: DeviceInfo | None = None
+    latest: Sample | None = None
+    latest_fast: Sample | None = None
+    latest_slow: Sample | None = None
+    lost: bool = False
+    stalled: bool = False
+    stalls: int = 0
+    errors: Counter[str] = field(default_factory=Counter)
+    xid_counts: Counter[int] = field(default_factory=Counter)
+    last_xid: int | None = None
+    mig: list[MigInstance] = field(default_factory=list)
+    recent: deque[Sample] = field(default_factory=lambda: deque(maxlen=DEFAULT_RECENT))
+    new_events: list[GpuEvent] = field(default_factory=list)
+
+    @property
+    def uuid(self) -> str:
+        return self.info.uuid if self.info else f"unknown-{self.index}"
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What one `Sampler.tick` did."""
+
+    now: float
+    fast: bool
+    slow: bool
+    sampled: tuple[int, ...]
+    stalled: tuple[int, ...]
+    lost: tuple[int, ...]
+    events: tuple[GpuEvent, ...]
+    duration_s: float
+
+
+@dataclass
+class _GpuResult:
+    info: DeviceInfo | None
+    fast: Sample | None
+    slow: Sample | None
+
+
+class Sampler:
+    """Samples one node's GPUs in two tiers into ring buffers; never raises from `tick`."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        *,
+        fast_interval_s: float = DEFAULT_FAST_INTERVAL_S,
+        slow_interval_s: float = DEFAULT_SLOW_INTERVAL_S,
+        call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S,
+        fast_capacity: int = DEFAULT_FAST_CAPACITY,
+        slow_capacity: int = DEFAULT_SLOW_CAPACITY,
+        recent: int = DEFAULT_RECENT,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if fast_interval_s <= 0 or slow_interval_s <= 0:
+            raise ValueError("sampling intervals must be positive")
+        self.backend = backend
+        self.node = backend.node_name
+        self.fast_interval_s = fast_interval_s
+        self.slow_interval_s = slow_interval_s
+        self.call_timeout_s = call_timeout_s
+        self.clock = clock
+        self.lock = threading.RLock()
+        self._gpm = getattr(backend, "sample_gpm", None)
+        count = backend.device_count()
+        self.gpus: list[GpuState] = [
+            GpuState(
+                index=i,
+                fast=RingBuffer(FAST_COLUMNS, fast_capacity),
+                slow=RingBuffer(SLOW_COLUMNS, slow_capacity),
+                recent=deque(maxlen=recent),
+            )
+            for i in range(count)
+        ]
+        self._workers = [_Worker(f"gpufleet-gpu{i}") for i in range(count)]
+        self._event_worker = _Worker("gpufleet-events")
+        self._event_job: _Job | None = None
+        self.events: deque[GpuEvent] = deque(maxlen=EVENT_HISTORY)
+        self.events_total = 0
+        self.event_errors = 0
+        self.ticks = 0
+        self.tick_errors = 0
+        self.last_fast_s: float | None = None
+        self.last_slow_s: float | None = None
+        self.last_duration_s = 0.0
+        self.duration_sum_s = 0.0
+        self.last_tick_wall: float | None = None
+        self.devices_version = 0  # bumped whenever a DeviceInfo is (re)read
+
+    # ----- schedule --------------------------------------------------------------------------
+    def fast_due(self, now: float) -> bool:
+        return self.last_fast_s is None or now - self.last_fast_s >= self.fast_interval_s - 1e-6
+
+    def slow_due(self, now: float) -> bool:
+        return self.last_slow_s is None or now - self.last_slow_s >= self.slow_interval_s - 1e-6
+
+    def next_due(self) -> float:
+        """When the next fast round is due (clock seconds)."""
+        if self.last_fast_s is None:
+            return self.clock()
+        return self.last_fast_s + self.fast_interval_s
+
+    # ----- one round -------------------------------------------------------------------------
+    def tick(self, now: float | None = None) -> TickResult:
+        """Sample every GPU that is due and not stalled, and poll events; bounded in time."""
+        now = self.clock() if now is None else now
+        started = time.perf_counter()
+        try:
+            return self._tick(now, started)
+        except Exception:  # never crash the agent's loop
+            self.tick_errors += 1
+            log.exception("sampler tick failed")
+            return TickResult(now, False, False, (), (), (), (), time.perf_counter() - started)
+
+    def _tick(self, now: float, started: float) -> TickResult:
+        fast = self.fast_due(now)
+        slow = self.slow_due(now)
+        jobs: dict[int, _Job] = {}
+        stalled: list[int] = []
+        if fast or slow:
+            for gpu, worker in zip(self.gpus, self._workers, strict=True):
+                if gpu.lost:
+                    continue
+                if worker.busy:
+                    stalled.append(gpu.index)
+                    continue
+                need_info = gpu.info is None
+                jobs[gpu.index] = worker.submit(self._gpu_job(gpu.index, need_info, fast, slow))
+        if self._event_job is None or self._event_job.done.is_set():
+            self._event_job = self._event_worker.submit(self.backend.poll_events)
+            event_job: _Job | None = self._event_job
+        else:
+            event_job = None  # still stuck in the previous poll
+        deadline = time.monotonic() + self.call_timeout_s
+        for job in jobs.values():
+            job.done.wait(max(0.0, deadline - time.monotonic()))
+        if event_job is not None:
+            event_job.done.wait(max(0.0, deadline - time.monotonic()))
+
+        sampled: list[int] = []
+        new_events: list[GpuEvent] = []
+        with self.lock:
+            for gpu in self.gpus:
+                gpu.new_events = []
+            for idx, job in jobs.items():
+                gpu = self.gpus[idx]
+                if not job.done.is_set():
+                    if not gpu.stalled:
+                        gpu.stalls += 1
+                        log.warning("GPU %d on %s: NVML call did not return", idx, self.node)
+                    gpu.stalled = True
+                    stalled.append(idx)
+                    continue
+                gpu.stalled = False
+                if job.error is not None:
+                    self._record_error(gpu, job.error)
+                    continue
+                self._store(gpu, job.result)
+                sampled.append(idx)
+            for idx in stalled:
+                self.gpus[idx].stalled = True
+            if event_job is not None and event_job.done.is_set():
+                if event_job.error is not None:
+                    self.event_errors += 1
+                    log.warning("event poll failed: %s", event_job.error)
+                else:
+                    new_events = list(event_job.result or [])
+                    self._store_events(new_events)
+            if fast:
+                self.last_fast_s = now
+            if slow:
+                self.last_slow_s = now
+            self.ticks += 1
+            duration = time.perf_counter() - started
+            self.last_duration_s = duration
+            self.duration_sum_s += duration
+            self.last_tick_wall = time.monotonic()
+            lost = tuple(g.index for g in self.gpus if g.lost)
+        return TickResult(
+            now=now,
+            fast=fast,
+            slow=slow,
+            sampled=tuple(sampled),
+            stalled=tuple(sorted(set(stalled))),
+            lost=lost,
+            events=tuple(new_events),
+            duration_s=duration,
+        )
+
+    def _gpu_job(self, index: int, need_info: bool, fast: bool, slow: bool) -> Callable[[], Any]:
+        backend = self.backend
+        gpm = self._gpm
+
+        def run() -> _GpuResult:
+            info = backend.device_info(index) if need_info else None
+            fs = backend.sample_fast(index) if fast else None
+            if fs is not None and gpm is not None:
+                prof = gpm(index)
+                if prof:
+                    fs = replace(fs, extra={**fs.extra, **prof})
+            ss = backend.sample_slow(index) if slow else None
+            return _GpuResult(info, fs, ss)
+
+        return run
+
+    def _record_error(self, gpu: GpuState, error: BaseException) -> None:
+        if isinstance(error, GpuLostError):
+            if not gpu.lost:
+                log.error("GPU %d on %s is lost: %s", gpu.index, self.node, error)
+            gpu.lost = True
+            gpu.errors["gpu_lost"] += 1
+            return
+        kind = type(error).__name__
+        gpu.errors[kind] += 1
+        log.warning("GPU %d on %s: %s: %s", gpu.index, self.node, kind, error)
+
+    def _store(self, gpu: GpuState, result: _GpuResult) -> None:
+        if result.info is not None:
+            gpu.info = result.info
+            self.devices_version += 1
+        if result.fast is not None:
+            gpu.fast.append(result.fast.timestamp_s, sample_row(result.fast, FAST_COLUMNS))
+            gpu.latest_fast = result.fast
+            gpu.recent.append(result.fast)
+        if result.slow is not None:
+            gpu.slow.append(result.slow.timestamp_s, sample_row(result.slow, SLOW_COLUMNS))
+            gpu.latest_slow = result.slow
+            gpu.recent.append(result.slow)
+        base, other = gpu.latest_fast, gpu.latest_slow
+        if base is None:
+            gpu.latest = other
+        elif other is None:
+            gpu.latest = base
+        else:
+            gpu.latest = base.merged(replace(other, timestamp_s=base.timestamp_s))
+
+    def _store_events(self, events: list[GpuEvent]) -> None:
+        for ev in events:
+            self.events.append(ev)
+            self.events_total += 1
+            if 0 <= ev.gpu_index < len(self.gpus):
+                gpu = self.gpus[ev.gpu_index]
+                gpu.new_events.append(ev)
+                if ev.kind == "xid" and ev.xid is not None:
+                    gpu.xid_counts[ev.xid] += 1
+                    gpu.last_xid = ev.xid
+                elif ev.kind == "gpu_lost":
+                    gpu.lost = True
+
+    # ----- readers ---------------------------------------------------------------------------
+    def devices(self) -> list[DeviceInfo]:
+        with self.lock:
+            return [g.info for g in self.gpus if g.info is not None]
+
+    def latest_samples(self) -> dict[int, Sample]:
+        with self.lock:
+            return {g.index: g.latest for g in self.gpus if g.latest is not None}
+
+    def buffer_depth(self) -> int:
+        """Rows held across every ring buffer of the node."""
+        with self.lock:
+            return sum(len(g.fast) + len(g.slow) for g in self.gpus)
+
+    def healthy_age_s(self) -> float:
+        """Seconds (monotonic) since the last completed tick; inf before the first."""
+        if self.last_tick_wall is None:
+            return math.inf
+        return time.monotonic() - self.last_tick_wall
+
+    def close(self) -> None:
+        """Stop the worker threads (a thread stuck in a hung call exits when it returns)."""
+        for w in [*self._workers, self._event_worker]:
+            w.stop()

@@ -1,0 +1,154 @@
+"""/metrics content: dcgm-exporter names, labels and units; unsupported fields skipped;
+`promtool check metrics` accepts the output."""
+
+from __future__ import annotations
+
+import math
+import re
+import subprocess
+
+import numpy as np
+import pytest
+
+from gpufleet.devices.sim import Fault, FaultKind, Load, ManualClock
+from gpufleet.telemetry.exposition import AgentCollector, HealthView, make_registry, render_text
+from gpufleet.telemetry.metrics import MIG_COLUMNS
+from gpufleet.telemetry.ring import RingBuffer
+from gpufleet.telemetry.sampler import MigInstance, Sampler
+from tests.agent.conftest import need_binary, sim_node
+
+_LINE = re.compile(r"^([A-Za-z_:][\w:]*)\{(.*)\} (\S+)$")
+
+
+def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
+    out = []
+    for line in text.splitlines():
+        if line.startswith("#") or not line:
+            continue
+        m = _LINE.match(line)
+        assert m, line
+        labels = dict(re.findall(r'(\w+)="((?:[^"\\]|\\.)*)"', m.group(2)))
+        out.append((m.group(1), labels, float(m.group(3))))
+    return out
+
+
+@pytest.fixture
+def scraped() -> tuple[str, Sampler, object]:
+    clock = ManualClock()
+    fleet, node = sim_node("1x2xh200", clock)
+    node.gpus[0].run(Load(util=1.0, fb_used_bytes=10 * 2**30))
+    fleet.inject(Fault(FaultKind.XID, gpu=1, at_s=0.5, params={"xid": 13}))
+    fleet.inject(Fault(FaultKind.XID, gpu=1, at_s=1.5, params={"xid": 13}))
+    fleet.inject(Fault(FaultKind.XID, gpu=1, at_s=2.5, params={"xid": 31}))
+    s = Sampler(node.backend(), clock=clock)
+    for _ in range(31):  # 30 s: the load reaches the power cap
+        s.tick()
+        clock.advance(1)
+    s.tick()
+    collector = AgentCollector(
+        s, hostname="node-a", health=lambda: HealthView(node=1, gpus={0: 0, 1: 1})
+    )
+    text = render_text(make_registry(collector)).decode()
+    yield text, s, node
+    s.close()
+
+
+def test_dcgm_names_labels_and_units(scraped: tuple[str, Sampler, object]) -> None:
+    text, s, node = scraped
+    rows = parse(text)
+    by = {
+        (n, lab.get("gpu")): (lab, v)
+        for n, lab, v in rows
+        if "xid" not in lab and "reason" not in lab
+    }
+    lab, used_mib = by[("DCGM_FI_DEV_FB_USED", "0")]
+    info = s.gpus[0].info
+    assert info is not None
+    assert lab["UUID"] == info.uuid and lab["pci_bus_id"] == info.pci_bus_id
+    assert lab["device"] == "nvidia0" and lab["modelName"] == "NVIDIA H200"
+    assert lab["Hostname"] == "node-a" and lab["DCGM_FI_DRIVER_VERSION"] == "580.159.04"
+    assert list(lab)[:5] == ["gpu", "UUID", "pci_bus_id", "device", "modelName"]
+    # FB in MiB: the simulator reports 615 MiB idle use + the 10 GiB load (gpu.py)
+    assert used_mib == 615 + 10 * 1024
+    # power in W: under a full load the GPU sits at its 700 W limit (H200 trace)
+    assert by[("DCGM_FI_DEV_POWER_USAGE", "0")][1] == pytest.approx(700, abs=15)
+    assert by[("DCGM_FI_DEV_GPU_UTIL", "0")][1] == 100 and by[("DCGM_FI_DEV_GPU_UTIL", "1")][1] == 0
+    assert by[("DCGM_FI_DEV_SM_CLOCK", "1")][1] == 345  # idle clock (MHz)
+    energy = by[("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "0")][1]
+    assert energy == node.gpus[0].state.energy_mj // 1 or energy > 1e6  # mJ counter
+    assert "# TYPE DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION counter" in text
+    assert "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION_total" not in text  # dcgm names kept exactly
+    assert by[("gpufleet_gpu_health_status", "1")][1] == 1
+    assert ("gpufleet_node_health_status", None) in by and by[
+        ("gpufleet_node_health_status", None)
+    ][1] == 1
+
+
+def test_unsupported_metrics_are_skipped_not_zero(scraped: tuple[str, Sampler, object]) -> None:
+    text, _, _ = scraped
+    # Hopper answers NotSupported for retired pages; the simulator has no GPM: no sample at all
+    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in text
+    assert "DCGM_FI_DEV_RETIRED" not in text
+
+
+def test_xid_counter_per_code_and_last_xid_gauge(scraped: tuple[str, Sampler, object]) -> None:
+    text, _, _ = scraped
+    rows = parse(text)
+    xids = {lab["xid"]: v for n, lab, v in rows if n == "gpufleet_xid_errors_total"}
+    assert xids == {"13": 2.0, "31": 1.0}  # two XID 13 and one XID 31 were injected
+    last = {lab["gpu"]: v for n, lab, v in rows if n == "DCGM_FI_DEV_XID_ERRORS"}
+    assert last == {"0": 0.0, "1": 31.0}  # dcgm-exporter semantics: the last code
+    reasons = {
+        (lab["gpu"], lab["reason"]): v
+        for n, lab, v in rows
+        if n == "gpufleet_clock_event_reason_active"
+    }
+    assert reasons[("0", "sw_power_cap")] == 1.0  # loaded GPU held at its power limit (0x4)
+    assert reasons[("1", "idle")] == 1.0 and reasons[("1", "sw_power_cap")] == 0.0
+
+
+def test_mig_instances_carry_profile_labels() -> None:
+    clock = ManualClock()
+    _fleet, node = sim_node("1x1xh100", clock)
+    s = Sampler(node.backend(), clock=clock)
+    s.tick()
+    ring = RingBuffer(MIG_COLUMNS, 4)
+    row = np.full(len(MIG_COLUMNS), math.nan)
+    row[MIG_COLUMNS.index("mem_used_bytes")] = 3 * 2**20
+    ring.append(clock(), row)
+    s.gpus[0].mig.append(MigInstance(gi_id=5, profile="1g.10gb", ring=ring))
+    rows = parse(render_text(make_registry(AgentCollector(s))).decode())
+    mig = [(lab, v) for n, lab, v in rows if n == "DCGM_FI_DEV_FB_USED" and "GPU_I_ID" in lab]
+    assert len(mig) == 1
+    lab, v = mig[0]
+    assert v == 3 and lab["GPU_I_PROFILE"] == "1g.10gb" and lab["GPU_I_ID"] == "5"
+    assert list(lab).index("GPU_I_PROFILE") == 5  # after modelName, before Hostname
+    s.close()
+
+
+def test_no_registration_at_import() -> None:
+    from prometheus_client import REGISTRY
+
+    import gpufleet.telemetry.exposition  # noqa: F401
+
+    names = {m.name for m in REGISTRY.collect()}
+    assert not any(n.startswith(("DCGM_", "gpufleet_")) for n in names)
+
+
+# Lint complaints that come from keeping dcgm-exporter's own names and labels unchanged.
+_DCGM_LINT = ("camelCase", 'should have "_total" suffix', "should not include type")
+
+
+def test_promtool_check_metrics(scraped: tuple[str, Sampler, object]) -> None:
+    promtool = need_binary("promtool")
+    text, _, _ = scraped
+    proc = subprocess.run(
+        [promtool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30
+    )
+    assert proc.returncode in (0, 3), proc.stderr  # 1 would be a parse error
+    problems = [ln for ln in (proc.stdout + proc.stderr).splitlines() if ln.strip()]
+    unexpected = [ln for ln in problems if not any(k in ln for k in _DCGM_LINT)]
+    assert unexpected == []
+    # our own metrics only inherit the camelCase labels (UUID, modelName, ...), nothing else
+    ours = [ln for ln in problems if ln.startswith("gpufleet_")]
+    assert all("camelCase" in ln for ln in ours)

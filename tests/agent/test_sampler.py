@@ -1,0 +1,111 @@
+"""The sampler: tiers, ring buffers, a hung NVML call, a lost GPU."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import numpy as np
+
+from gpufleet.devices.sim import Fault, FaultKind, Load, ManualClock
+from gpufleet.telemetry import FAST_COLUMNS, RingBuffer, Sampler
+from tests.agent.conftest import sim_node
+
+
+def test_ring_buffer_wraps_and_keeps_order() -> None:
+    ring = RingBuffer(("a", "b"), capacity=3)
+    for i in range(5):
+        ring.append(float(i), np.array([i, math.nan]))
+    t, rows = ring.last()
+    assert t.tolist() == [2.0, 3.0, 4.0]  # the two oldest were overwritten
+    assert rows[:, 0].tolist() == [2.0, 3.0, 4.0]
+    assert len(ring) == 3 and ring.count == 5
+    assert math.isnan(ring.latest_value("b"))
+    t2, _, count = ring.since(3)  # a reader that saw 3 rows gets rows 3 and 4
+    assert t2.tolist() == [3.0, 4.0] and count == 5
+    assert ring._data.dtype == np.float64 and ring._data.shape == (3, 2)
+
+
+def test_tiers_follow_their_intervals() -> None:
+    clock = ManualClock()
+    _fleet, node = sim_node("1x2xh100", clock)
+    s = Sampler(node.backend(), fast_interval_s=1, slow_interval_s=30, clock=clock)
+    slow_rounds = 0
+    for _ in range(61):  # t = 0 .. 60 s
+        r = s.tick()
+        assert r.fast
+        slow_rounds += r.slow
+        clock.advance(1)
+    assert slow_rounds == 3  # t = 0, 30, 60
+    assert s.gpus[0].fast.count == 61 and s.gpus[0].slow.count == 3
+    s.close()
+
+
+def test_ring_holds_simulated_values_and_nan_for_unsupported() -> None:
+    clock = ManualClock()
+    _fleet, node = sim_node("1x2xh100", clock)
+    node.gpus[1].run(Load(util=0.4))
+    s = Sampler(node.backend(), clock=clock)
+    s.tick()
+    clock.advance(1)
+    s.tick()
+    g1 = s.gpus[1]
+    assert g1.fast.latest_value("gpu_util_pct") == 40.0  # Load(util=0.4) -> 40 %
+    assert s.gpus[0].fast.latest_value("gpu_util_pct") == 0.0
+    # retired pages: NotSupported on Hopper (row remapping instead) -> NaN, not 0
+    assert math.isnan(g1.slow.latest_value("retired_pages_dbe"))
+    # no GPM in the simulator -> profiling columns NaN
+    assert math.isnan(g1.fast.latest_value("prof_gr_engine_active"))
+    assert len(FAST_COLUMNS) == g1.fast.latest()[1].shape[0]  # type: ignore[index]
+    s.close()
+
+
+def test_hung_call_does_not_stall_the_loop() -> None:
+    clock = ManualClock()
+    fleet, node = sim_node("1x4xh100", clock)
+    s = Sampler(node.backend(), call_timeout_s=0.2, clock=clock)
+    s.tick()  # identify every GPU first
+    fleet.inject(Fault(FaultKind.HUNG_CALL, gpu=2, params={"seconds": 30}))
+    clock.advance(1)
+    t0 = time.monotonic()
+    r = s.tick()
+    assert time.monotonic() - t0 < 2.0  # bounded by the call timeout, not the 30 s hang
+    assert r.stalled == (2,)
+    assert set(r.sampled) == {0, 1, 3}
+    clock.advance(1)
+    t0 = time.monotonic()
+    r = s.tick()  # still hung: skipped without waiting again
+    assert r.stalled == (2,) and set(r.sampled) == {0, 1, 3}
+    assert s.gpus[2].stalled and s.gpus[2].stalls == 1
+    before = s.gpus[2].fast.count
+    node.gpus[2].hang_release.set()  # the driver call returns
+    deadline = time.monotonic() + 5
+    while s._workers[2].busy and time.monotonic() < deadline:
+        time.sleep(0.01)
+    node.gpus[2].faults.clear()
+    clock.advance(1)
+    r = s.tick()
+    assert 2 in r.sampled and not s.gpus[2].stalled
+    assert s.gpus[2].fast.count == before + 1
+    s.close()
+
+
+def test_lost_gpu_is_reported_and_others_keep_sampling() -> None:
+    clock = ManualClock()
+    fleet, node = sim_node("1x4xh100", clock)
+    s = Sampler(node.backend(), clock=clock)
+    s.tick()
+    fleet.inject(Fault(FaultKind.FALLEN_OFF_BUS, gpu=1, at_s=0.5))
+    events = []
+    for _ in range(3):
+        clock.advance(1)
+        r = s.tick()
+        events += r.events
+    assert r.lost == (1,)
+    assert set(r.sampled) == {0, 2, 3}
+    assert s.gpus[1].lost and s.gpus[1].errors["gpu_lost"] == 1
+    # (the XID 79 event itself is lost today: NvmlBackend.poll_events raises DeviceError when
+    # it resolves the UUID of a lost GPU; reported to the device-layer owner)
+    _ = events
+    assert s.gpus[0].fast.count == 4
+    s.close()
