@@ -1,10 +1,281 @@
-"""`gpufleet jobs` (placeholder until implemented)."""
+"""`gpufleet jobs submit|list|show|cancel|logs`: jobs on the embedded scheduler.
+
+For now every command works on a local embedded scheduler kept in a state directory
+(``--state-dir``; SQLite store plus one folder per job copy). Each call ticks the scheduler once:
+it records finished jobs and starts what fits, so no daemon is needed on one machine.
+``--controller URL --token T`` (a remote control plane) is accepted but not wired yet.
+"""
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import os
+import shlex
+import socket
+from collections.abc import Iterator
+from pathlib import Path
+
 import typer
+
+from gpufleet.cli.common import JsonOption, SeedOption
+from gpufleet.cli.output import console, emit_json, fmt
+from gpufleet.errors import NoDeviceError, UsageError
+from gpufleet.schedulers.base import JobSpec
+
+DEFAULT_STATE_DIR = (
+    Path(os.environ.get("XDG_DATA_HOME", str(Path.home() / ".local" / "share")))
+    / "gpufleet"
+    / "scheduler"
+)
+
+jobs_app = typer.Typer(
+    help=(
+        "Submit and watch jobs on the embedded scheduler (local state directory). "
+        "--controller/--token are accepted but not wired to a control plane yet."
+    ),
+    no_args_is_help=True,
+)
+
+StateDirOption = typer.Option(
+    DEFAULT_STATE_DIR, "--state-dir", help="Local scheduler state (store, job logs)."
+)
+ControllerOption = typer.Option(
+    None, "--controller", help="Control-plane URL (not yet wired: local state only for now)."
+)
+TokenOption = typer.Option(None, "--token", help="Bearer token for --controller (not yet wired).")
+NodesSimOption = typer.Option(
+    None,
+    "--sim",
+    help="Schedule on a simulated fleet's GPUs (NODESxGPUSxMODEL); processes still run here.",
+    metavar="SPEC",
+)
+
+
+def _no_controller(controller: str | None, token: str | None) -> None:
+    if controller or token:
+        raise UsageError(
+            "--controller/--token: not yet wired; the jobs commands use a local embedded "
+            "scheduler for now",
+            hint="drop --controller and --token (optionally pass --state-dir)",
+        )
+
+
+def _local_nodes(sim: str | None, seed: int) -> list[object]:
+    from gpufleet.devices.sim import SimFleet, parse_fleet_spec
+    from gpufleet.schedulers.embedded.placement import GpuSlot, NodeInfo, nodes_from_sim
+
+    if sim:
+        return list(nodes_from_sim(SimFleet(parse_fleet_spec(sim, seed=seed))))
+    from gpufleet.catalog import load_catalog
+    from gpufleet.devices.discovery import node_inventory, open_local_nvml
+
+    fleet = open_local_nvml()
+    try:
+        inv, _notes = node_inventory(fleet.backends[0])
+    finally:
+        fleet.close()
+    cat = load_catalog()
+    slots = []
+    for g in inv.gpus:
+        model = g.model or (m.key if (m := cat.gpu_by_nvml_name(g.name)) else g.name)
+        slots.append(GpuSlot(g.index, model, g.memory_total_bytes or 0))
+    return [NodeInfo(socket.gethostname(), tuple(slots))]
+
+
+@contextlib.contextmanager
+def local_scheduler(state_dir: Path, sim: str | None = None, seed: int = 7) -> Iterator[object]:
+    """The embedded scheduler over ``state_dir``, under an exclusive lock, ticked once."""
+    from gpufleet.schedulers.embedded import EmbeddedScheduler, JobStore, LocalProcessExecutor
+
+    state_dir = state_dir.expanduser()
+    state_dir.mkdir(parents=True, exist_ok=True)
+    with open(state_dir / "lock", "w", encoding="utf-8") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        store = JobStore.open(state_dir / "sched.db")
+        try:
+            nodes: list[object] = []
+            if sim or not store.nodes():
+                try:
+                    nodes = _local_nodes(sim, seed)
+                except NoDeviceError as exc:
+                    raise NoDeviceError(
+                        f"{exc.message}; the scheduler needs GPUs to place jobs on",
+                        hint="pass --sim 1x8xh100 to schedule on a simulated node",
+                    ) from exc
+            executor = LocalProcessExecutor(root=state_dir / "runs")
+            eng = EmbeddedScheduler(store, executor, nodes)  # type: ignore[arg-type]
+            eng.tick()
+            yield eng
+        finally:
+            store.close()
+
+
+def _env_pairs(values: list[str] | None) -> dict[str, str]:
+    out = {}
+    for item in values or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--env {item!r}: expected KEY=VALUE")
+        out[key] = value
+    return out
+
+
+@jobs_app.command("submit")
+def submit(
+    command: list[str] = typer.Argument(None, help="The command to run (after --)."),
+    name: str = typer.Option(None, "--name", help="Job name (default: the command's name)."),
+    tenant: str = typer.Option("default", "--tenant"),
+    gpus: int = typer.Option(1, "--gpus", help="GPUs per node."),
+    nodes: int = typer.Option(1, "--nodes"),
+    gpu_model: str = typer.Option(None, "--gpu-model", help="e.g. h100-sxm (aliases accepted)."),
+    min_mem_gib: float = typer.Option(None, "--min-gpu-memory-gib"),
+    mig_profile: str = typer.Option(None, "--mig-profile", help="Not supported (embedded)."),
+    image: str = typer.Option(None, "--image", help="Container image (not run locally)."),
+    priority: int = typer.Option(0, "--priority"),
+    max_restarts: int = typer.Option(0, "--max-restarts", help="Failovers allowed."),
+    checkpoint_dir: str = typer.Option(None, "--checkpoint-dir"),
+    env: list[str] = typer.Option(None, "--env", help="KEY=VALUE (repeatable)."),
+    sim: str = NodesSimOption,
+    seed: int = SeedOption,
+    state_dir: Path = StateDirOption,
+    controller: str = ControllerOption,
+    token: str = TokenOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Submit a job: `gpufleet jobs submit --gpus 2 -- python train.py`."""
+    _no_controller(controller, token)
+    if not command and not image:
+        raise UsageError("give a command after -- (or --image)")
+    spec = JobSpec(
+        name=name or (Path(command[0]).name if command else str(image)),
+        tenant=tenant,
+        command=tuple(command or ()),
+        image=image,
+        gpus=gpus,
+        gpu_model=gpu_model,
+        min_gpu_memory_bytes=None if min_mem_gib is None else int(min_mem_gib * 2**30),
+        mig_profile=mig_profile,
+        nodes=nodes,
+        priority=priority,
+        max_restarts=max_restarts,
+        checkpoint_dir=checkpoint_dir,
+        env=_env_pairs(env),
+    )
+    with local_scheduler(state_dir, sim, seed) as eng:
+        job_id = eng.submit(spec)  # type: ignore[attr-defined]
+        eng.tick()  # type: ignore[attr-defined]
+        status = eng.job(job_id).status()  # type: ignore[attr-defined]
+    if as_json:
+        emit_json(status)
+    else:
+        console.print(f"job {job_id} ({spec.name}): {status.state.value} {status.reason}".strip())
+
+
+@jobs_app.command("list")
+def list_jobs(
+    state_dir: Path = StateDirOption,
+    controller: str = ControllerOption,
+    token: str = TokenOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """List jobs, newest last."""
+    from rich.table import Table
+
+    _no_controller(controller, token)
+    with local_scheduler(state_dir) as eng:
+        jobs = eng.list_jobs()  # type: ignore[attr-defined]
+    if as_json:
+        emit_json(jobs)
+        return
+    table = Table("id", "name", "tenant", "state", "nodes", "gpus", "restarts", "reason")
+    for j in jobs:
+        table.add_row(
+            j.id,
+            j.spec.name,
+            j.spec.tenant,
+            j.state.value,
+            ",".join(j.nodes) or "-",
+            ",".join(str(g) for g in j.gpus) or "-",
+            str(j.restarts),
+            j.reason,
+        )
+    console.print(table)
+
+
+@jobs_app.command("show")
+def show(
+    job_id: str = typer.Argument(..., help="Job id."),
+    state_dir: Path = StateDirOption,
+    controller: str = ControllerOption,
+    token: str = TokenOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """A job's spec, state and every attempt (where and how each copy ran)."""
+    _no_controller(controller, token)
+    with local_scheduler(state_dir) as eng:
+        status = eng.job(job_id).status()  # type: ignore[attr-defined]
+        attempts = eng.attempts(job_id)  # type: ignore[attr-defined]
+        log = eng.log_path(job_id)  # type: ignore[attr-defined]
+    if as_json:
+        emit_json({"job": status, "attempts": attempts, "log": str(log) if log else None})
+        return
+    s = status.spec
+    console.print(f"[bold]job {status.id}[/] {s.name} (tenant {s.tenant}): {status.state.value}")
+    console.print(f"  command: {shlex.join(s.command) or fmt(s.image)}")
+    console.print(f"  gpus: {s.gpus} x {s.nodes} node(s); priority {s.priority}")
+    console.print(f"  restarts: {status.restarts}/{s.max_restarts}; exit {fmt(status.exit_code)}")
+    console.print(f"  reason: {status.reason or '-'}; log: {fmt(log)}")
+    for a in attempts:
+        console.print(
+            f"  attempt gen {a.generation} on {','.join(a.nodes)}: "
+            f"{fmt(a.started_at, digits=1)} -> {fmt(a.ended_at, digits=1)} {a.outcome}"
+        )
+
+
+@jobs_app.command("cancel")
+def cancel(
+    job_id: str = typer.Argument(..., help="Job id."),
+    state_dir: Path = StateDirOption,
+    controller: str = ControllerOption,
+    token: str = TokenOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Cancel a job (kills its running copies)."""
+    _no_controller(controller, token)
+    with local_scheduler(state_dir) as eng:
+        eng.cancel(job_id)  # type: ignore[attr-defined]
+        status = eng.job(job_id).status()  # type: ignore[attr-defined]
+    if as_json:
+        emit_json(status)
+    else:
+        console.print(f"job {job_id}: {status.state.value}")
+
+
+@jobs_app.command("logs")
+def logs(
+    job_id: str = typer.Argument(..., help="Job id."),
+    tail: int = typer.Option(0, "--tail", help="Only the last N lines (0: all)."),
+    state_dir: Path = StateDirOption,
+    controller: str = ControllerOption,
+    token: str = TokenOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Print the output of the job's latest copy."""
+    _no_controller(controller, token)
+    with local_scheduler(state_dir) as eng:
+        path = eng.log_path(job_id)  # type: ignore[attr-defined]
+    text = path.read_text(encoding="utf-8", errors="replace") if path else ""
+    if tail > 0:
+        text = "".join(text.splitlines(keepends=True)[-tail:])
+    if as_json:
+        emit_json({"job": job_id, "log": str(path) if path else None, "text": text})
+    elif path is None:
+        console.print(f"job {job_id}: no log yet")
+    else:
+        typer.echo(text, nl=False)
 
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the app."""
-    _ = app
+    """Attach ``gpufleet jobs`` to the app."""
+    app.add_typer(jobs_app, name="jobs")

@@ -1,0 +1,422 @@
+"""``EmbeddedScheduler``: the built-in scheduler for one server or a small lab.
+
+It needs nothing else: a ``JobStore`` (SQLite by default) holds every job, a ``JobExecutor``
+(the node agents, or a simulation) runs them. Nothing happens on its own: ``tick(now)`` (driven
+by the caller's clock) polls the agents, records how copies ended, fences strays and starts what
+fits. The control plane reports node lifecycle events through ``node_lost``, ``node_drained``,
+``node_resumed`` and ``node_back`` (its ``SchedulerHook`` seam).
+
+One engine should drive a store at a time (the control plane's leader, or a CLI call under the
+state directory's lock); every write is still a compare-and-set on the job's generation.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from gpufleet.errors import UsageError
+from gpufleet.schedulers.base import (
+    Capability,
+    JobSpec,
+    JobState,
+    JobStatus,
+    SchedNodeState,
+    register_scheduler,
+)
+from gpufleet.schedulers.embedded import failover
+from gpufleet.schedulers.embedded.executor import (
+    CopyReport,
+    ExecutorError,
+    JobExecutor,
+    Launch,
+    NodeUnreachable,
+    visible_devices,
+)
+from gpufleet.schedulers.embedded.placement import NodeInfo, Placement, check_feasible, place
+from gpufleet.schedulers.embedded.queue import QueueEntry, Quotas, ordered
+from gpufleet.schedulers.embedded.store import Attempt, JobRow, JobStore, NodeRow
+
+ACTIVE = failover.ACTIVE
+WAITING = failover.WAITING
+
+Listener = Callable[[str, JobState, JobState, float], None]
+
+
+@dataclass(frozen=True)
+class TickResult:
+    """What one tick did."""
+
+    started: tuple[str, ...] = ()
+    finished: tuple[str, ...] = ()
+
+
+@register_scheduler("embedded")
+class EmbeddedScheduler:
+    """Queue, placement, execution and failover over a durable store."""
+
+    name = "embedded"
+
+    def __init__(
+        self,
+        store: JobStore,
+        executor: JobExecutor,
+        nodes: Iterable[NodeInfo] = (),
+        clock: Callable[[], float] = time.time,
+        quotas: Mapping[str, int] | None = None,
+        listener: Listener | None = None,
+    ) -> None:
+        self.store = store
+        self.executor = executor
+        self.clock = clock
+        self.listener = listener
+        self.started_at = clock()
+        self.last_contact: dict[str, float] = {}
+        known = store.nodes()
+        for info in nodes:  # new nodes join "up"; known ones keep their state, get new inventory
+            row = known.get(info.name)
+            store.put_node(NodeRow(info) if row is None else replace(row, info=info))
+        for tenant, gpus in (quotas or {}).items():
+            store.set_quota(tenant, gpus)
+        failover.reconcile(self, self.started_at)
+
+    # ----- protocol ------------------------------------------------------------------------
+    def capabilities(self) -> list[Capability]:
+        return [
+            Capability("submit", True),
+            Capability("cancel", True),
+            Capability("list", True),
+            Capability("node_states", True),
+            Capability("drain", True),
+            Capability("resume", True),
+            Capability("requeue", True),
+            Capability("failover", True, "requeues jobs of lost or fail-drained nodes"),
+            Capability("multi_node", True, "gpus is per node; no rendezvous beyond env vars"),
+            Capability(
+                "container_images",
+                False,
+                "the local agent runs argument lists only; use the kubernetes backend",
+            ),
+            Capability("mig", False, "placement counts whole GPUs; MIG slices are not tracked"),
+            Capability("preemption", False, "priority orders the queue; running jobs stay"),
+        ]
+
+    def submit(self, spec: JobSpec) -> str:
+        nodes = [r.info for r in self.store.nodes().values()]
+        if not nodes:
+            raise UsageError("the embedded scheduler knows no nodes", hint="add nodes first")
+        check_feasible(spec, nodes)
+        quotas = Quotas(self.store.quotas())
+        if quotas.exceeds_alone(spec.tenant, spec.gpus * spec.nodes):
+            raise UsageError(
+                f"job {spec.name!r}: asks {spec.gpus * spec.nodes} GPUs, more than tenant "
+                f"{spec.tenant!r}'s quota of {quotas.limits[spec.tenant]}"
+            )
+        now = self.clock()
+        job = self.store.add_job(JobRow(seq=0, spec=spec, state=JobState.QUEUED, submitted_at=now))
+        if self.listener:
+            self.listener(job.id, JobState.QUEUED, JobState.QUEUED, now)
+        return job.id
+
+    def job(self, job_id: str) -> JobRow:
+        job = self.store.get(job_id)
+        if job is None:
+            raise UsageError(f"no job {job_id!r}")
+        return job
+
+    def cancel(self, job_id: str) -> None:
+        job = self.job(job_id)
+        if job.state.final:
+            return
+        now = self.clock()
+        if job.state in ACTIVE:
+            failover.kill_copies(self, job)  # unconfirmed kills are fenced when the node is back
+        self.transition(
+            job, replace(job, state=JobState.CANCELLED, ended_at=now, reason="cancelled"), now
+        )
+
+    def list_jobs(self) -> list[JobStatus]:
+        return [j.status() for j in self.store.jobs()]
+
+    def node_states(self) -> list[SchedNodeState]:
+        used: dict[str, int] = {}
+        for job in self.store.jobs(ACTIVE):
+            for node, gpus in zip(job.nodes, job.gpus, strict=False):
+                used[node] = used.get(node, 0) + len(gpus)
+        out = []
+        for name, row in self.store.nodes().items():
+            total, alloc = len(row.info.gpus), used.get(name, 0)
+            if row.state == "lost":
+                word = "down"
+            elif row.state == "drained":
+                word = "drain"
+            else:
+                word = "idle" if alloc == 0 else "alloc" if alloc >= total else "mixed"
+            out.append(SchedNodeState(name, word, row.reason, total, alloc, row.state == "up"))
+        return out
+
+    def drain(self, node: str, reason: str) -> None:
+        self.node_drained(node, reason, fail=False)
+
+    def resume(self, node: str) -> None:
+        self.node_resumed(node)
+
+    def requeue(self, job_id: str) -> None:
+        job = self.job(job_id)
+        if job.state.final:
+            raise UsageError(f"job {job_id} already ended ({job.state.value})")
+        if job.state in ACTIVE:
+            failover.requeue(self, job, self.clock(), "requeued by request", enforce_max=False)
+
+    def set_quota(self, tenant: str, gpus: int | None) -> None:
+        self.store.set_quota(tenant, gpus)
+
+    # ----- node events (the control plane's SchedulerHook) --------------------------------
+    def _node(self, node: str) -> NodeRow:
+        rows = self.store.nodes()
+        if node not in rows:
+            from gpufleet.errors import UnknownNameError
+
+            raise UnknownNameError("node", node, sorted(rows))
+        return rows[node]
+
+    def node_lost(self, node: str, reason: str = "node lost") -> list[str]:
+        """The node stopped answering: requeue its jobs (after its agent's lease if unconfirmed)."""
+        row = self._node(node)
+        self.store.put_node(replace(row, state="lost", reason=reason))
+        return failover.on_node_failure(self, node, self.clock(), f"node {node}: {reason}")
+
+    def node_drained(self, node: str, reason: str, fail: bool = False) -> list[str]:
+        """No new jobs on ``node``; with ``fail`` (a fail finding) its jobs move elsewhere now."""
+        row = self._node(node)
+        self.store.put_node(replace(row, state="drained", reason=reason, fail=fail))
+        if not fail:
+            return []
+        return failover.on_node_failure(self, node, self.clock(), f"node {node}: {reason}")
+
+    def node_resumed(self, node: str) -> None:
+        """A drained node takes jobs again."""
+        self._back(node)
+
+    def node_back(self, node: str) -> None:
+        """A lost node answers again: kill its stale copies, then let it take jobs."""
+        self._back(node)
+
+    def _back(self, node: str) -> None:
+        row = self._node(node)
+        self.fence_node(node)
+        self.store.put_node(replace(row, state="up", reason="", fail=False))
+        now = self.clock()
+        for job in self.store.jobs(WAITING):
+            if node in job.excluded:
+                excluded = tuple(n for n in job.excluded if n != node)
+                self.transition(job, replace(job, excluded=excluded), now)
+
+    def fence_node(self, node: str) -> list[CopyReport]:
+        valid = {j.id: j.generation for j in self.store.jobs(ACTIVE) if node in j.nodes}
+        try:
+            killed = self.executor.fence(node, valid)
+        except NodeUnreachable:
+            return []
+        self.last_contact[node] = self.clock()
+        return killed
+
+    # ----- state changes -------------------------------------------------------------------
+    def transition(self, old: JobRow, new: JobRow, now: float, outcome: str = "") -> JobRow | None:
+        """Write ``new`` if nobody changed the job since ``old`` was read; keep attempts."""
+        if not self.store.save(new, expect_generation=old.generation):
+            return None
+        moved_on = new.state not in ACTIVE or new.generation != old.generation
+        if old.state in ACTIVE and moved_on:
+            self.store.close_attempt(old, now, outcome or new.state.value)
+        if new.state is JobState.STARTING and old.generation != new.generation:
+            self.store.open_attempt(new, now)
+        if self.listener and old.state != new.state:
+            self.listener(new.id, old.state, new.state, now)
+        return new
+
+    def settle(self, job: JobRow, mine: Mapping[str, CopyReport], now: float) -> JobRow | None:
+        """Compare an active job with what its agents report; return it as it is now."""
+        missing = [n for n in job.nodes if n not in mine]
+        if missing:
+            return failover.requeue(self, job, now, f"copy on {missing[0]} vanished")
+        reps = [mine[n] for n in job.nodes]
+        faults = [r for r in reps if not r.running and (r.node_fault or r.exit_code is None)]
+        if faults:
+            r = faults[0]
+            why = r.reason or "copy stopped"
+            return failover.requeue(self, job, now, f"node {r.node}: {why}", faulty_node=r.node)
+        exited = [r for r in reps if not r.running]
+        if not exited:
+            if job.state is JobState.STARTING:
+                running = replace(job, state=JobState.RUNNING, started_at=now)
+                return self.transition(job, running, now)
+            return job
+        bad = [r for r in exited if r.exit_code != 0]
+        if bad:
+            failover.kill_copies(self, job)
+            code = bad[0].exit_code
+            new = replace(
+                job, state=JobState.FAILED, exit_code=code, ended_at=now, reason=f"exit {code}"
+            )
+            return self.transition(job, new, now, f"exit {code}")
+        if len(exited) == len(reps):
+            new = replace(job, state=JobState.SUCCEEDED, exit_code=0, ended_at=now, reason="")
+            return self.transition(job, new, now, "exit 0")
+        return job
+
+    # ----- the loop ------------------------------------------------------------------------
+    def tick(self, now: float | None = None) -> TickResult:
+        """Poll agents, settle jobs, fence strays, start what fits."""
+        now = self.clock() if now is None else now
+        nodes = self.store.nodes()
+        reports: dict[str, list[CopyReport]] = {}
+        for name, row in nodes.items():
+            if row.state == "lost":
+                continue
+            try:
+                reports[name] = self.executor.poll(name)
+                self.last_contact[name] = now
+            except NodeUnreachable:
+                continue
+        finished = []
+        for job in self.store.jobs(ACTIVE):
+            if any(n not in reports for n in job.nodes):
+                continue
+            mine = {
+                r.node: r
+                for n in job.nodes
+                for r in reports[n]
+                if r.job_id == job.id and r.generation == job.generation
+            }
+            after = self.settle(job, mine, now)
+            if after is not None and after.state.final:
+                finished.append(job.id)
+        active = self.store.jobs(ACTIVE)
+        for name, reps in reports.items():
+            valid = {j.id: j.generation for j in active if name in j.nodes}
+            if any(r.running and valid.get(r.job_id) != r.generation for r in reps):
+                self.fence_node(name)
+        up = [nodes[n].info for n in sorted(reports) if nodes[n].state == "up"]
+        started = self._schedule(now, up, active)
+        return TickResult(tuple(started), tuple(finished))
+
+    def _schedule(self, now: float, up: list[NodeInfo], active: list[JobRow]) -> list[str]:
+        used: dict[str, set[int]] = {}
+        tenant_use: dict[str, int] = {}
+        for job in active:
+            for node, gpus in zip(job.nodes, job.gpus, strict=False):
+                used.setdefault(node, set()).update(gpus)
+            tenant_use[job.spec.tenant] = tenant_use.get(job.spec.tenant, 0) + sum(
+                len(g) for g in job.gpus
+            )
+        quotas = Quotas(self.store.quotas())
+        waiting = {j.id: j for j in self.store.jobs(WAITING)}
+        entries = [
+            QueueEntry(
+                j.id,
+                j.spec.tenant,
+                j.spec.priority,
+                j.seq,
+                j.spec.gpus * j.spec.nodes,
+                j.not_before,
+            )
+            for j in waiting.values()
+        ]
+        started = []
+        for e in ordered(entries):
+            job = waiting[e.job_id]
+            if e.not_before_s > now:
+                self._note(job, f"waiting until the old copy is fenced (t={e.not_before_s:.1f})")
+                continue
+            if not quotas.allows(e.tenant, tenant_use.get(e.tenant, 0), e.gpus_total):
+                self._note(job, f"waiting: tenant {e.tenant!r} at its GPU quota")
+                continue
+            p = place(job.spec, up, used, exclude=job.excluded)
+            if p is None:
+                self._note(job, "waiting for free GPUs")
+                continue
+            if self._launch(job, p, now):
+                started.append(job.id)
+                for node, gpus in zip(p.nodes, p.gpus, strict=True):
+                    used.setdefault(node, set()).update(gpus)
+                tenant_use[e.tenant] = tenant_use.get(e.tenant, 0) + e.gpus_total
+        return started
+
+    def _note(self, job: JobRow, reason: str) -> None:
+        if job.reason != reason:
+            self.transition(job, replace(job, reason=reason), self.clock())
+
+    def launch_env(
+        self, job: JobRow, rank: int, node: str, gpus: tuple[int, ...]
+    ) -> dict[str, str]:
+        env = dict(job.spec.env)
+        env.update(
+            {
+                "CUDA_VISIBLE_DEVICES": visible_devices(gpus),
+                "GPUFLEET_JOB_ID": job.id,
+                "GPUFLEET_JOB_NAME": job.spec.name,
+                "GPUFLEET_TENANT": job.spec.tenant,
+                "GPUFLEET_RESTART_COUNT": str(job.restarts),
+                "GPUFLEET_GENERATION": str(job.generation),
+                "GPUFLEET_NODES": ",".join(job.nodes),
+                "GPUFLEET_NODE_RANK": str(rank),
+                "GPUFLEET_NODE": node,
+            }
+        )
+        if job.spec.checkpoint_dir:
+            env["GPUFLEET_CHECKPOINT_DIR"] = job.spec.checkpoint_dir
+        return env
+
+    def _launch(self, job: JobRow, p: Placement, now: float) -> bool:
+        starting = replace(
+            job,
+            state=JobState.STARTING,
+            generation=job.generation + 1,
+            nodes=p.nodes,
+            gpus=p.gpus,
+            reason="",
+        )
+        if self.transition(job, starting, now) is None:
+            return False  # someone else moved it
+        started: list[str] = []
+        for rank, (node, gpus) in enumerate(zip(p.nodes, p.gpus, strict=True)):
+            launch = Launch(
+                job.id,
+                starting.generation,
+                node,
+                gpus,
+                self.launch_env(starting, rank, node, gpus),
+                job.spec,
+            )
+            try:
+                self.executor.start(launch)
+                started.append(node)
+            except (ExecutorError, NodeUnreachable) as exc:
+                for n in started:
+                    with contextlib.suppress(NodeUnreachable):
+                        self.executor.kill(job.id, starting.generation, n)
+                if isinstance(exc, NodeUnreachable):
+                    back = replace(starting, state=job.state, reason=f"could not start: {exc}")
+                    self.transition(starting, back, now, f"not started: {exc}")
+                else:
+                    failed = replace(starting, state=JobState.FAILED, ended_at=now, reason=str(exc))
+                    self.transition(starting, failed, now, f"failed to start: {exc}")
+                return False
+            self.last_contact[node] = now
+        running = replace(starting, state=JobState.RUNNING, started_at=now)
+        return self.transition(starting, running, now) is not None
+
+    # ----- reading -------------------------------------------------------------------------
+    def attempts(self, job_id: str) -> list[Attempt]:
+        return self.store.attempts(self.job(job_id).id)
+
+    def log_path(self, job_id: str) -> Path | None:
+        """The log of the job's latest copy (node rank 0), if its executor keeps one."""
+        job = self.job(job_id)
+        if not job.nodes:
+            return None
+        return self.executor.log_path(job.id, job.generation, job.nodes[0])

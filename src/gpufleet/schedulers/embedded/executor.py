@@ -1,0 +1,244 @@
+"""How the embedded scheduler runs a job on a node: the ``JobExecutor`` protocol and its
+``LocalProcessExecutor`` (real processes on this machine); ``SimExecutor`` lives in ``simexec``.
+
+Fencing lives on the executor side (the node's agent): every copy of a job carries the job's
+*generation* (a fence token that grows each time the job is placed). The agent refuses to start a
+generation older than one it has seen, kills older copies of a job when a newer one arrives, and
+``fence(node, valid)`` kills every copy the scheduler no longer considers current (called when a
+lost node comes back and when a restarted scheduler reconciles). An agent that cannot reach the
+scheduler for ``lease_s`` kills its own jobs, so the scheduler may start a job elsewhere once that
+lease has run out even when it cannot confirm the kill.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from gpufleet.errors import GpufleetError
+from gpufleet.schedulers.base import JobSpec
+
+
+class ExecutorError(GpufleetError):
+    """The executor could not start a job (bad command, unsupported request)."""
+
+
+class NodeUnreachable(GpufleetError):
+    """The node's agent did not answer; what runs there is unknown."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One copy of a job to start on one node."""
+
+    job_id: str
+    generation: int
+    node: str
+    gpus: tuple[int, ...]
+    env: dict[str, str]
+    spec: JobSpec
+
+
+@dataclass(frozen=True)
+class CopyReport:
+    """What a node's agent says about one copy of a job."""
+
+    job_id: str
+    generation: int
+    node: str
+    running: bool
+    exit_code: int | None = None
+    reason: str = ""
+    node_fault: bool = False  # it died because of the node (a GPU fell off the bus, ...)
+
+
+@runtime_checkable
+class JobExecutor(Protocol):
+    """Starts, kills and watches copies of jobs on nodes (a node agent, or a simulation)."""
+
+    lease_s: float  # an agent cut off from the scheduler this long kills its own jobs
+
+    def start(self, launch: Launch) -> None: ...
+
+    def kill(self, job_id: str, generation: int, node: str) -> bool:
+        """Stop that copy; True when it is surely not running any more."""
+        ...
+
+    def poll(self, node: str) -> list[CopyReport]:
+        """Every copy the node's agent knows (running or exited); NodeUnreachable if cut off."""
+        ...
+
+    def fence(self, node: str, valid: Mapping[str, int]) -> list[CopyReport]:
+        """Kill every running copy on ``node`` whose job/generation is not in ``valid``."""
+        ...
+
+    def log_path(self, job_id: str, generation: int, node: str) -> Path | None: ...
+
+
+def visible_devices(gpus: tuple[int, ...]) -> str:
+    """``CUDA_VISIBLE_DEVICES`` for GPU indexes (CUDA's order; see the CUDA C Programming
+    Guide, "CUDA Environment Variables")."""
+    return ",".join(str(i) for i in gpus)
+
+
+@dataclass
+class _Proc:
+    launch: Launch
+    dir: Path
+    popen: subprocess.Popen[bytes] | None = None
+    killed: bool = False
+
+
+@dataclass
+class LocalProcessExecutor:
+    """Runs jobs as processes on this machine, one folder per copy under ``root``.
+
+    Each copy runs under a small wrapper (``python -m gpufleet.schedulers.embedded.runner``) in
+    its own session: the wrapper captures stdout and stderr to ``log`` and writes the exit status
+    to ``exit``, so a later executor (another CLI call, a restarted scheduler) still learns how a
+    job ended and can kill a copy by its process group.
+    """
+
+    root: Path
+    lease_s: float = 0.0  # local: the scheduler and the processes share a machine
+    kill_grace_s: float = 5.0
+    python: str = sys.executable
+    popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen
+    _procs: dict[tuple[str, int, str], _Proc] = field(default_factory=dict)
+
+    def _dir(self, job_id: str, generation: int, node: str) -> Path:
+        return self.root / f"job-{job_id}" / f"gen-{generation}-{node}"
+
+    def log_path(self, job_id: str, generation: int, node: str) -> Path | None:
+        p = self._dir(job_id, generation, node) / "log"
+        return p if p.exists() else None
+
+    def start(self, launch: Launch) -> None:
+        spec = launch.spec
+        if spec.image:
+            raise ExecutorError(
+                f"job {launch.job_id}: container images are not run by the local executor",
+                hint="give a command (argument list), or use the kubernetes backend",
+            )
+        if not spec.command:
+            raise ExecutorError(f"job {launch.job_id}: no command to run")
+        for known in self._scan(launch.node):
+            if known.job_id == launch.job_id and known.generation > launch.generation:
+                raise ExecutorError(
+                    f"job {launch.job_id}: generation {launch.generation} is stale "
+                    f"(generation {known.generation} exists)"
+                )
+            if known.job_id == launch.job_id and known.running:
+                self.kill(known.job_id, known.generation, known.node)
+        d = self._dir(launch.job_id, launch.generation, launch.node)
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "launch.json").write_text(
+            json.dumps({"command": list(spec.command), "gpus": list(launch.gpus)}),
+            encoding="utf-8",
+        )
+        env = {**os.environ, **launch.env}
+        argv = [self.python, "-m", "gpufleet.schedulers.embedded.runner", str(d), "--"]
+        try:
+            proc = self.popen(
+                [*argv, *spec.command],
+                env=env,
+                cwd=spec.checkpoint_dir if spec.checkpoint_dir else None,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                start_new_session=True,
+            )
+        except OSError as exc:
+            raise ExecutorError(f"job {launch.job_id}: cannot start the wrapper: {exc}") from exc
+        (d / "pid").write_text(str(proc.pid), encoding="utf-8")
+        self._procs[(launch.job_id, launch.generation, launch.node)] = _Proc(launch, d, proc)
+
+    def _pid(self, d: Path) -> int | None:
+        try:
+            return int((d / "pid").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return None
+
+    def _alive(self, key: tuple[str, int, str], d: Path) -> bool:
+        proc = self._procs.get(key)
+        if proc is not None and proc.popen is not None:
+            return proc.popen.poll() is None
+        pid = self._pid(d)
+        if pid is None:
+            return False
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            return True
+        cmdline = Path(f"/proc/{pid}/cmdline")
+        with contextlib.suppress(OSError):
+            if str(d).encode() not in cmdline.read_bytes():
+                return False  # the pid was reused by something else
+        return True
+
+    def _report(self, job_id: str, generation: int, node: str, d: Path) -> CopyReport:
+        key = (job_id, generation, node)
+        exit_file = d / "exit"
+        if exit_file.exists():
+            text = exit_file.read_text(encoding="utf-8").strip()
+            code = int(text) if text.lstrip("-").isdigit() else None
+            return CopyReport(job_id, generation, node, False, code, f"exit {text}")
+        if self._alive(key, d):
+            return CopyReport(job_id, generation, node, True)
+        killed = (d / "killed").exists()
+        return CopyReport(
+            job_id, generation, node, False, None, "killed" if killed else "wrapper vanished"
+        )
+
+    def _scan(self, node: str) -> list[CopyReport]:
+        out: list[CopyReport] = []
+        if not self.root.is_dir():
+            return out
+        for jdir in sorted(self.root.glob("job-*")):
+            job_id = jdir.name[4:]
+            for gdir in sorted(jdir.glob(f"gen-*-{node}")):
+                gen_text = gdir.name[4:].split("-", 1)[0]
+                if gen_text.isdigit() and gdir.name == f"gen-{gen_text}-{node}":
+                    out.append(self._report(job_id, int(gen_text), node, gdir))
+        return out
+
+    def poll(self, node: str) -> list[CopyReport]:
+        return self._scan(node)
+
+    def kill(self, job_id: str, generation: int, node: str) -> bool:
+        d = self._dir(job_id, generation, node)
+        key = (job_id, generation, node)
+        if not self._alive(key, d):
+            return True
+        pid = self._pid(d)
+        if pid is None:
+            return True
+        (d / "killed").write_text("1", encoding="utf-8")
+        for sig, wait_s in ((signal.SIGTERM, self.kill_grace_s), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(pid, sig)
+            deadline = time.monotonic() + wait_s
+            while time.monotonic() < deadline:
+                if not self._alive(key, d):
+                    return True
+                time.sleep(0.02)
+        return not self._alive(key, d)
+
+    def fence(self, node: str, valid: Mapping[str, int]) -> list[CopyReport]:
+        killed = []
+        for rep in self._scan(node):
+            if rep.running and valid.get(rep.job_id) != rep.generation:
+                self.kill(rep.job_id, rep.generation, node)
+                killed.append(rep)
+        return killed

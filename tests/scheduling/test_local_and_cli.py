@@ -1,0 +1,168 @@
+"""LocalProcessExecutor with real processes, the failover drill, and `gpufleet jobs`."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from typer.testing import CliRunner
+
+from gpufleet.cli.app import app
+from gpufleet.schedulers.base import JobSpec, JobState
+from gpufleet.schedulers.embedded import (
+    EmbeddedScheduler,
+    JobStore,
+    LocalProcessExecutor,
+    NodeInfo,
+)
+from gpufleet.schedulers.embedded.drill import run_drill
+from gpufleet.schedulers.embedded.placement import GpuSlot
+
+PRINT_ENV = (
+    "import os; print('cvd=' + os.environ['CUDA_VISIBLE_DEVICES']); "
+    "print('restart=' + os.environ['GPUFLEET_RESTART_COUNT'])"
+)
+
+
+def local(tmp_path: Path) -> EmbeddedScheduler:
+    node = NodeInfo("here", tuple(GpuSlot(i, "h100-sxm", 80 * 2**30) for i in range(4)))
+    store = JobStore.open(tmp_path / "s.db")
+    return EmbeddedScheduler(store, LocalProcessExecutor(root=tmp_path / "runs"), [node])
+
+
+def wait_final(eng: EmbeddedScheduler, job_id: str, limit_s: float = 20.0) -> JobState:
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        eng.tick()
+        state = eng.job(job_id).state
+        if state.final:
+            return state
+        time.sleep(0.05)
+    raise AssertionError(f"job {job_id} still {eng.job(job_id).state} after {limit_s} s")
+
+
+def test_real_process_gets_its_gpus_and_log(tmp_path: Path) -> None:
+    eng = local(tmp_path)
+    eng.submit(
+        JobSpec("first", gpus=1, command=(sys.executable, "-c", "import time; time.sleep(5)"))
+    )
+    jid = eng.submit(JobSpec("env", gpus=2, command=(sys.executable, "-c", PRINT_ENV)))
+    assert wait_final(eng, jid) is JobState.SUCCEEDED
+    log = eng.log_path(jid)
+    assert log is not None
+    # The first job holds GPU 0, so this one gets the next two: "1,2".
+    assert log.read_text().splitlines() == ["cvd=1,2", "restart=0"]
+    assert eng.job(jid).exit_code == 0
+
+
+def test_exit_code_and_stderr_captured(tmp_path: Path) -> None:
+    eng = local(tmp_path)
+    code = "import sys; sys.stderr.write('boom\\n'); sys.exit(3)"
+    jid = eng.submit(JobSpec("bad", gpus=1, command=(sys.executable, "-c", code)))
+    assert wait_final(eng, jid) is JobState.FAILED
+    assert eng.job(jid).exit_code == 3
+    assert "boom" in eng.log_path(jid).read_text()  # type: ignore[union-attr]
+
+
+def test_cancel_kills_the_process(tmp_path: Path) -> None:
+    eng = local(tmp_path)
+    marker = tmp_path / "still-alive"
+    code = f"import time; time.sleep(3); open({str(marker)!r}, 'w').write('x')"
+    jid = eng.submit(JobSpec("sleepy", gpus=1, command=(sys.executable, "-c", code)))
+    eng.tick()
+    assert eng.job(jid).state is JobState.RUNNING
+    eng.cancel(jid)
+    assert eng.job(jid).state is JobState.CANCELLED
+    time.sleep(3.5)
+    assert not marker.exists()
+
+
+def test_new_executor_instance_learns_how_a_copy_ended(tmp_path: Path) -> None:
+    eng = local(tmp_path)
+    jid = eng.submit(JobSpec("q", gpus=1, command=(sys.executable, "-c", "print('hi')")))
+    eng.tick()
+    eng.store.close()
+    time.sleep(0.5)
+    eng2 = local(tmp_path)  # a new scheduler and executor: only the files remain
+    assert wait_final(eng2, jid) is JobState.SUCCEEDED
+
+
+def test_failover_drill_under_ten_seconds() -> None:
+    r = run_drill(agent_poll_s=1.0, tick_s=1.0, fault_offset_s=0.35)
+    assert r.second_node != r.first_node
+    # Fault at 0.35 s past a whole second; the agent polls at the next whole second (0.65 s
+    # later) and the scheduler ticks at the same instant: 0.65 s of simulated time.
+    assert abs(r.detected_after_s - 0.65) < 1e-6
+    assert abs(r.sim_failover_s - 0.65) < 1e-6
+    assert r.sim_failover_s + r.wall_failover_s < 10.0
+    assert r.restart_count == 1 and r.env_restart_count == "1"
+    assert r.checkpoint_dir == "/ckpt/train"
+
+
+def test_cli_submit_list_show_logs_cancel(tmp_path: Path) -> None:
+    runner = CliRunner()
+    sd = ["--state-dir", str(tmp_path / "st")]
+    res = runner.invoke(
+        app,
+        [
+            "jobs",
+            "submit",
+            *sd,
+            "--sim",
+            "1x2xh100",
+            "--gpus",
+            "2",
+            "--json",
+            "--name",
+            "hello",
+            "--",
+            sys.executable,
+            "-c",
+            "import os; print(os.environ['CUDA_VISIBLE_DEVICES'])",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    job = json.loads(res.output)
+    assert job["state"] == "running" and job["gpus"] == [0, 1]
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        res = runner.invoke(app, ["jobs", "list", *sd, "--json"])
+        if json.loads(res.output)[0]["state"] == "succeeded":
+            break
+        time.sleep(0.1)
+    assert json.loads(res.output)[0]["state"] == "succeeded"
+    res = runner.invoke(app, ["jobs", "logs", job["id"], *sd])
+    assert res.output == "0,1\n"
+    res = runner.invoke(app, ["jobs", "show", job["id"], *sd, "--json"])
+    shown = json.loads(res.output)
+    assert shown["job"]["exit_code"] == 0 and len(shown["attempts"]) == 1
+    res = runner.invoke(
+        app, ["jobs", "submit", *sd, "--", sys.executable, "-c", "import time; time.sleep(30)"]
+    )
+    assert res.exit_code == 0 and "running" in res.output
+    res = runner.invoke(app, ["jobs", "cancel", "2", *sd, "--json"])
+    assert json.loads(res.output)["state"] == "cancelled"
+    res = runner.invoke(app, ["jobs", "list", *sd, "--controller", "http://127.0.0.1:1"])
+    assert "not yet wired" in str(res.exception)
+
+
+def test_cli_rejects_impossible_job(tmp_path: Path) -> None:
+    res = CliRunner().invoke(
+        app,
+        [
+            "jobs",
+            "submit",
+            "--state-dir",
+            str(tmp_path),
+            "--sim",
+            "1x2xh100",
+            "--gpus",
+            "3",
+            "--",
+            "true",
+        ],
+    )
+    assert res.exit_code != 0
+    assert "only 0 of 1 node" in str(res.exception)
