@@ -232,3 +232,21 @@ def test_xid_79_of_a_lost_gpu_is_delivered() -> None:
     xids = [(e.gpu_index, e.xid, e.gpu_uuid) for e in events if e.kind == "xid"]
     assert xids == [(1, 79, uuid1)]
     assert [e.gpu_index for e in events if e.kind == "gpu_lost"] == [1]
+
+
+def test_gpm_ratios_over_an_interval_and_unsupported_models() -> None:
+    from gpufleet.devices.sim import Load
+
+    fleet, clock = make("1x2xh200")
+    node = fleet.node("sim-00")
+    backend = node.backend()
+    assert backend.sample_gpm(0) is None  # GPM needs two samples
+    node.gpus[0].run(Load(util=0.5, pcie_tx_bytes_per_s=8e6), duration_s=1.0)
+    clock.advance(2.0)  # half of the interval at 50 % util -> 25 % graphics activity
+    prof = backend.sample_gpm(0)
+    assert prof is not None
+    assert prof["prof_gr_engine_active"] == pytest.approx(0.25, abs=0.01)
+    assert prof["prof_pcie_tx_bytes"] == pytest.approx(4e6, rel=0.02)
+    ampere, _ = make("1x1xa100-sxm4-80gb")
+    b2 = ampere.node("sim-00").backend()
+    assert b2.sample_gpm(0) is None and b2.sample_gpm(0) is None

@@ -86,9 +86,32 @@ def test_dcgm_names_labels_and_units(scraped: tuple[str, Sampler, object]) -> No
 
 def test_unsupported_metrics_are_skipped_not_zero(scraped: tuple[str, Sampler, object]) -> None:
     text, _, _ = scraped
-    # Hopper answers NotSupported for retired pages; the simulator has no GPM: no sample at all
-    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in text
+    # Hopper answers NotSupported for retired pages: no sample at all, not a fake 0
     assert "DCGM_FI_DEV_RETIRED" not in text
+
+
+def test_gpm_profiling_metrics_from_nvml(scraped: tuple[str, Sampler, object]) -> None:
+    """DCGM_FI_PROF_* from NVML GPM: the busy bf16 GPU against the H200 probe's ratios
+    (99.8 % graphics, 93.6 % tensor, 17.3 % DRAM under a bf16 matmul), the idle GPU at 0."""
+    text, _, _ = scraped
+    rows = {(n, lab["gpu"]): v for n, lab, v in parse(text) if n.startswith("DCGM_FI_PROF_")}
+    assert rows[("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "0")] == pytest.approx(1.0, abs=0.01)
+    assert rows[("DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "0")] == pytest.approx(0.936, abs=0.01)
+    assert rows[("DCGM_FI_PROF_DRAM_ACTIVE", "0")] == pytest.approx(0.173, abs=0.01)
+    assert rows[("DCGM_FI_PROF_GR_ENGINE_ACTIVE", "1")] == 0.0
+
+
+def test_no_gpm_on_ampere() -> None:
+    clock = ManualClock()
+    _, node = sim_node("1x1xa100-sxm4-80gb", clock)
+    s = Sampler(node.backend(), clock=clock)
+    for _ in range(3):
+        s.tick()
+        clock.advance(1)
+    text = render_text(make_registry(AgentCollector(s, hostname="h"))).decode()
+    s.close()
+    assert "DCGM_FI_DEV_GPU_UTIL" in text
+    assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in text
 
 
 def test_xid_counter_per_code_and_last_xid_gauge(scraped: tuple[str, Sampler, object]) -> None:

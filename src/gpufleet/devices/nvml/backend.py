@@ -65,6 +65,8 @@ class NvmlBackend:
         self._event_set: Any = None
         self._prev_pcie: dict[int, tuple[float, int, int]] = {}
         self._uuid_to_index: dict[str, int] = {}
+        self._gpm_supported: dict[int, bool] = {}
+        self._gpm_prev: dict[int, Any] = {}
         self.nvml_calls = 0
 
     # ----- the one query helper ------------------------------------------------------------
@@ -388,6 +390,67 @@ class NvmlBackend:
             retired_pages_dbe=None if dbe_pages is None else len(dbe_pages),
             retired_pages_pending=None if pending_pages is None else bool(pending_pages),
         )
+
+    def sample_gpm(self, index: int) -> dict[str, float] | None:
+        """dcgm-exporter's ``DCGM_FI_PROF_*`` set from NVML GPM (Hopper and newer), as ratios 0..1
+        and PCIe bytes per second, averaged since the previous call; None where GPM is not
+        supported and on the first call (a GPM metric needs two samples).
+
+        Source: NVML API Reference, "GPM Functions" (nvmlGpmSampleGet, nvmlGpmMetricsGet).
+        """
+        lib = self._lib
+        if self._gpm_supported.get(index) is False or "nvmlGpmSampleGet" in self._missing:
+            return None
+        if index not in self._gpm_supported:
+            support = self._dev("nvmlGpmQueryDeviceSupport", index)
+            self._gpm_supported[index] = bool(support is not None and support.isSupportedDevice)
+            if not self._gpm_supported[index]:
+                return None
+        sample = self.call("nvmlGpmSampleAlloc")
+        if sample is None:
+            self._gpm_supported[index] = False
+            return None
+        if self._dev("nvmlGpmSampleGet", index, sample) is None:
+            self._free_gpm(sample)
+            self._gpm_supported[index] = False
+            return None
+        prev = self._gpm_prev.get(index)
+        self._gpm_prev[index] = sample
+        if prev is None:
+            return None
+        ids = (
+            lib.NVML_GPM_METRIC_GRAPHICS_UTIL,
+            lib.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
+            lib.NVML_GPM_METRIC_DRAM_BW_UTIL,
+            lib.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
+            lib.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
+        )
+        mg = lib.c_nvmlGpmMetricsGet_t()
+        mg.version = lib.NVML_GPM_METRICS_GET_VERSION
+        mg.numMetrics = len(ids)
+        mg.sample1 = prev
+        mg.sample2 = sample
+        for i, mid in enumerate(ids):
+            mg.metrics[i].metricId = mid
+        try:
+            result = self.call("nvmlGpmMetricsGet", mg)
+        finally:
+            self._free_gpm(prev)
+        if result is None:
+            return None
+        out: dict[str, float] = {}
+        keys = ("prof_gr_engine_active", "prof_pipe_tensor_active", "prof_dram_active")
+        for i, key in enumerate(keys):
+            if result.metrics[i].nvmlReturn == lib.NVML_SUCCESS:
+                out[key] = float(result.metrics[i].value) / 100.0
+        for i, key in ((3, "prof_pcie_tx_bytes"), (4, "prof_pcie_rx_bytes")):
+            if result.metrics[i].nvmlReturn == lib.NVML_SUCCESS:
+                out[key] = float(result.metrics[i].value) * 2**20
+        return out or None
+
+    def _free_gpm(self, sample: Any) -> None:
+        with contextlib.suppress(self._lib.NVMLError, DeviceError):
+            self._lib.nvmlGpmSampleFree(sample)
 
     def sample(self, index: int) -> Sample:
         fast = self.sample_fast(index)

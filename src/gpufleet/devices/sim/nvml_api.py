@@ -428,6 +428,83 @@ class SimNvml:
                 values[i].value.ullVal = ctypes.c_ulonglong(int(value)).value
         return values
 
+    # ----- GPM (profiling metrics, Hopper and newer) ------------------------------------------
+    class c_nvmlGpmMetricsGet_t:  # pynvml's name
+        """Python stand-in for pynvml's ctypes struct (samples here are Python objects)."""
+
+        def __init__(self) -> None:
+            self.version = 0
+            self.numMetrics = 0
+            self.sample1: Any = None
+            self.sample2: Any = None
+            self.metrics = [
+                SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)
+                for _ in range(pynvml.NVML_GPM_METRIC_MAX)
+            ]
+
+    def nvmlGpmQueryDeviceSupport(self, h: SimHandle) -> SimpleNamespace:
+        gpu = self._gpu(h)
+        supported = gpu.model.architecture in ("hopper", "blackwell")
+        return SimpleNamespace(
+            version=pynvml.NVML_GPM_SUPPORT_VERSION, isSupportedDevice=int(supported)
+        )
+
+    def nvmlGpmSampleAlloc(self) -> SimpleNamespace:
+        self._check_init()
+        return SimpleNamespace(gpu=None, t=0.0, counters=None)
+
+    def nvmlGpmSampleFree(self, sample: SimpleNamespace) -> None:
+        self._check_init()
+        sample.counters = None
+
+    def nvmlGpmSampleGet(self, h: SimHandle, sample: SimpleNamespace) -> SimpleNamespace:
+        gpu = self._gpu(h)
+        if gpu.model.architecture not in ("hopper", "blackwell"):
+            raise _err(_NS)
+        sample.gpu = (h.node, h.index)
+        sample.t = gpu.t
+        sample.counters = (
+            gpu.gr_busy_s,
+            gpu.tensor_busy_s,
+            gpu.dram_busy_s,
+            gpu.pcie_tx_total,
+            gpu.pcie_rx_total,
+        )
+        return sample
+
+    def nvmlGpmMetricsGet(self, mg: Any) -> Any:
+        self._check_init()
+        s1, s2 = mg.sample1, mg.sample2
+        if (
+            s1 is None
+            or s2 is None
+            or s1.counters is None
+            or s2.counters is None
+            or s1.gpu != s2.gpu
+        ):
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        dt = s2.t - s1.t
+        d = [b - a for a, b in zip(s1.counters, s2.counters, strict=True)]
+        ratio = lambda x: 0.0 if dt <= 0 else max(0.0, min(1.0, x / dt))  # noqa: E731
+        per_s = lambda x: 0.0 if dt <= 0 else max(0.0, x / dt)  # noqa: E731
+        values = {
+            pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 100.0 * ratio(d[0]),
+            pynvml.NVML_GPM_METRIC_SM_UTIL: 96.6 * ratio(d[0]),  # probe: 96.4 SM at 99.8 graphics
+            pynvml.NVML_GPM_METRIC_ANY_TENSOR_UTIL: 100.0 * ratio(d[1]),
+            pynvml.NVML_GPM_METRIC_HMMA_TENSOR_UTIL: 100.0 * ratio(d[1]),
+            pynvml.NVML_GPM_METRIC_DRAM_BW_UTIL: 100.0 * ratio(d[2]),
+            pynvml.NVML_GPM_METRIC_PCIE_TX_PER_SEC: per_s(d[3]) / 2**20,  # MiB/s
+            pynvml.NVML_GPM_METRIC_PCIE_RX_PER_SEC: per_s(d[4]) / 2**20,
+        }
+        for i in range(int(mg.numMetrics)):
+            m = mg.metrics[i]
+            if int(m.metricId) in values:
+                m.value = values[int(m.metricId)]
+                m.nvmlReturn = pynvml.NVML_SUCCESS
+            else:
+                m.nvmlReturn = _NS
+        return mg
+
     # ----- events --------------------------------------------------------------------------
     def nvmlDeviceGetSupportedEventTypes(self, h: SimHandle) -> int:
         self._gpu(h)

@@ -33,6 +33,7 @@ LAUNCH_OVERHEAD_S = 8e-6
 COLLECTIVE_LINK_EFFICIENCY = 0.80
 COLLECTIVE_LATENCY_S = 20e-6
 
+
 def bus_factor(op: str, n: int) -> float:
     """nccl-tests PERFORMANCE.md: busbw = algbw x factor (n ranks)."""
     if op == "all_reduce":
