@@ -485,8 +485,13 @@ class SimNvml:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         dt = s2.t - s1.t
         d = [b - a for a, b in zip(s1.counters, s2.counters, strict=True)]
-        ratio = lambda x: 0.0 if dt <= 0 else max(0.0, min(1.0, x / dt))  # noqa: E731
-        per_s = lambda x: 0.0 if dt <= 0 else max(0.0, x / dt)  # noqa: E731
+
+        def ratio(x: float) -> float:
+            return 0.0 if dt <= 0 else max(0.0, min(1.0, x / dt))
+
+        def per_s(x: float) -> float:
+            return 0.0 if dt <= 0 else max(0.0, x / dt)
+
         values = {
             pynvml.NVML_GPM_METRIC_GRAPHICS_UTIL: 100.0 * ratio(d[0]),
             pynvml.NVML_GPM_METRIC_SM_UTIL: 96.6 * ratio(d[0]),  # probe: 96.4 SM at 99.8 graphics
