@@ -175,3 +175,35 @@ def test_promtool_check_metrics(scraped: tuple[str, Sampler, object]) -> None:
     # our own metrics only inherit the camelCase labels (UUID, modelName, ...), nothing else
     ours = [ln for ln in problems if ln.startswith("gpufleet_")]
     assert all("camelCase" in ln for ln in ours)
+
+
+def test_mig_instances_discovered_through_nvml(tmp_path: object) -> None:
+    """A simulated H200 in MIG mode (3g.71gb + 4g.71gb): each GPU instance is found through
+    nvmlDeviceGetMigDeviceHandleByIndex and exported with GPU_I_PROFILE/GPU_I_ID labels."""
+    import pathlib
+
+    from gpufleet.devices.sim import SimFleet, parse_fleet_spec
+
+    f = pathlib.Path(str(tmp_path)) / "fleet.yaml"
+    f.write_text("nodes: [{name: m, model: h200, gpus: 1, mig_layout: [3g.71gb, 4g.71gb]}]\n")
+    clock = ManualClock()
+    fleet = SimFleet(parse_fleet_spec(str(f)), clock=clock)
+    node = fleet.node("m")
+    node.gpus[0].run(Load(util=1.0, fb_used_bytes=20 * 2**30))
+    s = Sampler(node.backend(), clock=clock)
+    for _ in range(4):
+        s.tick()
+        clock.advance(1)
+    text = render_text(make_registry(AgentCollector(s, hostname="h"))).decode()
+    s.close()
+    rows = [(n, lab, v) for n, lab, v in parse(text) if "GPU_I_ID" in lab]
+    profiles = {(lab["GPU_I_ID"], lab["GPU_I_PROFILE"]) for _, lab, _ in rows}
+    assert profiles == {("1", "3g.71gb"), ("2", "4g.71gb")}
+    active = {lab["GPU_I_ID"]: v for n, lab, v in rows if n == "DCGM_FI_PROF_GR_ENGINE_ACTIVE"}
+    assert active == {"1": pytest.approx(1.0, abs=0.01), "2": pytest.approx(1.0, abs=0.01)}
+    fb_total = {
+        lab["GPU_I_ID"]: v
+        for n, lab, v in rows
+        if n in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")
+    }
+    assert set(fb_total) == {"1", "2"}

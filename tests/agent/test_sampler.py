@@ -6,6 +6,7 @@ import math
 import time
 
 import numpy as np
+import pytest
 
 from gpufleet.devices.sim import Fault, FaultKind, Load, ManualClock
 from gpufleet.telemetry import FAST_COLUMNS, RingBuffer, Sampler
@@ -54,8 +55,8 @@ def test_ring_holds_simulated_values_and_nan_for_unsupported() -> None:
     assert s.gpus[0].fast.latest_value("gpu_util_pct") == 0.0
     # retired pages: NotSupported on Hopper (row remapping instead) -> NaN, not 0
     assert math.isnan(g1.slow.latest_value("retired_pages_dbe"))
-    # no GPM in the simulator -> profiling columns NaN
-    assert math.isnan(g1.fast.latest_value("prof_gr_engine_active"))
+    # GPM (Hopper): graphics activity over the last second equals the 40 % load
+    assert g1.fast.latest_value("prof_gr_engine_active") == pytest.approx(0.4, abs=0.01)
     assert len(FAST_COLUMNS) == g1.fast.latest()[1].shape[0]  # type: ignore[index]
     s.close()
 

@@ -23,11 +23,16 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.types import DeviceInfo, GpuEvent, Sample
 from gpufleet.errors import GpuLostError
 from gpufleet.telemetry.fields import FAST_COLUMNS, SLOW_COLUMNS, sample_row
+from gpufleet.telemetry.metrics import MIG_COLUMNS
 from gpufleet.telemetry.ring import RingBuffer
+
+MIG_RING_ROWS = 120  # per MIG instance: two minutes at the default 1 s fast tier
 
 log = logging.getLogger("gpufleet.telemetry.sampler")
 
@@ -142,6 +147,7 @@ class _GpuResult:
     info: DeviceInfo | None
     fast: Sample | None
     slow: Sample | None
+    mig: dict[int, tuple[str, dict[str, float]]] | None = None
 
 
 class Sampler:
@@ -232,7 +238,10 @@ class Sampler:
                     stalled.append(gpu.index)
                     continue
                 need_info = gpu.info is None
-                jobs[gpu.index] = worker.submit(self._gpu_job(gpu.index, need_info, fast, slow))
+                mig = bool(fast and gpu.info is not None and gpu.info.mig_current)
+                jobs[gpu.index] = worker.submit(
+                    self._gpu_job(gpu.index, need_info, fast, slow, mig)
+                )
         if self._event_job is None or self._event_job.done.is_set():
             self._event_job = self._event_worker.submit(self.backend.poll_events)
             event_job: _Job | None = self._event_job
@@ -294,9 +303,12 @@ class Sampler:
             duration_s=duration,
         )
 
-    def _gpu_job(self, index: int, need_info: bool, fast: bool, slow: bool) -> Callable[[], Any]:
+    def _gpu_job(
+        self, index: int, need_info: bool, fast: bool, slow: bool, mig: bool = False
+    ) -> Callable[[], Any]:
         backend = self.backend
         gpm = self._gpm
+        sample_mig = getattr(backend, "sample_mig", None) if mig else None
 
         def run() -> _GpuResult:
             info = backend.device_info(index) if need_info else None
@@ -306,7 +318,8 @@ class Sampler:
                 if prof:
                     fs = replace(fs, extra={**fs.extra, **prof})
             ss = backend.sample_slow(index) if slow else None
-            return _GpuResult(info, fs, ss)
+            mig_values = sample_mig(index) if sample_mig is not None else None
+            return _GpuResult(info, fs, ss, mig_values)
 
         return run
 
@@ -333,6 +346,8 @@ class Sampler:
             gpu.slow.append(result.slow.timestamp_s, sample_row(result.slow, SLOW_COLUMNS))
             gpu.latest_slow = result.slow
             gpu.recent.append(result.slow)
+        if result.mig is not None and result.fast is not None:
+            self._store_mig(gpu, result.fast.timestamp_s, result.mig)
         base, other = gpu.latest_fast, gpu.latest_slow
         if base is None:
             gpu.latest = other
@@ -340,6 +355,25 @@ class Sampler:
             gpu.latest = base
         else:
             gpu.latest = base.merged(replace(other, timestamp_s=base.timestamp_s))
+
+    def _store_mig(
+        self, gpu: GpuState, t: float, values: dict[int, tuple[str, dict[str, float]]]
+    ) -> None:
+        """Append each MIG instance's readings to its own ring (instances come and go with
+        re-partitioning: unknown ones are added, vanished ones dropped)."""
+        by_id = {inst.gi_id: inst for inst in gpu.mig}
+        kept: list[MigInstance] = []
+        for gi_id, (profile, readings) in sorted(values.items()):
+            inst = by_id.get(gi_id)
+            if inst is None or inst.profile != profile:
+                inst = MigInstance(gi_id, profile, RingBuffer(MIG_COLUMNS, MIG_RING_ROWS))
+            row = np.full(len(MIG_COLUMNS), math.nan)
+            for i, col in enumerate(MIG_COLUMNS):
+                if col in readings:
+                    row[i] = readings[col]
+            inst.ring.append(t, row)
+            kept.append(inst)
+        gpu.mig = kept
 
     def _store_events(self, events: list[GpuEvent]) -> None:
         for ev in events:

@@ -448,6 +448,73 @@ class NvmlBackend:
                 out[key] = float(result.metrics[i].value) * 2**20
         return out or None
 
+    def mig_instances(self, index: int) -> list[tuple[int, str, Any]]:
+        """(GPU-instance id, profile name, MIG device handle) of each MIG instance; [] without MIG.
+
+        The profile is the suffix of the MIG device's name ("NVIDIA H200 MIG 1g.18gb" -> 1g.18gb).
+        """
+        mode = self._dev("nvmlDeviceGetMigMode", index)
+        if not mode or not mode[0]:
+            return []
+        count = self._dev("nvmlDeviceGetMaxMigDeviceCount", index) or 0
+        out: list[tuple[int, str, Any]] = []
+        for slot in range(int(count)):
+            mh = self._dev("nvmlDeviceGetMigDeviceHandleByIndex", index, slot)
+            if mh is None:
+                continue
+            gi = self.call("nvmlDeviceGetGpuInstanceId", mh, gpu=index)
+            name = _text(self.call("nvmlDeviceGetName", mh, gpu=index) or "")
+            profile = name.rsplit("MIG ", 1)[-1].strip() if "MIG " in name else "unknown"
+            if gi is not None:
+                out.append((int(gi), profile, mh))
+        return out
+
+    def sample_mig(self, index: int) -> dict[int, tuple[str, dict[str, float]]]:
+        """Per MIG instance: profile and its readings (memory used/free, and GPM activity
+        ratios since the previous call through ``nvmlGpmMigSampleGet``)."""
+        lib = self._lib
+        out: dict[int, tuple[str, dict[str, float]]] = {}
+        for gi, profile, mh in self.mig_instances(index):
+            values: dict[str, float] = {}
+            mem = self.call("nvmlDeviceGetMemoryInfo", mh, gpu=index)
+            if mem is not None:
+                values["mem_used_bytes"] = float(mem.used)
+                values["mem_free_bytes"] = float(mem.free)
+            key = index * 1000 + gi
+            sample = self.call("nvmlGpmSampleAlloc")
+            if (
+                sample is not None
+                and self._dev("nvmlGpmMigSampleGet", index, gi, sample) is not None
+            ):
+                prev = self._gpm_prev.get(-key)
+                self._gpm_prev[-key] = sample
+                if prev is not None:
+                    ids = (
+                        lib.NVML_GPM_METRIC_GRAPHICS_UTIL,
+                        lib.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
+                        lib.NVML_GPM_METRIC_DRAM_BW_UTIL,
+                    )
+                    mg = lib.c_nvmlGpmMetricsGet_t()
+                    mg.version = lib.NVML_GPM_METRICS_GET_VERSION
+                    mg.numMetrics = len(ids)
+                    mg.sample1, mg.sample2 = prev, sample
+                    for i, mid in enumerate(ids):
+                        mg.metrics[i].metricId = mid
+                    try:
+                        res = self.call("nvmlGpmMetricsGet", mg)
+                    finally:
+                        self._free_gpm(prev)
+                    if res is not None:
+                        for i, k in enumerate(
+                            ("prof_gr_engine_active", "prof_pipe_tensor_active", "prof_dram_active")
+                        ):
+                            if res.metrics[i].nvmlReturn == lib.NVML_SUCCESS:
+                                values[k] = float(res.metrics[i].value) / 100.0
+            elif sample is not None:
+                self._free_gpm(sample)
+            out[gi] = (profile, values)
+        return out
+
     def _free_gpm(self, sample: Any) -> None:
         with contextlib.suppress(self._lib.NVMLError, DeviceError):
             self._lib.nvmlGpmSampleFree(sample)

@@ -79,6 +79,7 @@ class SimFleet:
                 driver_version=driver,
                 vbios_version=ns.vbios_version,
                 mig_enabled=ns.mig_enabled,
+                mig_layout=ns.mig_layout,
             )
             for i in range(ns.gpus)
         ]

@@ -68,6 +68,7 @@ class SimGpu:
     vbios_version: str | None = None
     power_limit_w: float | None = None
     mig_enabled: bool = False
+    mig_layout: tuple[str, ...] = ()
     faults: list[Fault] = field(default_factory=list)
 
     def __post_init__(self) -> None:
@@ -117,6 +118,21 @@ class SimGpu:
         self.thermal_violation_us = 0.0
         self.hang_release = threading.Event()
         self.lock = threading.RLock()
+
+    def mig_instances(self) -> list[tuple[int, str, int]]:
+        """(GPU-instance id, profile name, memory MiB) of each instance when MIG is on.
+
+        With no layout given, the GPU is split into as many of its smallest profile as fit.
+        """
+        if not self.mig_enabled:
+            return []
+        from gpufleet.catalog import load_catalog
+
+        geometry = load_catalog().mig_geometry(self.model.key)
+        if geometry is None:
+            return []
+        names = self.mig_layout or (geometry.profiles[0].name,) * geometry.profiles[0].max_instances
+        return [(i + 1, name, geometry.profile(name).memory_mib) for i, name in enumerate(names)]
 
     # ----- load schedule -------------------------------------------------------------------
     def run(

@@ -38,6 +38,15 @@ class SimHandle:
     index: int
 
 
+@dataclass(frozen=True)
+class SimMigHandle:
+    """What nvmlDeviceGetMigDeviceHandleByIndex returns."""
+
+    node: str
+    index: int
+    slot: int
+
+
 class _EventSet:
     def __init__(self) -> None:
         self.handles: dict[int, tuple[SimHandle, int]] = {}
@@ -132,9 +141,52 @@ class SimNvml:
         return handle
 
     # ----- identity ------------------------------------------------------------------------
-    def nvmlDeviceGetName(self, h: SimHandle) -> str:
+    def nvmlDeviceGetName(self, h: SimHandle | SimMigHandle) -> str:
+        if isinstance(h, SimMigHandle):
+            gpu, (_, profile, _) = self._mig(h)
+            base = gpu.model.nvml_names[0] if gpu.model.nvml_names else gpu.model.marketing_name
+            return f"{base} MIG {profile}"
         names = self._gpu(h).model.nvml_names
         return names[0] if names else self._gpu(h).model.marketing_name
+
+    # ----- MIG devices -----------------------------------------------------------------------
+    def _mig(self, mh: SimMigHandle) -> tuple[SimGpu, tuple[int, str, int]]:
+        gpu = self._gpu(SimHandle(mh.node, mh.index))
+        instances = gpu.mig_instances()
+        if not 0 <= mh.slot < len(instances):
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return gpu, instances[mh.slot]
+
+    def nvmlDeviceGetMaxMigDeviceCount(self, h: SimHandle) -> int:
+        gpu = self._gpu(h)
+        if gpu.model.mig_max_instances == 0:
+            raise _err(_NS)
+        return gpu.model.mig_max_instances
+
+    def nvmlDeviceGetMigDeviceHandleByIndex(self, h: SimHandle, index: int) -> SimMigHandle:
+        gpu = self._gpu(h)
+        if not gpu.mig_enabled:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not 0 <= index < len(gpu.mig_instances()):
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        return SimMigHandle(h.node, h.index, index)
+
+    def nvmlDeviceGetGpuInstanceId(self, mh: SimMigHandle) -> int:
+        return self._mig(mh)[1][0]
+
+    def nvmlDeviceGetComputeInstanceId(self, mh: SimMigHandle) -> int:
+        self._mig(mh)
+        return 0
+
+    def nvmlGpmMigSampleGet(
+        self, h: SimHandle, gpu_instance_id: int, sample: SimpleNamespace
+    ) -> SimpleNamespace:
+        gpu = self._gpu(h)
+        if gpu_instance_id not in [gi for gi, _, _ in gpu.mig_instances()]:
+            raise _err(pynvml.NVML_ERROR_NOT_FOUND)
+        self.nvmlGpmSampleGet(h, sample)  # instances share the GPU's activity in the simulator
+        sample.gpu = (h.node, h.index, gpu_instance_id)
+        return sample
 
     def nvmlDeviceGetUUID(self, h: SimHandle) -> str:
         return self._gpu(h).uuid
@@ -258,11 +310,20 @@ class SimNvml:
         self._gpu(h)
         return [0, 100000]
 
-    def nvmlDeviceGetMemoryInfo(self, h: SimHandle, version: int | None = None) -> SimpleNamespace:
-        gpu = self._gpu(h)
-        total = gpu.model.memory_bytes
-        reserved = min(total // 50, 512 * 2**20)
-        used = min(gpu.fb_used_bytes(), total - reserved)
+    def nvmlDeviceGetMemoryInfo(
+        self, h: SimHandle | SimMigHandle, version: int | None = None
+    ) -> SimpleNamespace:
+        if isinstance(h, SimMigHandle):
+            gpu, (_, _, mib) = self._mig(h)
+            total = mib * 2**20
+            share = total / gpu.model.memory_bytes
+            reserved = 0
+            used = min(int(gpu.fb_used_bytes() * share), total)
+        else:
+            gpu = self._gpu(h)
+            total = gpu.model.memory_bytes
+            reserved = min(total // 50, 512 * 2**20)
+            used = min(gpu.fb_used_bytes(), total - reserved)
         info = SimpleNamespace(total=total, used=used, free=total - used - reserved)
         if version is not None:
             info.reserved = reserved

@@ -39,6 +39,7 @@ class NodeSpec:
     driver_version: str | None = None
     vbios_version: str | None = None
     mig_enabled: bool = False
+    mig_layout: tuple[str, ...] = ()  # GPU-instance profiles, e.g. ("3g.71gb", "4g.71gb")
 
 
 @dataclass(frozen=True)
@@ -140,7 +141,8 @@ def parse_fleet_yaml(text: str, source: str = "<fleet>") -> FleetSpec:
                     rack=item.get("rack"),
                     driver_version=item.get("driver_version"),
                     vbios_version=item.get("vbios_version"),
-                    mig_enabled=bool(item.get("mig_enabled", False)),
+                    mig_enabled=bool(item.get("mig_enabled", False) or item.get("mig_layout")),
+                    mig_layout=tuple(str(p) for p in item.get("mig_layout") or ()),
                 )
             )
     names = [n.name for n in nodes]
