@@ -15,6 +15,14 @@ from gpufleet.errors import ConfigError, UsageError
 EXAMPLE = "training-1024.yaml"
 
 
+def _rate(bytes_per_s: float) -> str:
+    """A data rate with a unit that keeps two significant figures visible."""
+    for unit, scale in (("GB/s", 1e9), ("MB/s", 1e6), ("kB/s", 1e3)):
+        if bytes_per_s >= scale:
+            return f"{bytes_per_s / scale:.1f} {unit}"
+    return f"{bytes_per_s:.0f} B/s"
+
+
 def _money(v: float | None) -> str:
     if v is None:
         return "N/A"
@@ -75,8 +83,8 @@ def _summary(result: object, compare: bool) -> None:
         t.add_row(
             "storage",
             f"checkpoint {s.checkpoint_bytes / 1e12:.2f} TB, write "
-            f"{s.checkpoint_write_bytes_per_s / 1e9:.1f} GB/s, read "
-            f"{s.dataset_read_bytes_per_s / 1e9:.2f} GB/s",
+            f"{s.checkpoint_write_bytes_per_s / 1e9:.1f} GB/s, dataset read "
+            f"{_rate(s.dataset_read_bytes_per_s)}",
         )
     t.add_row("capex / opex", f"{_money(c.capex)} / {_money(c.opex_per_year)} per year")
     t.add_row(
