@@ -1,10 +1,435 @@
-"""`gpufleet controller` (placeholder until implemented)."""
+"""`gpufleet controller [serve|migrate]`, `gpufleet token create|list|revoke`, `gpufleet up` and
+`gpufleet sim-fleet`: the control plane and its companions."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
+import os
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
 import typer
+
+from gpufleet.cli.common import JsonOption, SeedOption
+from gpufleet.cli.output import console, emit_json, err_console
+from gpufleet.errors import ConfigError, UsageError
+
+if TYPE_CHECKING:
+    from gpufleet.control.auth import Principal
+    from gpufleet.control.store import ControlStore
+
+DATA_DIR_HELP = "Where the SQLite database lives (default ~/.local/share/gpufleet)."
+DB_URL_HELP = "Database URL instead of SQLite, e.g. postgresql://user@host/db (psycopg 3)."
+
+
+def _data_dir(value: Path | None) -> Path:
+    from gpufleet.control.up import DEFAULT_DATA_DIR
+
+    return value or Path(os.environ.get("GPUFLEET_DATA_DIR", DEFAULT_DATA_DIR))
+
+
+def _db_url(value: str | None) -> str | None:
+    return value or os.environ.get("GPUFLEET_DB_URL") or None
+
+
+DataDirOption = typer.Option(None, "--data-dir", help=DATA_DIR_HELP)
+DbUrlOption = typer.Option(None, "--db-url", help=DB_URL_HELP)
+
+
+def _open_store(data_dir: Path | None, db_url: str | None) -> ControlStore:
+    from gpufleet.control.db import database_url, make_engine, migrate
+    from gpufleet.control.store import ControlStore
+
+    engine = make_engine(database_url(_data_dir(data_dir), _db_url(db_url)))
+    migrate(engine)
+    import time
+
+    return ControlStore(engine, clock=time.time)
+
+
+def _local_admin() -> Principal:
+    from gpufleet.control.auth import Principal, Role
+
+    return Principal(None, f"local-cli:{os.environ.get('USER', 'unknown')}", Role.ADMIN)
 
 
 def register(app: typer.Typer) -> None:
-    """Attach this module's commands to the app."""
-    _ = app
+    """Attach `controller`, `token`, `up` and `sim-fleet`."""
+    ctl = typer.Typer(
+        help="Run the control plane (REST API, ingest, lifecycle, dashboard).",
+        invoke_without_command=True,
+        no_args_is_help=False,
+    )
+    tok = typer.Typer(help="API tokens (stored hashed; shown once).", no_args_is_help=True)
+    app.add_typer(ctl, name="controller")
+    app.add_typer(tok, name="token")
+
+    @ctl.callback()
+    def controller(
+        ctx: typer.Context,
+        data_dir: Path | None = DataDirOption,
+        db_url: str | None = DbUrlOption,
+        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+        port: int = typer.Option(8080, "--port", help="TCP port."),
+        policy: Path | None = typer.Option(None, "--policy", help="Remediation policy YAML."),
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Serve the control plane (the default when no subcommand is given)."""
+        ctx.obj = {"data_dir": data_dir, "db_url": db_url}
+        if ctx.invoked_subcommand is None:
+            _serve(data_dir, db_url, host, port, policy, json_out)
+
+    @ctl.command("serve")
+    def serve_cmd(
+        data_dir: Path | None = DataDirOption,
+        db_url: str | None = DbUrlOption,
+        host: str = typer.Option("127.0.0.1", "--host"),
+        port: int = typer.Option(8080, "--port"),
+        policy: Path | None = typer.Option(None, "--policy", help="Remediation policy YAML."),
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Serve the control plane."""
+        _serve(data_dir, db_url, host, port, policy, json_out)
+
+    @ctl.command("migrate")
+    def migrate_cmd(
+        ctx: typer.Context,
+        data_dir: Path | None = DataDirOption,
+        db_url: str | None = DbUrlOption,
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Create or upgrade the database schema to the newest revision."""
+        from gpufleet.control.db import database_url, make_engine, migrate
+
+        parent = ctx.parent.obj if ctx.parent and ctx.parent.obj else {}
+        url = database_url(
+            _data_dir(data_dir or parent.get("data_dir")), _db_url(db_url or parent.get("db_url"))
+        )
+        engine = make_engine(url)
+        rev = migrate(engine)
+        engine.dispose()
+        shown = url.split("@")[-1] if "@" in url else url
+        if json_out:
+            emit_json({"database": shown, "revision": rev})
+        else:
+            console.print(f"database {shown} at revision {rev}")
+
+    @tok.command("create")
+    def token_create(
+        role: str = typer.Option(..., "--role", help="admin, operator, viewer or agent."),
+        name: str = typer.Option("", "--name", help="A label shown in lists."),
+        tenant: str | None = typer.Option(None, "--tenant", help="Bind to a tenant."),
+        node: str | None = typer.Option(
+            None, "--node", help="Agent token for one node (implies --role agent)."
+        ),
+        data_dir: Path | None = DataDirOption,
+        db_url: str | None = DbUrlOption,
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Create a token and print it once (only its hash is stored)."""
+        from gpufleet.control import actions
+
+        if node is not None and role not in ("agent",):
+            raise UsageError("--node makes an agent token: use --role agent with it")
+        store = _open_store(data_dir, db_url)
+        token, tid = actions.create_token(store, _local_admin(), role, name, tenant, node)
+        store.engine.dispose()
+        if json_out:
+            emit_json({"id": tid, "role": role, "tenant": tenant, "node": node, "token": token})
+        else:
+            console.print(f"token {tid} ({role}): [bold]{token}[/]", highlight=False)
+            err_console.print("Store it now: it is not shown again.")
+
+    @tok.command("list")
+    def token_list(
+        data_dir: Path | None = DataDirOption,
+        db_url: str | None = DbUrlOption,
+        json_out: bool = JsonOption,
+    ) -> None:
+        """List tokens (prefix, role, tenant, node; never the token)."""
+        from rich.table import Table
+
+        store = _open_store(data_dir, db_url)
+        rows = store.tokens.list()
+        store.engine.dispose()
+        data = [
+            {
+                "id": r.id,
+                "name": r.name,
+                "prefix": r.prefix,
+                "role": r.role,
+                "tenant": r.tenant,
+                "node": r.node,
+                "created_s": r.created_s,
+                "revoked_s": r.revoked_s,
+            }
+            for r in rows
+        ]
+        if json_out:
+            emit_json(data)
+            return
+        table = Table("id", "name", "prefix", "role", "tenant", "node", "revoked")
+        for d in data:
+            table.add_row(
+                str(d["id"]),
+                str(d["name"]),
+                f"{d['prefix']}…",
+                str(d["role"]),
+                str(d["tenant"] or ""),
+                str(d["node"] or ""),
+                "yes" if d["revoked_s"] else "",
+            )
+        console.print(table)
+
+    @tok.command("revoke")
+    def token_revoke(
+        token_id: int = typer.Argument(..., help="Token id (see `gpufleet token list`)."),
+        data_dir: Path | None = DataDirOption,
+        db_url: str | None = DbUrlOption,
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Revoke a token (a running controller stops accepting it within its cache)."""
+        from gpufleet.control import actions
+        from gpufleet.control.store import NotFound
+
+        store = _open_store(data_dir, db_url)
+        try:
+            actions.revoke_token(store, _local_admin(), token_id)
+        except NotFound as exc:
+            raise UsageError(str(exc)) from exc
+        finally:
+            store.engine.dispose()
+        if json_out:
+            emit_json({"id": token_id, "revoked": True})
+        else:
+            console.print(f"token {token_id} revoked")
+
+    @app.command("up")
+    def up(
+        sim: str | None = typer.Option(
+            None,
+            "--sim",
+            metavar="SPEC",
+            help="Simulated fleet NODESxGPUSxMODEL or YAML (default: real GPUs, else 4x8xh100).",
+        ),
+        data_dir: Path | None = DataDirOption,
+        db_url: str | None = DbUrlOption,
+        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
+        port: int = typer.Option(8080, "--port", help="TCP port."),
+        seed: int = SeedOption,
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Control plane + local agent (+ embedded scheduler hook) in one process."""
+        _up(sim, data_dir, db_url, host, port, seed, json_out)
+
+    @app.command("sim-fleet")
+    def sim_fleet(
+        controller_url: str = typer.Option(..., "--controller", help="Control plane URL."),
+        token: str = typer.Option(
+            ..., "--token", envvar="GPUFLEET_TOKEN", help="Agent token (any node) or admin token."
+        ),
+        nodes: int = typer.Option(4, "--nodes", min=1, max=20000),
+        gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=64),
+        model: str = typer.Option("h100-sxm", "--model", help="GPU model (catalog key)."),
+        faults: Path | None = typer.Option(None, "--faults", help="YAML list of faults."),
+        duration: float | None = typer.Option(
+            None, "--duration", help="Seconds (default: run until Ctrl-C)."
+        ),
+        sample_interval: float = typer.Option(1.0, "--sample-interval", min=0.05),
+        push_interval: float = typer.Option(2.0, "--push-interval", min=0.1),
+        concurrency: int = typer.Option(64, "--concurrency", min=1, max=1024),
+        prefix: str = typer.Option("sim", "--prefix", help="Node name prefix."),
+        seed: int = SeedOption,
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Many simulated agents in one process, pushing over HTTP."""
+        from gpufleet.control.simfleet import NodePusher, run_fleet
+        from gpufleet.devices.sim import SimFleet
+        from gpufleet.devices.sim.spec import parse_short_spec
+
+        spec = parse_short_spec(f"{nodes}x{gpus_per_node}x{model}", seed=seed, prefix=prefix)
+        if faults is not None:
+            spec = dataclasses.replace(
+                spec, faults=_load_faults(faults, {n.name for n in spec.nodes})
+            )
+        fleet = SimFleet(spec)
+        fleet.demo_activity()
+        pushers = [NodePusher(b) for b in fleet.backends()]
+        if not json_out:
+            err_console.print(
+                f"{nodes} simulated node(s) x {gpus_per_node} {model} pushing to "
+                f"{controller_url} every {push_interval:g} s (Ctrl-C stops)"
+            )
+        try:
+            stats = asyncio.run(
+                run_fleet(
+                    controller_url,
+                    token,
+                    pushers,
+                    duration_s=duration,
+                    sample_interval_s=sample_interval,
+                    push_interval_s=push_interval,
+                    concurrency=concurrency,
+                )
+            )
+        except KeyboardInterrupt:
+            return
+        out = {
+            "nodes": nodes,
+            "gpus": nodes * gpus_per_node,
+            "batches_acked": stats.batches,
+            "samples_acked": stats.samples,
+            "errors": stats.errors,
+            "throttled": stats.throttled,
+            "p50_ms": stats.percentile(50),
+            "p99_ms": stats.percentile(99),
+        }
+        if json_out:
+            emit_json(out)
+        else:
+            console.print(
+                f"acked {stats.batches} batches ({stats.samples} GPU samples); "
+                f"errors {stats.errors}, throttled {stats.throttled}; "
+                f"p99 {out['p99_ms'] or 0:.1f} ms"
+            )
+
+
+def _load_faults(path: Path, names: set[str]) -> tuple:  # type: ignore[type-arg]
+    import yaml
+
+    from gpufleet.devices.sim.spec import _parse_fault
+
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not YAML: {exc}") from exc
+    items = data.get("faults") if isinstance(data, dict) else data
+    if not isinstance(items, list):
+        raise ConfigError(f"{path}: expected a list of faults (or a mapping with 'faults')")
+    return tuple(_parse_fault(it, f"{path}: faults[{i}]", names) for i, it in enumerate(items))
+
+
+def _serve(
+    data_dir: Path | None,
+    db_url: str | None,
+    host: str,
+    port: int,
+    policy: Path | None,
+    json_out: bool,
+) -> None:
+    from gpufleet.control.remediation import load_policy
+    from gpufleet.control.up import build_service, serve
+
+    service = build_service(_data_dir(data_dir), _db_url(db_url), policy=load_policy(policy))
+    service.start()
+    url = f"http://{host}:{port}"
+
+    def ready() -> None:
+        if json_out:
+            emit_json({"url": url, "api": f"{url}/api/v1", "database": service.url.split("@")[-1]})
+        else:
+            console.print(f"gpufleet controller listening on {url} (API {url}/api/v1/docs)")
+
+    try:
+        serve(service, host, port, on_ready=ready)
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
+        pass
+    finally:
+        service.stop()
+
+
+def _up(
+    sim: str | None,
+    data_dir: Path | None,
+    db_url: str | None,
+    host: str,
+    port: int,
+    seed: int,
+    json_out: bool,
+) -> None:
+    import httpx
+
+    from gpufleet.control.up import LocalAgents, admin_token, build_service, choose_backends, serve
+
+    service = build_service(_data_dir(data_dir), _db_url(db_url))
+    service.start()
+    token = admin_token(service)
+    agent_token, _ = service.store.tokens.create("agent", name="up-local-agents")
+    source, backends, simfleet = choose_backends(sim, seed)
+    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    agents = LocalAgents(url, agent_token, backends)
+
+    def ready() -> None:
+        agents.start()
+        if simfleet is not None:
+            _assign_racks(url, token, [n.name for n in sim_nodes(simfleet)], httpx)
+        info = {
+            "url": url,
+            "dashboard": f"{url}/#token={token}",
+            "admin_token": token,
+            "source": source,
+            "nodes": len(backends),
+            "database": service.url.split("@")[-1],
+        }
+        if json_out:
+            emit_json(info)
+        else:
+            what = (
+                "this machine's GPUs"
+                if source == "nvml"
+                else f"a simulated fleet ({sim or 'default 4x8xh100-sxm'})"
+            )
+            console.print(f"gpufleet is up with {what}", highlight=False)
+            console.print(f"  dashboard: {info['dashboard']}", highlight=False, soft_wrap=True)
+            console.print(f"  API:       {url}/api/v1/docs", highlight=False)
+            console.print(f"  admin token: {token}", highlight=False, soft_wrap=True)
+            console.print("Ctrl-C stops.", highlight=False)
+
+    prev = signal.getsignal(signal.SIGTERM)
+    try:
+        serve(service, host, port, on_ready=ready)
+    except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
+        pass
+    finally:
+        agents.stop()
+        service.stop()
+        signal.signal(signal.SIGTERM, prev)
+        if not json_out:
+            err_console.print("gpufleet stopped")
+
+
+def sim_nodes(simfleet: Any) -> list[Any]:
+    return list(simfleet.spec.nodes)
+
+
+def _assign_racks(
+    url: str, token: str, names: list[str], httpx_mod: object, per_rack: int = 16
+) -> None:
+    """Give simulated nodes racks (r00, r01, ... of ``per_rack`` nodes) once they registered."""
+    import threading
+    import time
+
+    def work() -> None:
+        client = httpx_mod.Client(timeout=5.0)  # type: ignore[attr-defined]
+        pending = {n: f"r{i // per_rack:02d}" for i, n in enumerate(names)}
+        deadline = time.monotonic() + 30
+        while pending and time.monotonic() < deadline:
+            for n, rack in list(pending.items()):
+                try:
+                    r = client.patch(
+                        f"{url}/api/v1/nodes/{n}",
+                        json={"rack": rack},
+                        headers={"Authorization": f"Bearer {token}"},
+                    )
+                except Exception:  # the server is stopping
+                    return
+                if r.status_code == 200:
+                    del pending[n]
+            time.sleep(0.5)
+        client.close()
+
+    threading.Thread(target=work, daemon=True).start()

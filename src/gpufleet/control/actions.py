@@ -1,0 +1,233 @@
+"""Writes that people make: lifecycle actions, acknowledgements, validation results, node
+attributes, policy and tokens. Each runs in one transaction with its audit row."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import select, update
+
+from gpufleet.control import lifecycle as lc
+from gpufleet.control.auth import Principal, Role
+from gpufleet.control.lifecycle import ACTION_TARGET, Action, NodeState
+from gpufleet.control.models import (
+    ControllerState,
+    EventRow,
+    FindingRow,
+    Node,
+    Rack,
+    ValidationResultRow,
+)
+from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.store import ControlStore, NodeCache, NotFound
+from gpufleet.errors import UsageError
+
+S = NodeState
+VERDICTS = ("pass", "warn", "fail")
+
+
+def _node(store: ControlStore, name: str) -> NodeCache:
+    nc = store.nodes.get(name)
+    if nc is None:
+        raise NotFound(f"node {name!r} not found")
+    return nc
+
+
+def node_action(
+    store: ControlStore, name: str, action: Action, who: Principal, reason: str = ""
+) -> NodeCache:
+    """Apply one operator action to a node (raises TransitionError when not allowed)."""
+    reason = reason or f"{action.value} by {who.actor}"
+    with store.lock:
+        nc = _node(store, name)
+        after: lc.PostCommit = []
+        with store.sessions.begin() as s:
+            if action in (Action.CORDON, Action.UNCORDON):
+                flag = action is Action.CORDON
+                s.execute(update(Node).where(Node.id == nc.id).values(cordoned=flag))
+                nc.cordoned = flag
+                s.add(
+                    EventRow(
+                        at_s=store.clock(),
+                        node=name,
+                        kind=action.value,
+                        message=reason,
+                        data={"actor": who.actor},
+                    )
+                )
+                if flag:
+                    after.append(lambda: store.hook.drain(name, reason))
+                elif nc.state == S.IN_SERVICE:
+                    after.append(lambda: store.hook.resume(name))
+            elif action is Action.ACKNOWLEDGE:
+                for fc in list(nc.findings.values()):
+                    _ack(store, s, nc, fc.id, who)
+            else:
+                store._move(
+                    s, nc, ACTION_TARGET[action], actor=who.actor, reason=reason, after=after
+                )
+                if action is Action.VALIDATE:
+                    store._maybe_in_service(s, nc, who.actor, after)
+            store.audit(s, who, f"node.{action.value}", name, detail={"reason": reason})
+        store._run_after(after)
+        store._bump()
+        return nc
+
+
+def _ack(store: ControlStore, s: Any, nc: NodeCache, finding_id: int, who: Principal) -> None:
+    now = store.clock()
+    key = next((k for k, f in nc.findings.items() if f.id == finding_id), None)
+    values: dict[str, Any] = {"acknowledged_by": who.actor, "acknowledged_s": now}
+    if key is not None:
+        fc = nc.findings[key]
+        fc.acknowledged = True
+        if not fc.present:
+            values.update(active=False, cleared_s=now)
+            del nc.findings[key]
+    s.execute(update(FindingRow).where(FindingRow.id == finding_id).values(**values))
+    s.add(
+        EventRow(
+            at_s=now,
+            node=nc.name,
+            kind="finding_acknowledged",
+            message=f"finding {finding_id} acknowledged by {who.actor}",
+            data={"finding_id": finding_id},
+        )
+    )
+
+
+def acknowledge_finding(store: ControlStore, finding_id: int, who: Principal) -> FindingRow:
+    with store.lock:
+        with store.sessions.begin() as s:
+            row = s.get(FindingRow, finding_id)
+            if row is None:
+                raise NotFound(f"finding {finding_id} not found")
+            nc = store.nodes.get(row.node)
+            if nc is None:
+                raise NotFound(f"node {row.node!r} not found")
+            _ack(store, s, nc, finding_id, who)
+            store.audit(s, who, "finding.acknowledge", str(finding_id), detail={"node": row.node})
+        store._bump()
+        with store.sessions() as s2:
+            out = s2.get(FindingRow, finding_id)
+            assert out is not None
+            return out
+
+
+def post_validation(store: ControlStore, payload: dict[str, Any], who: Principal) -> NodeCache:
+    """A validation result (``{"node": ..., "verdict": "pass"|"warn"|"fail", ...}``) moves a
+    node out of ``validating``: pass/warn -> in_service, fail -> repair. A result for a node in
+    repair or registering first moves it to validating; a fail for a node in service drains it."""
+    node = payload.get("node")
+    verdict = str(payload.get("verdict", "")).lower()
+    if not isinstance(node, str) or not node:
+        raise UsageError("validation result: field 'node' (string) is required")
+    if verdict not in VERDICTS:
+        raise UsageError(f"validation result: field 'verdict' must be one of {VERDICTS}")
+    if who.role is Role.AGENT and not who.may_push_for(node):
+        raise PermissionError(f"this agent token is bound to another node than {node!r}")
+    with store.lock:
+        nc = _node(store, node)
+        after: lc.PostCommit = []
+        reason = f"validation result: {verdict}"
+        summary = payload.get("summary")
+        if isinstance(summary, str) and summary:
+            reason += f" ({summary[:200]})"
+        with store.sessions.begin() as s:
+            s.add(
+                ValidationResultRow(
+                    node=node,
+                    verdict=verdict,
+                    received_s=store.clock(),
+                    actor=who.actor,
+                    payload=payload,
+                )
+            )
+            if nc.state in (S.REPAIR, S.REGISTERING, S.LOST):
+                store._move(s, nc, S.VALIDATING, actor=who.actor, reason=reason, after=after)
+            if nc.state == S.VALIDATING:
+                to = S.REPAIR if verdict == "fail" else S.IN_SERVICE
+                store._move(s, nc, to, actor=who.actor, reason=reason, after=after)
+            elif nc.state == S.IN_SERVICE and verdict == "fail":
+                store._move(s, nc, S.DRAINING, actor=who.actor, reason=reason, after=after)
+            store.audit(s, who, "validation.post", node, detail={"verdict": verdict})
+        store._run_after(after)
+        store._bump()
+        return nc
+
+
+def update_node(
+    store: ControlStore,
+    name: str,
+    who: Principal,
+    *,
+    rack: str | None = None,
+    tenant: str | None = None,
+    labels: dict[str, str] | None = None,
+) -> NodeCache:
+    with store.lock:
+        nc = _node(store, name)
+        with store.sessions.begin() as s:
+            row = s.get(Node, nc.id)
+            assert row is not None
+            if rack is not None:
+                r = s.scalars(select(Rack).where(Rack.name == rack)).first()
+                if r is None:
+                    r = Rack(name=rack)
+                    s.add(r)
+                    s.flush()
+                row.rack_id = r.id
+                nc.rack = rack
+            if tenant is not None:
+                row.tenant = tenant or None
+                nc.tenant = row.tenant
+            if labels is not None:
+                row.labels = dict(labels)
+            store.audit(
+                s,
+                who,
+                "node.update",
+                name,
+                detail={"rack": rack, "tenant": tenant, "labels": labels},
+            )
+        store._bump()
+        return nc
+
+
+def set_policy(store: ControlStore, policy: RemediationPolicy, who: Principal) -> None:
+    with store.lock, store.sessions.begin() as s:
+        row = s.get(ControllerState, "policy")
+        if row is None:
+            s.add(ControllerState(key="policy", value=policy.model_dump()))
+        else:
+            row.value = policy.model_dump()
+        store.policy = policy
+        store._update_breaker(s)
+        store.audit(s, who, "policy.update", "remediation", detail=policy.model_dump())
+
+
+def create_token(
+    store: ControlStore,
+    who: Principal,
+    role: str,
+    name: str = "",
+    tenant: str | None = None,
+    node: str | None = None,
+) -> tuple[str, int]:
+    with store.sessions.begin() as s:
+        token, row = store.tokens.create(role, name=name, tenant=tenant, node=node, session=s)
+        store.audit(
+            s,
+            who,
+            "token.create",
+            row.name,
+            detail={"role": row.role, "tenant": tenant, "node": node, "id": row.id},
+        )
+        return token, row.id
+
+
+def revoke_token(store: ControlStore, who: Principal, token_id: int) -> None:
+    with store.sessions.begin() as s:
+        if not store.tokens.revoke(token_id, session=s):
+            raise NotFound(f"token {token_id} not found or already revoked")
+        store.audit(s, who, "token.revoke", str(token_id))

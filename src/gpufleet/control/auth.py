@@ -1,0 +1,197 @@
+"""API tokens and roles.
+
+A token is ``gf_`` + 43 random URL-safe characters (256 bits from `secrets`). Only its SHA-256
+is stored: with that much entropy a fast hash is enough (a slow KDF defends low-entropy
+passwords, not random keys), and lookups stay O(1) on the ingest path. Roles, from most to
+least powerful: ``admin`` (everything, tokens and policy), ``operator`` (lifecycle actions,
+acknowledge, post validation results), ``viewer`` (read only); ``agent`` tokens may only push
+batches, for the node they are bound to (or any node when created without ``--node``, for
+`gpufleet sim-fleet` and bootstrap).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import re
+import secrets
+import threading
+from dataclasses import dataclass
+from enum import StrEnum
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpufleet.control.models import ApiToken
+from gpufleet.errors import UsageError
+
+TOKEN_PREFIX = "gf_"
+TOKEN_RE = re.compile(r"gf_[A-Za-z0-9_\-]{20,}")
+
+
+class Role(StrEnum):
+    """What a token may do."""
+
+    ADMIN = "admin"
+    OPERATOR = "operator"
+    VIEWER = "viewer"
+    AGENT = "agent"
+
+    @property
+    def rank(self) -> int:
+        return {"agent": 0, "viewer": 1, "operator": 2, "admin": 3}[self.value]
+
+
+@dataclass(frozen=True)
+class Principal:
+    """Who is calling: the token's id, name, role, tenant and (agent tokens) node."""
+
+    token_id: int | None
+    name: str
+    role: Role
+    tenant: str | None = None
+    node: str | None = None
+
+    @property
+    def actor(self) -> str:
+        return f"{self.role.value}:{self.name}"
+
+    def at_least(self, role: Role) -> bool:
+        """Human roles form a ladder; agent tokens are outside it (ingest only)."""
+        if self.role is Role.AGENT:
+            return role is Role.AGENT
+        return self.role.rank >= role.rank
+
+    def may_push_for(self, node: str) -> bool:
+        if self.role is Role.ADMIN:
+            return True
+        return self.role is Role.AGENT and (self.node is None or self.node == node)
+
+
+def hash_token(token: str) -> str:
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+def new_token() -> str:
+    return TOKEN_PREFIX + secrets.token_urlsafe(32)
+
+
+def redact(text: str) -> str:
+    """Replace anything that looks like a gpufleet token by its first characters and '…'."""
+    return TOKEN_RE.sub(lambda m: m.group(0)[:7] + "…", text)
+
+
+class RedactTokens(logging.Filter):
+    """A logging filter that masks tokens in messages and arguments (installed on handlers)."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if isinstance(record.msg, str) and "gf_" in record.msg:
+            record.msg = redact(record.msg)
+        if record.args and isinstance(record.args, tuple):
+            record.args = tuple(
+                redact(a) if isinstance(a, str) and "gf_" in a else a for a in record.args
+            )
+        return True
+
+
+def install_log_redaction() -> None:
+    """Attach the redacting filter to every handler of the root and uvicorn loggers."""
+    flt = RedactTokens()
+    for name in ("", "uvicorn", "uvicorn.access", "uvicorn.error", "gpufleet"):
+        lg = logging.getLogger(name)
+        if not any(isinstance(f, RedactTokens) for f in lg.filters):
+            lg.addFilter(flt)
+        for h in lg.handlers:
+            if not any(isinstance(f, RedactTokens) for f in h.filters):
+                h.addFilter(flt)
+
+
+class TokenStore:
+    """Create, list, revoke and resolve tokens; resolution is cached (revocation clears it)."""
+
+    def __init__(self, sessions: sessionmaker[Session], clock: object) -> None:
+        self._sessions = sessions
+        self._clock = clock
+        self._cache: dict[str, Principal | None] = {}
+        self._lock = threading.Lock()
+
+    def _now(self) -> float:
+        return float(self._clock())  # type: ignore[operator]
+
+    def create(
+        self,
+        role: Role | str,
+        *,
+        name: str = "",
+        tenant: str | None = None,
+        node: str | None = None,
+        session: Session | None = None,
+    ) -> tuple[str, ApiToken]:
+        """A new token (returned once, in clear) and its stored row."""
+        try:
+            role = Role(role)
+        except ValueError as exc:
+            raise UsageError(
+                f"--role {role}: expected one of {', '.join(r.value for r in Role)}"
+            ) from exc
+        if node is not None and role is not Role.AGENT:
+            raise UsageError("--node binds an agent token: use it with --role agent")
+        token = new_token()
+        row = ApiToken(
+            name=name or f"{role.value}-{token[3:9]}",
+            prefix=token[:9],
+            token_hash=hash_token(token),
+            role=role.value,
+            tenant=tenant,
+            node=node,
+            created_s=self._now(),
+        )
+        if session is not None:
+            session.add(row)
+            session.flush()
+        else:
+            with self._sessions.begin() as s:
+                s.add(row)
+                s.flush()
+                s.expunge(row)
+        return token, row
+
+    def list(self) -> list[ApiToken]:
+        with self._sessions() as s:
+            return list(s.scalars(select(ApiToken).order_by(ApiToken.id)))
+
+    def revoke(self, token_id: int, session: Session | None = None) -> bool:
+        def _do(s: Session) -> bool:
+            row = s.get(ApiToken, token_id)
+            if row is None or row.revoked_s is not None:
+                return False
+            row.revoked_s = self._now()
+            return True
+
+        if session is not None:
+            done = _do(session)
+        else:
+            with self._sessions.begin() as s:
+                done = _do(s)
+        with self._lock:
+            self._cache.clear()
+        return done
+
+    def resolve(self, token: str) -> Principal | None:
+        """The principal of a bearer token, or None (unknown or revoked)."""
+        if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
+            return None
+        digest = hash_token(token)
+        with self._lock:
+            if digest in self._cache:
+                return self._cache[digest]
+        with self._sessions() as s:
+            row = s.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).first()
+            principal = None
+            if row is not None and row.revoked_s is None:
+                principal = Principal(row.id, row.name, Role(row.role), row.tenant, row.node)
+        with self._lock:
+            if len(self._cache) > 10_000:
+                self._cache.clear()
+            self._cache[digest] = principal
+        return principal

@@ -1,0 +1,129 @@
+"""Database engine: SQLite in WAL mode under a data directory by default, PostgreSQL (psycopg 3)
+by URL; schema managed by the packaged Alembic migrations (`gpufleet controller migrate`)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import Engine, create_engine, event, inspect
+from sqlalchemy.orm import Session, sessionmaker
+
+from gpufleet.errors import ConfigError
+
+DB_FILE = "gpufleet.db"
+MIGRATIONS_DIR = Path(__file__).parent / "migrations"
+
+
+def database_url(data_dir: Path | None, db_url: str | None) -> str:
+    """``--db-url`` wins; else ``sqlite:///<data-dir>/gpufleet.db`` (the directory is created)."""
+    if db_url:
+        if db_url.startswith("postgresql://") or db_url.startswith("postgres://"):
+            # psycopg 3 is the driver we ship with; plain URLs would pick psycopg2.
+            db_url = "postgresql+psycopg://" + db_url.split("://", 1)[1]
+        if not (db_url.startswith("sqlite") or db_url.startswith("postgresql")):
+            raise ConfigError(f"--db-url {db_url.split(':', 1)[0]}: only sqlite and postgresql")
+        return db_url
+    if data_dir is None:
+        raise ConfigError("either --data-dir or --db-url is needed")
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{data_dir / DB_FILE}"
+
+
+def _clean(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {str(k): _clean(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_clean(v) for v in obj]
+    return obj
+
+
+def json_serializer(obj: Any) -> str:
+    """Strict JSON for JSON columns: NaN and infinities become null (PostgreSQL rejects them)."""
+    return json.dumps(_clean(obj), allow_nan=False, default=str)
+
+
+def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
+    cur = dbapi_conn.cursor()
+    # WAL: readers never block the single writer. synchronous=FULL fsyncs the WAL on every commit,
+    # so an acknowledged batch survives power loss, not only a killed process (SQLite docs,
+    # "Write-Ahead Logging" and "PRAGMA synchronous"). Group commit amortises the fsync.
+    cur.execute("PRAGMA journal_mode=WAL")
+    cur.execute("PRAGMA synchronous=FULL")
+    cur.execute("PRAGMA foreign_keys=ON")
+    cur.execute("PRAGMA busy_timeout=10000")
+    cur.close()
+
+
+def make_engine(url: str, *, echo: bool = False) -> Engine:
+    """An engine with the right settings for SQLite (WAL, FULL sync) or PostgreSQL."""
+    try:
+        if url.startswith("sqlite"):
+            engine = create_engine(
+                url,
+                echo=echo,
+                connect_args={"check_same_thread": False, "timeout": 10},
+                json_serializer=json_serializer,
+            )
+            event.listen(engine, "connect", _sqlite_pragmas)
+        else:
+            engine = create_engine(
+                url,
+                echo=echo,
+                pool_size=8,
+                max_overflow=8,
+                pool_pre_ping=True,
+                json_serializer=json_serializer,
+            )
+    except Exception as exc:  # bad URL, missing driver
+        raise ConfigError(f"database URL: {exc}") from exc
+    return engine
+
+
+def session_factory(engine: Engine) -> sessionmaker[Session]:
+    return sessionmaker(engine, expire_on_commit=False)
+
+
+def _alembic_config(engine: Engine) -> Any:
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    cfg.attributes["engine"] = engine
+    return cfg
+
+
+def migrate(engine: Engine, revision: str = "head") -> str:
+    """Bring the schema up to ``revision``; returns the revision now applied."""
+    from alembic import command
+
+    try:
+        command.upgrade(_alembic_config(engine), revision)
+    except Exception as exc:
+        raise ConfigError(f"database migration failed: {exc}") from exc
+    return current_revision(engine) or ""
+
+
+def current_revision(engine: Engine) -> str | None:
+    from alembic.runtime.migration import MigrationContext
+
+    with engine.connect() as conn:
+        return MigrationContext.configure(conn).get_current_revision()
+
+
+def head_revision() -> str:
+    from alembic.config import Config
+    from alembic.script import ScriptDirectory
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS_DIR))
+    head = ScriptDirectory.from_config(cfg).get_current_head()
+    return head or ""
+
+
+def table_names(engine: Engine) -> list[str]:
+    return sorted(inspect(engine).get_table_names())

@@ -1,0 +1,381 @@
+"""Reads for the API: fleet summary, node lists with latest per-GPU metrics, heatmap rows,
+series, findings, events, transitions, audit. Node-level reads come from memory."""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from typing import Any
+
+from sqlalchemy import select
+
+from gpufleet import __version__
+from gpufleet.control import schemas as sc
+from gpufleet.control.auth import Principal
+from gpufleet.control.lifecycle import NodeState
+from gpufleet.control.models import (
+    AuditEntry,
+    EventRow,
+    FindingRow,
+    Gpu,
+    Rollup,
+    Transition,
+    ValidationResultRow,
+)
+from gpufleet.control.store import ControlStore, NodeCache, NotFound
+from gpufleet.control.telemetry_store import FIELD_INDEX, FIELDS
+
+HEALTH_WORDS = {0: "ok", 1: "warn", 2: "fail", 3: "unknown"}
+HEATMAP_METRICS = (*FIELDS, "health", "power_pct")
+
+
+def visible(nc: NodeCache, who: Principal) -> bool:
+    """Tenant tokens see shared nodes (no tenant) and their own tenant's nodes."""
+    return who.tenant is None or nc.tenant is None or nc.tenant == who.tenant
+
+
+def _gpu_health(nc: NodeCache) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for fc_key, fc in nc.findings.items():
+        _ = fc_key
+        gi = _finding_gpu(nc, fc_key)
+        if gi is not None:
+            out[gi] = max(out.get(gi, 0), fc.severity)
+    return out
+
+
+def _finding_gpu(nc: NodeCache, key: tuple[str, str]) -> int | None:
+    component = key[1]
+    for i, g in nc.gpus.items():
+        if g.uuid == component:
+            return i
+    return None
+
+
+def node_out(store: ControlStore, nc: NodeCache, with_gpus: bool = True) -> sc.NodeWithGpus:
+    latest: list[sc.GpuLatest] = []
+    if with_gpus:
+        gh = _gpu_health(nc)
+        lost = nc.state == NodeState.LOST
+        for i in sorted(nc.gpus):
+            g = nc.gpus[i]
+            t, metrics = store.telemetry.latest(nc.name, i)
+            latest.append(
+                sc.GpuLatest(
+                    index=i,
+                    uuid=g.uuid,
+                    model=g.model,
+                    power_limit_w=g.power_limit_w,
+                    health=3 if lost else gh.get(i, 0),
+                    t=t,
+                    metrics=metrics,
+                )
+            )
+    return sc.NodeWithGpus(
+        name=nc.name,
+        state=nc.state,
+        health=nc.health,
+        cordoned=nc.cordoned,
+        rack=nc.rack,
+        model=nc.model,
+        tenant=nc.tenant,
+        gpus=len(nc.gpus),
+        last_seen_s=nc.last_seen_s,
+        state_since_s=nc.state_since_s,
+        state_reason=nc.state_reason,
+        findings_active=len(nc.findings),
+        findings_fail=sum(1 for f in nc.findings.values() if f.severity >= 2),
+        gpu_latest=latest,
+    )
+
+
+def summary(store: ControlStore, who: Principal, pending: int = 0) -> sc.FleetSummary:
+    nodes = [n for n in list(store.nodes.values()) if visible(n, who)]
+    by_state = Counter(n.state for n in nodes)
+    out, total = store.out_count()
+    b = store.breaker
+    return sc.FleetSummary(
+        generation=store.generation,
+        now_s=store.clock(),
+        version=__version__,
+        nodes=len(nodes),
+        gpus=sum(len(n.gpus) for n in nodes),
+        by_state={s.value: by_state.get(s.value, 0) for s in NodeState},
+        by_health={w: sum(1 for n in nodes if n.health == k) for k, w in HEALTH_WORDS.items()},
+        by_model=dict(Counter(n.model or "unknown" for n in nodes)),
+        racks=sorted({n.rack for n in nodes if n.rack}),
+        findings_active=sum(len(n.findings) for n in nodes),
+        remediation=sc.RemediationState(
+            circuit_open=b.open,
+            circuit_message=b.message,
+            circuit_since_s=b.since_s,
+            dry_run=store.policy.dry_run,
+            max_out_fraction=store.policy.max_out_fraction,
+            out=out,
+            total=total,
+        ),
+        ingest=sc.IngestStats(
+            batches=store.stats["batches"],
+            duplicates=store.stats["duplicates"],
+            samples=store.stats["samples"],
+            pending=pending,
+        ),
+    )
+
+
+def filtered_nodes(
+    store: ControlStore,
+    who: Principal,
+    *,
+    state: str | None = None,
+    rack: str | None = None,
+    model: str | None = None,
+    health: int | None = None,
+) -> list[NodeCache]:
+    out = []
+    for nc in sorted(store.nodes.values(), key=lambda n: n.name):
+        if not visible(nc, who):
+            continue
+        if state and nc.state != state:
+            continue
+        if rack and nc.rack != rack:
+            continue
+        if model and nc.model != model:
+            continue
+        if health is not None and nc.health != health:
+            continue
+        out.append(nc)
+    return out
+
+
+def heatmap(store: ControlStore, nodes: list[NodeCache], metric: str) -> sc.Heatmap:
+    values: list[list[float | None]] = []
+    for nc in nodes:
+        width = (max(nc.gpus) + 1) if nc.gpus else 0
+        if metric == "health":
+            gh = _gpu_health(nc)
+            lost = nc.state == NodeState.LOST
+            values.append([3.0 if lost else float(gh.get(i, 0)) for i in range(width)])
+        elif metric == "power_pct":
+            watts = store.telemetry.latest_field(nc.name, width, "power_w")
+            row: list[float | None] = []
+            for i, w in enumerate(watts):
+                lim = nc.gpus[i].power_limit_w if i in nc.gpus else None
+                row.append(100.0 * w / lim if (w is not None and lim) else None)
+            values.append(row)
+        else:
+            values.append(store.telemetry.latest_field(nc.name, width, metric))
+    return sc.Heatmap(
+        metric=metric,
+        generation=store.generation,
+        nodes=[n.name for n in nodes],
+        states=[n.state for n in nodes],
+        health=[n.health for n in nodes],
+        racks=[n.rack for n in nodes],
+        models=[n.model for n in nodes],
+        values=values,
+    )
+
+
+def node_detail(store: ControlStore, nc: NodeCache, history: int = 100) -> sc.NodeDetail:
+    with store.sessions() as s:
+        devices = [
+            sc.GpuOut(
+                node=nc.name, index=g.index, uuid=g.uuid, name=g.name, model=g.model, info=g.info
+            )
+            for g in s.scalars(select(Gpu).where(Gpu.node_id == nc.id).order_by(Gpu.index))
+        ]
+        findings = [
+            sc.FindingOut.model_validate(f)
+            for f in s.scalars(
+                select(FindingRow)
+                .where(FindingRow.node == nc.name, FindingRow.active.is_(True))
+                .order_by(FindingRow.severity.desc(), FindingRow.id)
+            )
+        ]
+        transitions = [
+            sc.TransitionOut.model_validate(t)
+            for t in s.scalars(
+                select(Transition)
+                .where(Transition.node == nc.name)
+                .order_by(Transition.id.desc())
+                .limit(history)
+            )
+        ]
+        validations = [
+            sc.ValidationOut.model_validate(v)
+            for v in s.scalars(
+                select(ValidationResultRow)
+                .where(ValidationResultRow.node == nc.name)
+                .order_by(ValidationResultRow.id.desc())
+                .limit(20)
+            )
+        ]
+    return sc.NodeDetail(
+        node=node_out(store, nc),
+        devices=devices,
+        findings=findings,
+        transitions=transitions,
+        validations=validations,
+    )
+
+
+def series(
+    store: ControlStore,
+    nc: NodeCache,
+    gpu: int,
+    names: list[str],
+    *,
+    resolution: str,
+    since_s: float | None,
+) -> sc.Series:
+    if gpu not in nc.gpus:
+        raise NotFound(f"node {nc.name} has no GPU {gpu}")
+    limit = nc.gpus[gpu].power_limit_w
+    if resolution == "raw":
+        t, cols = store.telemetry.series(nc.name, gpu, names, since_s)
+        return sc.Series(
+            node=nc.name, gpu=gpu, resolution="raw", t=t, fields=cols, power_limit_w=limit
+        )
+    with store.sessions() as s:
+        q = select(Rollup).where(Rollup.node == nc.name, Rollup.gpu_index == gpu)
+        if since_s is not None:
+            q = q.where(Rollup.minute_s >= int(since_s) - 60)
+        rows = list(s.scalars(q.order_by(Rollup.minute_s).limit(10_080)))
+    mean: dict[str, list[float | None]] = {n: [] for n in names}
+    lo: dict[str, list[float | None]] = {n: [] for n in names}
+    hi: dict[str, list[float | None]] = {n: [] for n in names}
+    for r in rows:
+        for n in names:
+            st = r.stats.get(n)
+            if isinstance(st, list) and len(st) == 4:
+                mean[n].append(_num(st[2]))
+                lo[n].append(_num(st[1]))
+                hi[n].append(_num(st[3]))
+            else:
+                mean[n].append(None)
+                lo[n].append(None)
+                hi[n].append(None)
+    return sc.Series(
+        node=nc.name,
+        gpu=gpu,
+        resolution="minute",
+        t=[float(r.minute_s) for r in rows],
+        fields=mean,
+        min=lo,
+        max=hi,
+        power_limit_w=limit,
+    )
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, int | float) and math.isfinite(v) else None
+
+
+def findings(
+    store: ControlStore,
+    who: Principal,
+    *,
+    node: str | None,
+    active: bool | None,
+    severity: int | None,
+    limit: int,
+    before_id: int | None,
+) -> list[sc.FindingOut]:
+    q = select(FindingRow)
+    if node:
+        q = q.where(FindingRow.node == node)
+    if active is not None:
+        q = q.where(FindingRow.active.is_(active))
+    if severity is not None:
+        q = q.where(FindingRow.severity >= severity)
+    if before_id is not None:
+        q = q.where(FindingRow.id < before_id)
+    with store.sessions() as s:
+        rows = list(s.scalars(q.order_by(FindingRow.id.desc()).limit(limit)))
+    return [sc.FindingOut.model_validate(r) for r in rows if _visible_name(store, r.node, who)]
+
+
+def _visible_name(store: ControlStore, node: str | None, who: Principal) -> bool:
+    if node is None or who.tenant is None:
+        return True
+    nc = store.nodes.get(node)
+    return nc is None or visible(nc, who)
+
+
+def events(
+    store: ControlStore,
+    who: Principal,
+    *,
+    node: str | None,
+    kind: str | None,
+    since_id: int | None,
+    before_id: int | None,
+    limit: int,
+) -> list[sc.EventOut]:
+    q = select(EventRow)
+    if node:
+        q = q.where(EventRow.node == node)
+    if kind:
+        q = q.where(EventRow.kind == kind)
+    if since_id is not None:
+        q = q.where(EventRow.id > since_id)
+    if before_id is not None:
+        q = q.where(EventRow.id < before_id)
+    with store.sessions() as s:
+        rows = list(s.scalars(q.order_by(EventRow.id.desc()).limit(limit)))
+    return [sc.EventOut.model_validate(r) for r in rows if _visible_name(store, r.node, who)]
+
+
+def transitions(store: ControlStore, node: str | None, limit: int) -> list[sc.TransitionOut]:
+    q = select(Transition)
+    if node:
+        q = q.where(Transition.node == node)
+    with store.sessions() as s:
+        rows = list(s.scalars(q.order_by(Transition.id.desc()).limit(limit)))
+    return [sc.TransitionOut.model_validate(r) for r in rows]
+
+
+def audit(store: ControlStore, limit: int, before_id: int | None) -> list[sc.AuditOut]:
+    q = select(AuditEntry)
+    if before_id is not None:
+        q = q.where(AuditEntry.id < before_id)
+    with store.sessions() as s:
+        rows = list(s.scalars(q.order_by(AuditEntry.id.desc()).limit(limit)))
+    return [sc.AuditOut.model_validate(r) for r in rows]
+
+
+def gpus(
+    store: ControlStore,
+    who: Principal,
+    node: str | None,
+    model: str | None,
+    limit: int,
+    offset: int,
+) -> list[sc.GpuOut]:
+    q = select(Gpu)
+    if model:
+        q = q.where(Gpu.model == model)
+    if node:
+        nc = store.nodes.get(node)
+        if nc is None:
+            return []
+        q = q.where(Gpu.node_id == nc.id)
+    names = {n.id: n.name for n in store.nodes.values() if visible(n, who)}
+    with store.sessions() as s:
+        rows = list(s.scalars(q.order_by(Gpu.node_id, Gpu.index).offset(offset).limit(limit)))
+    return [
+        sc.GpuOut(
+            node=names[g.node_id],
+            index=g.index,
+            uuid=g.uuid,
+            name=g.name,
+            model=g.model,
+            info=g.info,
+        )
+        for g in rows
+        if g.node_id in names
+    ]
+
+
+__all__ = ["FIELD_INDEX", "HEATMAP_METRICS"]

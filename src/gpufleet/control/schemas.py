@@ -1,0 +1,269 @@
+"""Response and request bodies of the REST API (`/api/v1`), as pydantic models: what the
+OpenAPI document describes and what the dashboard reads."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+from gpufleet.control.remediation import RemediationPolicy
+
+
+def _no_nul(v: str) -> str:
+    if "\x00" in v:
+        raise ValueError("must not contain NUL characters")
+    return v
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+
+
+class _Out(BaseModel):
+    model_config = ConfigDict(from_attributes=True)
+
+
+class NodeOut(_Out):
+    """A node in lists: lifecycle state, health (0 ok, 1 warn, 2 fail, 3 unknown), counts."""
+
+    name: str
+    state: str
+    health: int
+    cordoned: bool
+    rack: str | None
+    model: str | None
+    tenant: str | None
+    gpus: int
+    last_seen_s: float | None
+    state_since_s: float
+    state_reason: str
+    findings_active: int
+    findings_fail: int
+
+
+class GpuLatest(_Out):
+    """A GPU with its newest sample (``metrics`` maps field name to value or null)."""
+
+    index: int
+    uuid: str
+    model: str | None
+    power_limit_w: float | None
+    health: int
+    t: float | None
+    metrics: dict[str, float | None]
+
+
+class NodeWithGpus(NodeOut):
+    gpu_latest: list[GpuLatest]
+
+
+class NodeList(_Out):
+    total: int
+    nodes: list[NodeWithGpus]
+
+
+class GpuOut(_Out):
+    node: str
+    index: int
+    uuid: str
+    name: str
+    model: str | None
+    info: dict[str, Any]
+
+
+class FindingOut(_Out):
+    id: int
+    node: str
+    code: str
+    component: str
+    rule: str
+    severity: int
+    message: str
+    action: str
+    evidence: dict[str, Any]
+    sticky: bool
+    gpu_index: int | None
+    first_seen_s: float
+    last_seen_s: float
+    active: bool
+    cleared_s: float | None
+    acknowledged_by: str | None
+    acknowledged_s: float | None
+
+
+class EventOut(_Out):
+    id: int
+    at_s: float
+    node: str | None
+    kind: str
+    severity: int
+    message: str
+    data: dict[str, Any]
+
+
+class TransitionOut(_Out):
+    id: int
+    node: str
+    from_state: str | None
+    to_state: str
+    actor: str
+    reason: str
+    at_s: float
+
+
+class AuditOut(_Out):
+    id: int
+    at_s: float
+    actor: str
+    role: str
+    action: str
+    target: str
+    outcome: str
+    detail: dict[str, Any]
+
+
+class ValidationOut(_Out):
+    id: int
+    node: str
+    verdict: str
+    received_s: float
+    actor: str
+
+
+class NodeDetail(_Out):
+    node: NodeWithGpus
+    devices: list[GpuOut]
+    findings: list[FindingOut]
+    transitions: list[TransitionOut]
+    validations: list[ValidationOut]
+
+
+class RemediationState(_Out):
+    circuit_open: bool
+    circuit_message: str
+    circuit_since_s: float | None
+    dry_run: bool
+    max_out_fraction: float
+    out: int
+    total: int
+
+
+class IngestStats(_Out):
+    batches: int
+    duplicates: int
+    samples: int
+    pending: int
+
+
+class FleetSummary(_Out):
+    """Everything the overview needs, from memory: cheap enough to poll every 2 s."""
+
+    generation: int
+    now_s: float
+    version: str
+    nodes: int
+    gpus: int
+    by_state: dict[str, int]
+    by_health: dict[str, int]
+    by_model: dict[str, int]
+    racks: list[str]
+    findings_active: int
+    remediation: RemediationState
+    ingest: IngestStats
+
+
+class Heatmap(_Out):
+    """Nodes x GPUs of one metric; ``values[i][j]`` is GPU j of ``nodes[i]`` (null: no data)."""
+
+    metric: str
+    generation: int
+    nodes: list[str]
+    states: list[str]
+    health: list[int]
+    racks: list[str | None]
+    models: list[str | None]
+    values: list[list[float | None]]
+
+
+class Series(_Out):
+    """Samples of one GPU, oldest first; rollups carry per-minute mean and min/max."""
+
+    node: str
+    gpu: int
+    resolution: str
+    t: list[float]
+    fields: dict[str, list[float | None]]
+    min: dict[str, list[float | None]] | None = None
+    max: dict[str, list[float | None]] | None = None
+    power_limit_w: float | None = None
+
+
+class ActionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: Text = Field("", max_length=1000)
+
+
+class NodePatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    rack: Text | None = Field(None, max_length=128)
+    tenant: Text | None = Field(None, max_length=64)
+    labels: (
+        dict[Annotated[Text, Field(max_length=64)], Annotated[Text, Field(max_length=256)]] | None
+    ) = None
+
+
+class ValidationIn(BaseModel):
+    """Minimal shape of a `gpufleet validate` result; extra fields are stored as they are."""
+
+    model_config = ConfigDict(extra="allow")
+    node: Text = Field(min_length=1, max_length=253)
+    verdict: str = Field(pattern="^(pass|warn|fail)$")
+    summary: Text | None = Field(None, max_length=2000)
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str = Field(pattern="^(admin|operator|viewer|agent)$")
+    name: Text = Field("", max_length=128)
+    tenant: Text | None = Field(None, max_length=64)
+    node: Text | None = Field(None, max_length=253)
+
+
+class TokenOut(_Out):
+    id: int
+    name: str
+    prefix: str
+    role: str
+    tenant: str | None
+    node: str | None
+    created_s: float
+    revoked_s: float | None
+
+
+class TokenCreated(_Out):
+    id: int
+    token: str
+
+
+class WhoAmI(_Out):
+    name: str
+    role: str
+    tenant: str | None
+    node: str | None
+
+
+class Problem(_Out):
+    """An error: a sentence, or (request validation) FastAPI's list of problems."""
+
+    detail: str | list[dict[str, Any]]
+
+
+PolicyOut = RemediationPolicy
+
+
+class IngestAck(_Out):
+    """`gpufleet.agent.wire.Ack`: the batch is durable (``duplicate``: it already was)."""
+
+    agent_id: str
+    seq: int
+    duplicate: bool = False

@@ -1,0 +1,211 @@
+"""Fixtures for the control-plane tests: services on SQLite (always) and on a private
+PostgreSQL server (Debian's `postgresql` package; FAILS under CI when missing), a manual clock,
+and a builder of wire batches from the simulator."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.devices.sim import ManualClock
+
+T0 = 1_700_000_000.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _pg_bin() -> Path | None:
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
+    return Path(found[-1]).parent if found else None
+
+
+@pytest.fixture(scope="session")
+def pg_url() -> Iterator[str]:
+    """A private PostgreSQL server on a loopback port, as the `postgres` user."""
+    bindir = _pg_bin()
+    if bindir is None or shutil.which("runuser") is None:
+        if os.environ.get("CI"):
+            pytest.fail("PostgreSQL (Debian package postgresql) is required under CI")
+        pytest.skip("PostgreSQL binaries not found (apt-get install postgresql)")
+    root = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
+    os.chmod(root, 0o777)
+    data = root / "data"
+    port = free_port()
+    as_pg = ["runuser", "-u", "postgres", "--"]
+    subprocess.run(
+        [*as_pg, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    subprocess.run(
+        [
+            *as_pg,
+            str(bindir / "pg_ctl"),
+            "-D",
+            str(data),
+            "-w",
+            "-t",
+            "60",
+            "-l",
+            str(root / "log"),
+            "-o",
+            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=on",
+            "start",
+        ],
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    try:
+        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+    finally:
+        subprocess.run(
+            [*as_pg, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
+            capture_output=True,
+            timeout=60,
+        )
+        shutil.rmtree(root, ignore_errors=True)
+
+
+def _reset_pg(url: str) -> None:
+    from sqlalchemy import create_engine, text
+
+    eng = create_engine(url)
+    with eng.begin() as c:
+        c.execute(text("DROP SCHEMA public CASCADE"))
+        c.execute(text("CREATE SCHEMA public"))
+    eng.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_config(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
+    """Storage tests run on both databases."""
+    if request.param == "sqlite":
+        return {"data_dir": tmp_path / "data"}
+    url = request.getfixturevalue("pg_url")
+    _reset_pg(url)
+    return {"db_url": url}
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+@pytest.fixture
+def make_service(tmp_path: Path, clock: ManualClock) -> Iterator[Callable[..., ControlService]]:
+    made: list[ControlService] = []
+
+    def make(**kw: Any) -> ControlService:
+        kw.setdefault("data_dir", tmp_path / "data")
+        svc = ControlService(ServiceConfig(**kw), clock=clock)
+        svc.ingest.start()
+        made.append(svc)
+        return svc
+
+    yield make
+    for s in made:
+        s.ingest.stop()
+        s.engine.dispose()
+
+
+def batch(
+    node: str,
+    seq: int,
+    *,
+    agent: str | None = None,
+    gpus: int = 2,
+    t: float = T0,
+    k: int = 2,
+    findings: list[dict[str, Any]] | None = None,
+    devices: bool = True,
+    health: int = 0,
+    interval: float = 2.0,
+) -> dict[str, Any]:
+    """A wire batch (dict) with ``gpus`` GPUs x ``k`` samples; utilization = 10*gpu + i."""
+    body: dict[str, Any] = {
+        "schema_version": 1,
+        "node": node,
+        "agent_id": agent or f"agent-{node}",
+        "seq": seq,
+        "sent_at_s": t,
+        "heartbeat_interval_s": interval,
+        "health": health,
+        "samples": [
+            {
+                "gpu_uuid": f"GPU-{node}-{g}",
+                "gpu_index": g,
+                "t": [t + i for i in range(k)],
+                "fields": {
+                    "gpu_util_pct": [10.0 * g + i for i in range(k)],
+                    "power_w": [100.0 + g] * k,
+                },
+            }
+            for g in range(gpus)
+        ],
+        "findings": findings or [],
+    }
+    if devices:
+        body["devices"] = [
+            {
+                "index": g,
+                "uuid": f"GPU-{node}-{g}",
+                "info": {
+                    "model": "h100-sxm",
+                    "name": "NVIDIA H100",
+                    "power_limit_enforced_w": 700.0,
+                },
+            }
+            for g in range(gpus)
+        ]
+    return body
+
+
+def fail_finding(node: str, code: str = "XID_79", gpu: int = 0) -> dict[str, Any]:
+    return {
+        "rule": "xid",
+        "code": code,
+        "severity": 2,
+        "component": f"GPU-{node}-{gpu}",
+        "message": "GPU has fallen off the bus",
+        "action": "drain_and_inspect",
+        "sticky": True,
+        "gpu_index": gpu,
+    }
+
+
+def push(svc: ControlService, body: dict[str, Any]) -> Any:
+    """Ingest one batch in-process through parse + the writer (the HTTP route's path)."""
+    from gpufleet.control.auth import Principal, Role
+    from gpufleet.control.ingest import parse_batch
+    from gpufleet.control.store import IngestItem
+
+    parsed = parse_batch(json.dumps(body).encode())
+    who = Principal(None, "test", Role.AGENT)
+    return svc.ingest.submit_sync(IngestItem(parsed.batch, who, svc.clock(), parsed.arrays))
+
+
+def wait_for(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.05)
+    return pred()

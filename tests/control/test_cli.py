@@ -1,0 +1,96 @@
+"""The commands: `gpufleet controller migrate`, `gpufleet token create|list|revoke`, and
+`gpufleet up` end to end (a real process: URL and admin token printed, the simulated fleet
+registered through ingest, Ctrl-C stops it cleanly)."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from gpufleet.cli.app import app
+from gpufleet.errors import UsageError
+from tests.control.conftest import free_port, wait_for
+
+runner = CliRunner()
+
+
+def test_migrate_and_tokens(tmp_path: Path) -> None:
+    d = str(tmp_path / "d")
+    r = runner.invoke(app, ["controller", "migrate", "--data-dir", d, "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["revision"] == "0001"
+    r = runner.invoke(
+        app, ["token", "create", "--role", "operator", "--tenant", "t1", "--data-dir", d, "--json"]
+    )
+    assert r.exit_code == 0, r.output
+    made = json.loads(r.output)
+    assert made["token"].startswith("gf_") and made["tenant"] == "t1"
+    r = runner.invoke(
+        app, ["token", "create", "--role", "agent", "--node", "gpu-01", "--data-dir", d, "--json"]
+    )
+    assert json.loads(r.output)["node"] == "gpu-01"
+    r = runner.invoke(app, ["token", "create", "--role", "viewer", "--node", "x", "--data-dir", d])
+    assert isinstance(r.exception, UsageError) and "--role agent" in str(r.exception)
+    r = runner.invoke(app, ["token", "list", "--data-dir", d, "--json"])
+    listed = json.loads(r.output)
+    assert [t["role"] for t in listed] == ["operator", "agent"]
+    assert made["token"] not in r.output  # only prefixes are listed
+    r = runner.invoke(app, ["token", "revoke", str(made["id"]), "--data-dir", d, "--json"])
+    assert r.exit_code == 0
+    r = runner.invoke(app, ["token", "list", "--data-dir", d, "--json"])
+    assert json.loads(r.output)[0]["revoked_s"] is not None
+    r = runner.invoke(app, ["token", "revoke", "999", "--data-dir", d])
+    assert isinstance(r.exception, UsageError) and "999" in str(r.exception)
+
+
+@pytest.mark.slow
+def test_up_end_to_end(tmp_path: Path) -> None:
+    port = free_port()
+    env = {**os.environ, "HOME": str(tmp_path)}  # a fresh machine: default data dir under HOME
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "gpufleet", "up", "--sim", "3x4xh100-sxm", "--port", str(port)],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+        text=True,
+    )
+    assert proc.stdout is not None
+    lines: list[str] = []
+    token = None
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and token is None:
+        line = proc.stdout.readline()
+        lines.append(line)
+        m = re.search(r"admin token: (gf_\S+)", line)
+        token = m.group(1) if m else None
+    try:
+        assert token, "".join(lines)
+        assert any(f"http://127.0.0.1:{port}/#token=" in x for x in lines)
+        h = {"Authorization": f"Bearer {token}"}
+        base = f"http://127.0.0.1:{port}/api/v1"
+
+        def all_in_service() -> bool:
+            s = httpx.get(f"{base}/summary", headers=h, timeout=5).json()
+            return s["by_state"]["in_service"] == 3 and s["gpus"] == 12
+
+        assert wait_for(all_in_service, timeout=30)
+        nodes = httpx.get(f"{base}/nodes", headers=h, timeout=5).json()["nodes"]
+        assert all(g["metrics"]["power_w"] is not None for n in nodes for g in n["gpu_latest"])
+        assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
+        assert (tmp_path / ".local/share/gpufleet/gpufleet.db").exists()
+    finally:
+        proc.send_signal(signal.SIGINT)
+        rc = proc.wait(timeout=30)
+    rest = proc.stdout.read()
+    assert rc == 0, rest
+    assert "Traceback" not in rest

@@ -1,0 +1,184 @@
+"""Lifecycle transitions, remediation (auto-drain, circuit breaker, dry run), lost detection
+and the controller's own downtime, with a manual clock."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from sqlalchemy import select
+
+from gpufleet.control import actions
+from gpufleet.control.auth import Principal, Role
+from gpufleet.control.lifecycle import Action, NullSchedulerHook, TransitionError
+from gpufleet.control.models import EventRow, Transition
+from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.devices.sim import ManualClock
+from tests.control.conftest import T0, batch, fail_finding, push
+
+OP = Principal(7, "alice", Role.OPERATOR)
+
+
+def states(svc: ControlService) -> dict[str, str]:
+    return {n: c.state for n, c in svc.store.nodes.items()}
+
+
+def history(svc: ControlService, node: str) -> list[tuple[str | None, str, str]]:
+    with svc.store.sessions() as s:
+        rows = s.scalars(select(Transition).where(Transition.node == node).order_by(Transition.id))
+        return [(r.from_state, r.to_state, r.actor) for r in rows]
+
+
+def events(svc: ControlService, kind: str) -> list[EventRow]:
+    with svc.store.sessions() as s:
+        return list(s.scalars(select(EventRow).where(EventRow.kind == kind)))
+
+
+def test_registration_then_fail_finding_drains(
+    make_service: Callable[..., ControlService], clock: ManualClock
+) -> None:
+    hook = NullSchedulerHook()
+    svc = make_service(min_drain_s=5.0)
+    svc.set_hook(hook)
+    for i in range(20):
+        push(svc, batch(f"n{i:02d}", 1))
+    assert set(states(svc).values()) == {"in_service"}
+    assert history(svc, "n00") == [
+        (None, "registering", "agent:agent-n00"),
+        ("registering", "validating", "agent:agent-n00"),
+        ("validating", "in_service", "agent:agent-n00"),
+    ]
+    push(svc, batch("n00", 2, devices=False, findings=[fail_finding("n00")], health=2))
+    assert states(svc)["n00"] == "draining"
+    assert svc.store.nodes["n00"].state_reason.startswith("finding XID_79")
+    assert ("drain", "n00") in hook.calls
+    clock.advance(2)
+    push(svc, batch("n00", 3, devices=False, findings=[fail_finding("n00")], health=2))
+    svc.tick()
+    assert states(svc)["n00"] == "draining"  # min_drain_s = 5 not yet over
+    clock.advance(4)
+    for i in range(20):
+        push(svc, batch(f"n{i:02d}", 10, devices=False))
+    svc.tick()
+    assert states(svc)["n00"] == "drained"
+    # operator: repair, validate; a posted validation result decides
+    actions.node_action(svc.store, "n00", Action.REPAIR, OP, "replace GPU 0")
+    actions.node_action(svc.store, "n00", Action.VALIDATE, OP)
+    assert states(svc)["n00"] == "validating"  # fail finding still active (sticky)
+    actions.post_validation(svc.store, {"node": "n00", "verdict": "fail"}, OP)
+    assert states(svc)["n00"] == "repair"
+    actions.node_action(svc.store, "n00", Action.ACKNOWLEDGE, OP)
+    push(svc, batch("n00", 11, devices=False))  # the agent no longer reports it
+    assert svc.store.nodes["n00"].findings == {}
+    actions.post_validation(svc.store, {"node": "n00", "verdict": "pass", "summary": "ok"}, OP)
+    assert states(svc)["n00"] == "in_service"
+    assert history(svc, "n00")[-2:] == [
+        ("repair", "validating", "operator:alice"),
+        ("validating", "in_service", "operator:alice"),
+    ]
+    with pytest.raises(TransitionError):
+        actions.node_action(svc.store, "n01", Action.VALIDATE, OP)  # in_service -> validating
+
+
+def test_circuit_breaker_stops_drains(make_service: Callable[..., ControlService]) -> None:
+    svc = make_service()
+    for i in range(20):
+        push(svc, batch(f"n{i:02d}", 1))
+    for i in range(5):
+        push(svc, batch(f"n{i:02d}", 2, devices=False, findings=[fail_finding(f"n{i:02d}")]))
+    # out/total before each: 0/20, 1/20, 2/20 (10 %, not above) -> drain; 3/20 = 15 % -> stop
+    assert [states(svc)[f"n{i:02d}"] for i in range(5)] == (["draining"] * 3 + ["in_service"] * 2)
+    assert svc.store.breaker.open
+    opened = events(svc, "circuit_breaker_open")
+    assert len(opened) == 1 and "3/20" in opened[0].message
+    assert len(events(svc, "remediation_blocked")) == 2
+
+
+def test_dry_run_records_only(make_service: Callable[..., ControlService]) -> None:
+    svc = make_service(policy=RemediationPolicy(dry_run=True))
+    push(svc, batch("a", 1))
+    push(svc, batch("a", 2, devices=False, findings=[fail_finding("a")]))
+    assert states(svc)["a"] == "in_service"
+    ev = events(svc, "remediation_dry_run")
+    assert len(ev) == 1 and "would drain" in ev[0].message
+
+
+def test_policy_per_code(make_service: Callable[..., ControlService]) -> None:
+    svc = make_service(policy=RemediationPolicy(auto_drain={"XID_*": False, "XID_79": True}))
+    for n in ("a", "b", "c", "d", "e", "f", "g", "h", "i", "j"):
+        push(svc, batch(n, 1))
+    push(svc, batch("a", 2, devices=False, findings=[fail_finding("a", "XID_48")]))
+    push(svc, batch("b", 2, devices=False, findings=[fail_finding("b", "XID_79")]))
+    assert (states(svc)["a"], states(svc)["b"]) == ("in_service", "draining")
+
+
+def test_lost_after_three_intervals(
+    make_service: Callable[..., ControlService], clock: ManualClock
+) -> None:
+    svc = make_service()
+    svc._last_tick = clock()
+    push(svc, batch("quiet", 1))
+    push(svc, batch("busy", 1))
+    clock.advance(3.0)  # controller grace (3 x 2 s from start) still running
+    svc.tick()
+    for k in range(2, 5):
+        clock.advance(2.0)
+        push(svc, batch("busy", k, devices=False))
+        svc.tick()
+    # quiet: last heard at T0, now T0 + 9 s > 6 s
+    assert states(svc) == {"quiet": "lost", "busy": "in_service"}
+    reason = svc.store.nodes["quiet"].state_reason
+    assert "no heartbeat" in reason and "3 x 2 s" in reason
+    push(svc, batch("quiet", 2, devices=False))  # it comes back
+    assert states(svc)["quiet"] == "in_service"
+    assert [h[1] for h in history(svc, "quiet")][-2:] == ["validating", "in_service"]
+
+
+def test_controller_outage_is_not_node_loss(
+    make_service: Callable[..., ControlService], clock: ManualClock
+) -> None:
+    svc = make_service()
+    svc._last_tick = clock()
+    for n in ("a", "b"):
+        push(svc, batch(n, 1))
+    clock.advance(60.0)  # the controller's loop did not run for a minute
+    svc.tick()
+    assert states(svc) == {"a": "in_service", "b": "in_service"}
+    assert len(events(svc, "controller_gap")) == 1
+    # agents catch up (buffered batches), node b stays silent
+    push(svc, batch("a", 2, devices=False, t=T0 + 30))
+    clock.advance(5.0)
+    svc.tick()
+    assert states(svc) == {"a": "in_service", "b": "in_service"}
+    clock.advance(2.0)  # 7 s after the gap: b has had its 3 x 2 s grace
+    push(svc, batch("a", 3, devices=False))
+    svc.tick()
+    assert states(svc) == {"a": "in_service", "b": "lost"}
+
+
+def test_restart_gives_grace(tmp_path: object, clock: ManualClock) -> None:
+    from pathlib import Path
+
+    data = Path(str(tmp_path)) / "d"
+    svc = ControlService(ServiceConfig(data_dir=data), clock=clock)
+    svc.ingest.start()
+    push(svc, batch("a", 1))
+    svc.ingest.stop()
+    svc.engine.dispose()
+    clock.advance(60.0)  # controller down for a minute, then restarted
+    svc2 = ControlService(ServiceConfig(data_dir=data), clock=clock)
+    svc2.ingest.start()
+    try:
+        svc2.tick()
+        assert states(svc2) == {"a": "in_service"}
+        for _ in range(5):
+            clock.advance(1.0)
+            svc2.tick()
+        assert states(svc2) == {"a": "in_service"}  # 5 s of its 6 s grace
+        clock.advance(2.0)
+        svc2.tick()
+        assert states(svc2) == {"a": "lost"}
+    finally:
+        svc2.ingest.stop()
+        svc2.engine.dispose()
