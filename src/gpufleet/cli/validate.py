@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
@@ -81,10 +81,18 @@ def validate(
     html: Path | None = typer.Option(None, "--html", help="Write the HTML report here."),
     config: Path | None = typer.Option(None, "--config", help="Thresholds YAML."),
     list_tests: bool = typer.Option(False, "--list", help="List the tests and exit."),
+    launcher: str | None = typer.Option(
+        None, "--launcher", help="Real multi-node: slurm, ssh or local (default slurm/ssh)."
+    ),
+    ranks_per_node: int | None = typer.Option(
+        None, "--ranks-per-node", help="Real multi-node: ranks (GPUs) per node."
+    ),
+    master_addr: str | None = typer.Option(
+        None, "--master-addr", help="Real multi-node: rendezvous address (default first host)."
+    ),
 ) -> None:
     """Validate GPUs: health, bandwidth, memory, matmuls, stress, collectives, stragglers."""
     from gpufleet.validate.hosts import expand_hostlist
-    from gpufleet.validate.report_html import render_html
     from gpufleet.validate.runner import RunOptions, run_suite
     from gpufleet.validate.suite import TESTS, select_tests, split_names
     from gpufleet.validate.thresholds import load_thresholds
@@ -126,12 +134,23 @@ def validate(
                 )
         clock = ManualClock()
         engine = SimEngine(SimFleet(spec, clock=clock), clock, nodes=host_list)
-    else:
-        if host_list and len(host_list) > 1:
-            raise UsageError(
-                "multi-node runs on real GPUs need one `gpufleet validate` per node under "
-                "srun/torchrun (not built yet); --nodes works with --sim",
+    elif host_list and len(host_list) > 1:  # real nodes: torch.distributed across them
+        from gpufleet.validate.multinode_run import run_for_cli
+
+        with console.status(f"validating {len(host_list)} nodes", spinner="dots") as st:
+            report = run_for_cli(
+                host_list,
+                launcher=launcher or ("slurm" if slurm else "ssh"),
+                level=level,
+                only=split_names(only),
+                skip=split_names(skip),
+                thr=thr,
+                ranks_per_node=ranks_per_node,
+                master_addr=master_addr,
+                progress=lambda t, c, s, m: st.update(f"{t} {c} {s.value if s else ''}"),
             )
+        _finish(report, out, html, as_json)
+    else:
         from gpufleet.validate.engine_torch import TorchEngine
 
         engine = TorchEngine.open()
@@ -149,6 +168,14 @@ def validate(
         thresholds=thr,
     )
     report = run_suite(engine, opts) if as_json else _run_with_progress(engine, opts, run_suite)
+    _finish(report, out, html, as_json)
+
+
+def _finish(
+    report: ValidationReport, out: Path | None, html: Path | None, as_json: bool
+) -> NoReturn:
+    from gpufleet.validate.report_html import render_html
+
     if out:
         report.write_json(out)
     if html:

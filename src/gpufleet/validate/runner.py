@@ -202,6 +202,13 @@ def _pairwise(
     report.pair_matrix = matrix
     model = by_node[nodes[0]][0].model
     expected = th.node_network_gbps(model) if model else 0.0
+    return judge_pairs(matrix, nodes, expected, thr)
+
+
+def judge_pairs(
+    matrix: dict[str, dict[str, float]], nodes: list[str], expected: float, thr: th.Thresholds
+) -> list[TestResult]:
+    """Pairwise results from a bandwidth matrix (GB/s): one per node, one per bad link."""
     lim = thr.limits("pairwise")
     verdict = analysis.analyse_pairs(matrix, expected, lim.pass_fraction)
     out: list[TestResult] = []

@@ -1,0 +1,139 @@
+"""Pairwise node-to-node tests: which pairs run when, the bandwidth matrix, the expected figure.
+
+Schedule: the round-robin ("circle") tournament: with N nodes (one bye added when N is odd),
+N-1 rounds (N rounds when odd) in which every node meets at most one peer, so every unordered
+pair is measured exactly once and the pairs of one round can run at the same time.
+
+Each pair moves data both ways (a->b, then b->a); every local rank i of the sending node sends to
+local rank i of the receiving node, so a node with 8 GPUs and 8 rails loads all its NICs. A
+direction's bandwidth is the bytes of all its ranks over the slowest rank's time; the matrix
+holds the slower direction (a link is as good as its worse half).
+
+Test hook (off by default): ``GPUFLEET_TEST_SLOW_SEND="NODE:GBPS"`` (or ``"NODE>PEER:GBPS"``)
+makes NODE's timed pairwise sends (to PEER only, if given) sleep ``bytes / GBPS`` after each
+send, so a slow NIC or link can be rehearsed on loopback. Never set it in production.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from gpufleet.catalog import GpuModel, load_catalog
+from gpufleet.errors import UsageError
+from gpufleet.validate import thresholds as th
+
+SLOW_SEND_ENV = "GPUFLEET_TEST_SLOW_SEND"
+
+
+def round_robin(nodes: list[str]) -> list[list[tuple[str, str]]]:
+    """Rounds of disjoint pairs covering every unordered pair of ``nodes`` exactly once."""
+    ring: list[str | None] = list(nodes)
+    if len(ring) % 2:
+        ring.append(None)  # the bye
+    n = len(ring)
+    rounds: list[list[tuple[str, str]]] = []
+    for _ in range(n - 1):
+        pairs = []
+        for i in range(n // 2):
+            a, b = ring[i], ring[n - 1 - i]
+            if a is not None and b is not None:
+                pairs.append((a, b) if nodes.index(a) < nodes.index(b) else (b, a))
+        rounds.append(pairs)
+        ring = [ring[0], ring[-1], *ring[1:-1]]  # keep the first, rotate the rest
+    return rounds
+
+
+@dataclass(frozen=True)
+class SlowSend:
+    """The parsed test hook: NODE's sends (to PEER, if set) are capped near GBPS."""
+
+    node: str
+    peer: str | None
+    gbps: float
+
+    def applies(self, sender: str, receiver: str) -> bool:
+        return sender == self.node and (self.peer is None or receiver == self.peer)
+
+    def delay_s(self, nbytes: int) -> float:
+        return nbytes / (self.gbps * 1e9)
+
+
+def parse_slow_send(text: str | None) -> SlowSend | None:
+    """``"n2:0.05"`` or ``"n2>n3:0.05"``; None or empty: the hook is off."""
+    if not text:
+        return None
+    where, sep, rate = text.rpartition(":")
+    node, _, peer = where.partition(">")
+    try:
+        gbps = float(rate)
+    except ValueError:
+        gbps = 0.0
+    if not sep or not node or gbps <= 0:
+        raise UsageError(f"{SLOW_SEND_ENV}={text!r}: expected NODE:GBPS or NODE>PEER:GBPS")
+    return SlowSend(node, peer or None, gbps)
+
+
+@dataclass(frozen=True)
+class PairSample:
+    """One rank's timed transfer: ``sender`` node -> ``receiver`` node."""
+
+    sender: str
+    receiver: str
+    local_rank: int
+    nbytes: int  # all iterations together
+    seconds: float
+
+
+def direction_gbps(samples: list[PairSample]) -> dict[tuple[str, str], float]:
+    """GB/s per (sender, receiver): all ranks' bytes over the slowest rank's time."""
+    groups: dict[tuple[str, str], list[PairSample]] = {}
+    for s in samples:
+        groups.setdefault((s.sender, s.receiver), []).append(s)
+    out = {}
+    for key, ss in groups.items():
+        secs = max(s.seconds for s in ss)
+        if secs <= 0:
+            raise ValueError(f"pair {key}: a transfer cannot take zero time")
+        out[key] = sum(s.nbytes for s in ss) / secs / 1e9
+    return out
+
+
+def build_matrix(nodes: list[str], samples: list[PairSample]) -> dict[str, dict[str, float]]:
+    """Symmetric matrix {a: {b: GB/s}}: the slower of the two directions of each pair."""
+    bw = direction_gbps(samples)
+    matrix: dict[str, dict[str, float]] = {n: {} for n in nodes}
+    for a in nodes:
+        for b in nodes:
+            if (a, b) in bw or (b, a) in bw:
+                ab, ba = bw.get((a, b)), bw.get((b, a))
+                matrix[a][b] = min(v for v in (ab, ba) if v is not None)
+    return matrix
+
+
+def peer_reference_gbps(matrix: dict[str, dict[str, float]]) -> float:
+    """Without a catalog figure: the median of each node's median link. One bad node (all its
+    links slow) or one bad link moves it little, even with 3 nodes."""
+    medians = [statistics.median(v.values()) for v in matrix.values() if v]
+    return statistics.median(medians) if medians else 0.0
+
+
+# Without a catalog figure only gross outliers count: a node or link below half of its peers'
+# reference fails (an assumption for unknown hardware and loopback rehearsals, not a measurement).
+PEER_LIMITS = th.TestLimits(pass_fraction=0.5, warn_fraction=0.6)
+
+
+def expected_pair_gbps(model: GpuModel, ranks_per_node: int) -> float:
+    """Node-to-node GB/s with ``ranks_per_node`` GPUs each on its own rail: the NICs in use
+    (min(ranks, NICs) of the system's compute NICs) x line rate x NETWORK_EFFICIENCY."""
+    systems = load_catalog().systems_for(model.key)
+    nics = systems[0].compute_nics if systems else 8
+    full = th.node_network_gbps(model)
+    return full * min(ranks_per_node, nics) / max(nics, 1)
+
+
+def expected_multinode_busbw(model: GpuModel, ranks_per_node: int) -> float:
+    """all_reduce bus bandwidth across nodes: the node's own collective figure, or what one
+    rank's share of the NICs carries, whichever is lower (as the simulator engine models it)."""
+    per_rank_net = expected_pair_gbps(model, ranks_per_node) / ranks_per_node
+    return min(th.expected_collective_busbw(model), per_rank_net)
