@@ -162,6 +162,8 @@ class SimGpu:
             self.faults.append(fault)
 
     def active_faults(self, t: float | None = None) -> list[Fault]:
+        if not self.faults:
+            return []
         elapsed = (self.t if t is None else t) - self.t0
         return [f for f in self.faults if f.active(elapsed)]
 
@@ -231,17 +233,36 @@ class SimGpu:
             if now <= self.t:
                 return
             total = now - self.t
-            step = 0.05 if total <= 120 else 1.0
+            # Power, temperatures and energy integrate exactly over a step with constant load
+            # (first-order lags), so steps may be long; they stop at every load or fault change.
+            step = 0.05 if total <= 0.5 else 1.0
             while self.t < now - 1e-9:
-                dt = min(step, now - self.t)
+                dt = min(step, now - self.t, max(self._next_change(self.t) - self.t, 1e-6))
                 self._step(self.t + dt, dt)
                 self.t += dt
             self._fire_fault_events(now)
 
-    def _step(self, t: float, dt: float) -> None:
+    def _next_change(self, t: float) -> float:
+        """The first load-segment or fault boundary after ``t`` (inf if none)."""
+        points = [seg.start_s for seg in self._segments] + [
+            seg.end_s for seg in self._segments if seg.end_s is not None
+        ]
+        for f in self.faults:
+            points.append(self.t0 + f.at_s)
+            if f.duration_s is not None:
+                points.append(self.t0 + f.at_s + f.duration_s)
+        if self._last_load_end is not None:
+            points.append(self._last_load_end + ph.LINGER_S)
+        later = [x for x in points if x > t + 1e-9]
+        return min(later) if later else float("inf")
+
+    def _step(self, t_end: float, dt: float) -> None:
+        """Advance one step ending at ``t_end``. Steps never straddle a load or fault change,
+        so the conditions are read at the step's middle."""
         p, s = self.params, self.state
         assert self.power_limit_w is not None
         limit = float(self.power_limit_w)
+        t = t_end - dt / 2
         load = self.load_at(t)
         clock_cap: float | None = None
         reasons = 0
@@ -260,7 +281,7 @@ class SimGpu:
             if capped:
                 reasons |= R.SW_POWER_CAP
                 self.power_violation_us += dt * 1e6
-            self._last_load_end = t
+            self._last_load_end = t_end
             self.pcie_tx_total += load.pcie_tx_bytes_per_s * dt
             self.pcie_rx_total += load.pcie_rx_bytes_per_s * dt
             tensor, dram = gpm_shares(load)
@@ -276,9 +297,8 @@ class SimGpu:
             reasons |= R.GPU_IDLE
         if thermal:
             self.thermal_violation_us += dt * 1e6
-        prev_power = s.power_w
+        s.energy_mj += ph.lag_integral(s.power_w, power_target, dt, ph.TAU_POWER_S) * 1000.0
         s.power_w = ph.lag(s.power_w, power_target, dt, ph.TAU_POWER_S)
-        s.energy_mj += 0.5 * (prev_power + s.power_w) * dt * 1000.0
         rise = p.r_c_per_w * (s.power_w - p.idle_w)
         s.temp_fast_c = ph.lag(s.temp_fast_c, ph.TEMP_FAST_FRACTION * rise, dt, ph.TAU_TEMP_FAST_S)
         s.temp_slow_c = ph.lag(

@@ -38,6 +38,18 @@ class SimHandle:
     index: int
 
 
+class _LazyMetrics(dict[int, SimpleNamespace]):
+    """The metrics array of a GPM request: entries made on first access (the real struct holds
+    NVML_GPM_METRIC_MAX of them; a caller only touches the first ``numMetrics``)."""
+
+    def __missing__(self, index: int) -> SimpleNamespace:
+        if not 0 <= index < pynvml.NVML_GPM_METRIC_MAX:
+            raise IndexError(index)
+        entry = SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)
+        self[index] = entry
+        return entry
+
+
 @dataclass(frozen=True)
 class SimMigHandle:
     """What nvmlDeviceGetMigDeviceHandleByIndex returns."""
@@ -92,11 +104,12 @@ class SimNvml:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         gpu = self._node.gpus[handle.index]
         gpu.advance(self._node.clock())
-        if gpu.lost:
-            raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
-        hung = gpu.has_fault(FaultKind.HUNG_CALL)
-        if hung is not None:
-            gpu.hang_release.wait(float(hung.param("seconds", 5.0)))
+        if gpu.faults:
+            if gpu.lost:
+                raise _err(pynvml.NVML_ERROR_GPU_IS_LOST)
+            hung = gpu.has_fault(FaultKind.HUNG_CALL)
+            if hung is not None:
+                gpu.hang_release.wait(float(hung.param("seconds", 5.0)))
         return gpu
 
     # ----- library and system --------------------------------------------------------------
@@ -427,8 +440,8 @@ class SimNvml:
         raise _err(_NS)  # passively cooled SXM boards (probe: NotSupported)
 
     # ----- batched field values ------------------------------------------------------------
-    def _field(self, gpu: SimGpu, fid: int) -> tuple[int, int, float | int]:
-        """(nvmlReturn, valueType, value) of one field id."""
+    def _field_table(self, gpu: SimGpu) -> dict[int, tuple[int, float | int] | None]:
+        """(valueType, value) of every field id the simulated GPU answers; None: NotSupported."""
         ull, sll, dbl = (
             pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
             pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG,
@@ -467,17 +480,20 @@ class SimNvml:
             pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: (ull, 0) if has_nvlink else None,
         }
         _ = (sll, dbl)
-        entry = table.get(fid)
-        if entry is None:
-            return _NS, ull, 0
-        return pynvml.NVML_SUCCESS, entry[0], entry[1]
+        return table
 
     def nvmlDeviceGetFieldValues(self, h: SimHandle, field_ids: list[int]) -> Any:
         gpu = self._gpu(h)
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         now_us = int(gpu.t * 1e6)
+        table = self._field_table(gpu)
         for i, fid in enumerate(field_ids):
-            ret, vtype, value = self._field(gpu, int(fid))
+            entry = table.get(int(fid))
+            value: float | int = 0
+            if entry is None:
+                ret, vtype = _NS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+            else:
+                ret, (vtype, value) = pynvml.NVML_SUCCESS, entry
             values[i].fieldId = int(fid)
             values[i].timestamp = now_us
             values[i].latencyUsec = 0
@@ -498,10 +514,7 @@ class SimNvml:
             self.numMetrics = 0
             self.sample1: Any = None
             self.sample2: Any = None
-            self.metrics = [
-                SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0)
-                for _ in range(pynvml.NVML_GPM_METRIC_MAX)
-            ]
+            self.metrics = _LazyMetrics()
 
     def nvmlGpmQueryDeviceSupport(self, h: SimHandle) -> SimpleNamespace:
         gpu = self._gpu(h)

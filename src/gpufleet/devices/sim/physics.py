@@ -96,3 +96,8 @@ def steady_clock_and_power(
 def lag(value: float, target: float, dt: float, tau: float) -> float:
     """Exact first-order step towards a constant target."""
     return target + (value - target) * math.exp(-dt / tau)
+
+
+def lag_integral(value: float, target: float, dt: float, tau: float) -> float:
+    """Exact integral over ``dt`` of a first-order lag from ``value`` towards ``target``."""
+    return target * dt + (value - target) * tau * (1.0 - math.exp(-dt / tau))
