@@ -145,7 +145,7 @@ def test_cli_submit_list_show_logs_cancel(tmp_path: Path) -> None:
     res = runner.invoke(app, ["jobs", "cancel", "2", *sd, "--json"])
     assert json.loads(res.output)["state"] == "cancelled"
     res = runner.invoke(app, ["jobs", "list", *sd, "--controller", "http://127.0.0.1:1"])
-    assert "not yet wired" in str(res.exception)
+    assert "--controller needs --token" in str(res.exception)  # wired since issue 7
 
 
 def test_cli_rejects_impossible_job(tmp_path: Path) -> None:

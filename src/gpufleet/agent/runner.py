@@ -27,6 +27,7 @@ from gpufleet.agent.health_seam import (
     build_input,
     default_evaluator,
 )
+from gpufleet.agent.jobs import AgentJobs
 from gpufleet.agent.push import Pusher
 from gpufleet.agent.spool import DEFAULT_MAX_BATCHES, DEFAULT_MAX_BYTES, AgentState, Spool
 from gpufleet.devices.backend import GpuBackend
@@ -121,6 +122,7 @@ class Agent:
         self._devices_sent = -1
         self.pusher: Pusher | None = None
         self.state: AgentState | None = None
+        self.jobs: AgentJobs | None = None  # set by enable_jobs (issue 7)
         if cfg.controller:
             if cfg.state_dir is None:  # pragma: no cover - the CLI always passes one
                 from gpufleet.errors import UsageError
@@ -294,7 +296,14 @@ class Agent:
             findings=[finding_to_wire(f) for f in h.findings],
             events=events,
             health=int(h.verdict),
+            jobs=self.jobs.report() if self.jobs is not None else None,
         )
+
+    def enable_jobs(self, jobs: AgentJobs) -> None:
+        """Run the jobs the control plane sends in its ``Ack``s, report them in each batch."""
+        self.jobs = jobs
+        if self.pusher is not None:
+            self.pusher.on_ack = lambda ack: jobs.apply(ack.commands)
 
     def push_once(self) -> None:
         """Build one batch and send (or spool) it, then replay the spool; never raises."""

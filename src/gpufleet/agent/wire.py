@@ -9,6 +9,12 @@ finding missing from a later batch has cleared on the node.
 
 Responses: 200 ``Ack`` once the batch is durable; 400/422 malformed (with a reason); 401/403
 bad token; 413 oversized; 429 with ``Retry-After`` under back-pressure.
+
+Jobs (issue 7) ride on the same exchange, as additive optional fields (``schema_version`` stays
+1: a batch or ack without them means what it always meant): an agent that runs jobs puts a
+``jobs`` report in each batch (its GPUs, its lease, every copy it knows), and the ``Ack`` carries
+``commands`` (start/kill copies of jobs, each with its generation as a fence token). An agent
+that sends no ``jobs`` (``None``) runs no jobs; an ``Ack`` without ``commands`` asks nothing.
 """
 
 from __future__ import annotations
@@ -69,6 +75,45 @@ class WireEvent(_Wire):
     detail: str = ""
 
 
+class WireSlot(_Wire):
+    """One GPU a job may be placed on (catalog model key and memory)."""
+
+    index: int = Field(ge=0, le=1023)
+    model: str = Field(max_length=64)
+    memory_bytes: int = Field(ge=0)
+
+
+class WireJobCopy(_Wire):
+    """What the agent knows of one copy of a job (running, or how it ended)."""
+
+    job_id: str = Field(min_length=1, max_length=64)
+    generation: int = Field(ge=0)
+    running: bool
+    exit_code: int | None = None
+    reason: str = Field("", max_length=500)
+    node_fault: bool = False  # it died because of the node (a GPU fell off the bus, ...)
+    log_tail: str | None = Field(None, max_length=8192)  # end of its output, when changed
+
+
+class WireJobs(_Wire):
+    """An agent's jobs report: its schedulable GPUs, its lease, and its copies of jobs."""
+
+    lease_s: float = Field(gt=0, le=86400)  # cut off this long, the agent kills its own jobs
+    slots: list[WireSlot] = Field(default_factory=list)
+    copies: list[WireJobCopy] = Field(default_factory=list)
+
+
+class WireCommand(_Wire):
+    """The control plane asks the agent to start or kill one copy of a job."""
+
+    op: Literal["start", "kill"]
+    job_id: str = Field(min_length=1, max_length=64)
+    generation: int = Field(ge=0)
+    gpus: list[int] = Field(default_factory=list)
+    env: dict[str, str] = Field(default_factory=dict)
+    spec: dict[str, Any] = Field(default_factory=dict)  # a JobSpec as a mapping (start only)
+
+
 class Batch(_Wire):
     """One push from one agent."""
 
@@ -84,6 +129,7 @@ class Batch(_Wire):
     events: list[WireEvent] = Field(default_factory=list)
     health: int = Field(0, ge=0, le=3)  # node verdict (Severity)
     buffered: bool = False  # True when replayed from the agent's disk buffer
+    jobs: WireJobs | None = None  # additive (v1): only agents that run jobs send it
 
 
 class Ack(_Wire):
@@ -92,3 +138,4 @@ class Ack(_Wire):
     agent_id: str
     seq: int
     duplicate: bool = False
+    commands: list[WireCommand] = Field(default_factory=list)  # additive (v1): jobs to start/kill

@@ -6,6 +6,7 @@ import logging
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -42,6 +43,14 @@ def register(app: typer.Typer) -> None:
             0.0, "--duration", help="Stop after this many seconds (0: run until stopped)."
         ),
         log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
+        run_jobs: bool = typer.Option(
+            False,
+            "--run-jobs",
+            help="Run the jobs the control plane's embedded scheduler places on this node.",
+        ),
+        job_lease: float = typer.Option(
+            30.0, "--job-lease", help="Cut off from the control plane this long: kill own jobs."
+        ),
         json_out: bool = JsonOption,
     ) -> None:
         """Run the node agent until SIGTERM/SIGINT (or --duration)."""
@@ -75,6 +84,10 @@ def register(app: typer.Typer) -> None:
             state_dir=state_dir,
         )
         agent = Agent(backend, cfg)
+        if run_jobs:
+            if not controller:
+                raise UsageError("--run-jobs needs --controller (jobs come from the control plane)")
+            agent.enable_jobs(_agent_jobs(fleet, backend, state_dir, job_lease))
         server = AgentServer(agent, host, port).start()
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -102,3 +115,22 @@ def register(app: typer.Typer) -> None:
             fleet.close()
         if json_out:
             emit_json({"event": "stopped", "rounds": agent.sampler.ticks})
+
+
+def _agent_jobs(fleet: object, backend: object, state_dir: Path, lease_s: float) -> Any:
+    """Jobs on this node: real processes (LocalProcessExecutor) or simulated GPU load (--sim)."""
+    from gpufleet.agent.jobs import AgentJobs, slots_from_backend
+    from gpufleet.schedulers.embedded import LocalProcessExecutor, SimExecutor
+
+    sim = getattr(fleet, "sim", None)
+    executor: object = (
+        SimExecutor(sim, lease_s=lease_s)
+        if sim is not None
+        else LocalProcessExecutor(root=state_dir / "jobs")
+    )
+    return AgentJobs(
+        backend.node_name,  # type: ignore[attr-defined]
+        executor,  # type: ignore[arg-type]
+        slots_from_backend(backend),
+        lease_s=lease_s,
+    )

@@ -35,6 +35,12 @@ def _db_url(value: str | None) -> str | None:
 
 
 DataDirOption = typer.Option(None, "--data-dir", help=DATA_DIR_HELP)
+SchedulerOption = typer.Option(
+    "embedded", "--scheduler", help="embedded (jobs run by the agents), slurm, or none."
+)
+SlurmConfOption = typer.Option(
+    None, "--slurm-conf", help="slurm.conf for --scheduler slurm (default: Slurm's own)."
+)
 DbUrlOption = typer.Option(None, "--db-url", help=DB_URL_HELP)
 
 
@@ -74,11 +80,14 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
         port: int = typer.Option(8080, "--port", help="TCP port."),
         policy: Path | None = typer.Option(None, "--policy", help="Remediation policy YAML."),
+        scheduler: str = SchedulerOption,
+        slurm_conf: str | None = SlurmConfOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane (the default when no subcommand is given)."""
         ctx.obj = {"data_dir": data_dir, "db_url": db_url}
         if ctx.invoked_subcommand is None:
+            _use_scheduler(scheduler, slurm_conf)
             _serve(data_dir, db_url, host, port, policy, json_out)
 
     @ctl.command("serve")
@@ -88,9 +97,12 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option("127.0.0.1", "--host"),
         port: int = typer.Option(8080, "--port"),
         policy: Path | None = typer.Option(None, "--policy", help="Remediation policy YAML."),
+        scheduler: str = SchedulerOption,
+        slurm_conf: str | None = SlurmConfOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane."""
+        _use_scheduler(scheduler, slurm_conf)
         _serve(data_dir, db_url, host, port, policy, json_out)
 
     @ctl.command("migrate")
@@ -219,9 +231,12 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
         port: int = typer.Option(8080, "--port", help="TCP port."),
         seed: int = SeedOption,
+        scheduler: str = SchedulerOption,
+        slurm_conf: str | None = SlurmConfOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Control plane + local agent (+ embedded scheduler hook) in one process."""
+        _use_scheduler(scheduler, slurm_conf)
         _up(sim, data_dir, db_url, host, port, seed, json_out)
 
     @app.command("sim-fleet")
@@ -296,6 +311,19 @@ def register(app: typer.Typer) -> None:
             )
 
 
+def _use_scheduler(scheduler: str, slurm_conf: str | None) -> None:
+    """Register the scheduler's factory (``SCHEDULER_HOOK_FACTORY``) before the service is built."""
+    from gpufleet.control.scheduling import hook_factory
+    from gpufleet.control.up import SCHEDULER_HOOK_FACTORY
+
+    options: dict[str, Any] = {}
+    if scheduler == "slurm":
+        from gpufleet.schedulers.slurm.backend import SlurmBackend
+
+        options["backend"] = SlurmBackend(slurm_conf=slurm_conf)
+    SCHEDULER_HOOK_FACTORY[:] = [hook_factory(scheduler, **options)]
+
+
 def _load_faults(path: Path, names: set[str]) -> tuple:  # type: ignore[type-arg]
     import yaml
 
@@ -339,6 +367,8 @@ def _serve(
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
+        if service.jobs is not None:
+            service.jobs.stop()
         service.stop()
 
 
@@ -361,7 +391,12 @@ def _up(
     agent_token, _ = service.store.tokens.create("agent", name="up-local-agents")
     source, backends, simfleet = choose_backends(sim, seed)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    agents = LocalAgents(url, agent_token, backends)
+    jobs = None
+    if service.jobs is not None and service.jobs.name == "embedded":
+        from gpufleet.control.scheduling import agent_jobs_for
+
+        jobs = agent_jobs_for(backends, simfleet, _data_dir(data_dir) / "jobs")
+    agents = LocalAgents(url, agent_token, backends, jobs)
 
     def ready() -> None:
         agents.start()
@@ -396,6 +431,8 @@ def _up(
         pass
     finally:
         agents.stop()
+        if service.jobs is not None:
+            service.jobs.stop()
         service.stop()
         signal.signal(signal.SIGTERM, prev)
         if not json_out:

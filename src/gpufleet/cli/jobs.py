@@ -1,9 +1,10 @@
 """`gpufleet jobs submit|list|show|cancel|logs`: jobs on the embedded scheduler.
 
-For now every command works on a local embedded scheduler kept in a state directory
-(``--state-dir``; SQLite store plus one folder per job copy). Each call ticks the scheduler once:
-it records finished jobs and starts what fits, so no daemon is needed on one machine.
-``--controller URL --token T`` (a remote control plane) is accepted but not wired yet.
+Without ``--controller`` every command works on a local embedded scheduler kept in a state
+directory (``--state-dir``; SQLite store plus one folder per job copy). Each call ticks the
+scheduler once: it records finished jobs and starts what fits, so no daemon is needed on one
+machine. With ``--controller URL --token T`` (or ``GPUFLEET_TOKEN``) they talk to a control
+plane's jobs API (``/api/v1/jobs``), whatever scheduler it runs (embedded, Slurm).
 """
 
 from __future__ import annotations
@@ -15,12 +16,13 @@ import shlex
 import socket
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from gpufleet.cli.common import JsonOption, SeedOption
 from gpufleet.cli.output import console, emit_json, fmt
-from gpufleet.errors import NoDeviceError, UsageError
+from gpufleet.errors import GpufleetError, NoDeviceError, UsageError
 from gpufleet.schedulers.base import JobSpec
 
 DEFAULT_STATE_DIR = (
@@ -31,8 +33,8 @@ DEFAULT_STATE_DIR = (
 
 jobs_app = typer.Typer(
     help=(
-        "Submit and watch jobs on the embedded scheduler (local state directory). "
-        "--controller/--token are accepted but not wired to a control plane yet."
+        "Submit and watch jobs: on a control plane (--controller URL --token T) or on a "
+        "local embedded scheduler (state directory)."
     ),
     no_args_is_help=True,
 )
@@ -41,9 +43,11 @@ StateDirOption = typer.Option(
     DEFAULT_STATE_DIR, "--state-dir", help="Local scheduler state (store, job logs)."
 )
 ControllerOption = typer.Option(
-    None, "--controller", help="Control-plane URL (not yet wired: local state only for now)."
+    None, "--controller", help="Control-plane URL (else: the local state directory)."
 )
-TokenOption = typer.Option(None, "--token", help="Bearer token for --controller (not yet wired).")
+TokenOption = typer.Option(
+    None, "--token", envvar="GPUFLEET_TOKEN", help="Bearer token for --controller."
+)
 NodesSimOption = typer.Option(
     None,
     "--sim",
@@ -52,13 +56,34 @@ NodesSimOption = typer.Option(
 )
 
 
-def _no_controller(controller: str | None, token: str | None) -> None:
-    if controller or token:
-        raise UsageError(
-            "--controller/--token: not yet wired; the jobs commands use a local embedded "
-            "scheduler for now",
-            hint="drop --controller and --token (optionally pass --state-dir)",
+def _remote(
+    controller: str | None, token: str | None, method: str, path: str, body: object = None
+) -> Any:
+    """One call to the control plane's jobs API; HTTP errors become clear messages."""
+    import httpx
+
+    if not controller:
+        return None
+    if not token:
+        raise UsageError("--controller needs --token (or GPUFLEET_TOKEN)")
+    url = controller.rstrip("/") + "/api/v1" + path
+    try:
+        r = httpx.request(
+            method,
+            url,
+            json=body,
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=30.0,
         )
+    except httpx.HTTPError as exc:
+        raise GpufleetError(f"control plane {controller}: {exc}") from exc
+    if r.status_code >= 400:
+        try:
+            detail = r.json().get("detail", r.text)
+        except ValueError:
+            detail = r.text
+        raise UsageError(f"{method} {path}: HTTP {r.status_code}: {detail}")
+    return r.json()
 
 
 def _local_nodes(sim: str | None, seed: int) -> list[object]:
@@ -136,6 +161,9 @@ def submit(
     max_restarts: int = typer.Option(0, "--max-restarts", help="Failovers allowed."),
     checkpoint_dir: str = typer.Option(None, "--checkpoint-dir"),
     env: list[str] = typer.Option(None, "--env", help="KEY=VALUE (repeatable)."),
+    duration: float = typer.Option(
+        None, "--duration", help="Simulated nodes: seconds of simulated GPU work."
+    ),
     sim: str = NodesSimOption,
     seed: int = SeedOption,
     state_dir: Path = StateDirOption,
@@ -144,7 +172,6 @@ def submit(
     as_json: bool = JsonOption,
 ) -> None:
     """Submit a job: `gpufleet jobs submit --gpus 2 -- python train.py`."""
-    _no_controller(controller, token)
     if not command and not image:
         raise UsageError("give a command after -- (or --image)")
     spec = JobSpec(
@@ -161,7 +188,17 @@ def submit(
         max_restarts=max_restarts,
         checkpoint_dir=checkpoint_dir,
         env=_env_pairs(env),
+        duration_s=duration,
     )
+    if controller:
+        body = {k: v for k, v in spec.__dict__.items() if v is not None}
+        body["command"] = list(spec.command)
+        job = _remote(controller, token, "POST", "/jobs", body)
+        if as_json:
+            emit_json(job)
+        else:
+            console.print(f"job {job['id']} ({job['name']}): {job['state']} {job['reason']}")
+        return
     with local_scheduler(state_dir, sim, seed) as eng:
         job_id = eng.submit(spec)  # type: ignore[attr-defined]
         eng.tick()  # type: ignore[attr-defined]
@@ -182,7 +219,25 @@ def list_jobs(
     """List jobs, newest last."""
     from rich.table import Table
 
-    _no_controller(controller, token)
+    if controller:
+        doc = _remote(controller, token, "GET", "/jobs")
+        if as_json:
+            emit_json(doc)
+            return
+        table = Table("id", "name", "tenant", "state", "nodes", "gpus", "restarts", "reason")
+        for j in doc["jobs"]:
+            table.add_row(
+                j["id"],
+                j["name"],
+                j["tenant"],
+                j["state"],
+                ",".join(j["nodes"]) or "-",
+                str(j["gpus"]),
+                str(j["restarts"]),
+                j["reason"],
+            )
+        console.print(table)
+        return
     with local_scheduler(state_dir) as eng:
         jobs = eng.list_jobs()  # type: ignore[attr-defined]
     if as_json:
@@ -212,7 +267,20 @@ def show(
     as_json: bool = JsonOption,
 ) -> None:
     """A job's spec, state and every attempt (where and how each copy ran)."""
-    _no_controller(controller, token)
+    if controller:
+        d = _remote(controller, token, "GET", f"/jobs/{job_id}")
+        if as_json:
+            emit_json(d)
+            return
+        console.print(f"[bold]job {d['id']}[/] {d['name']} (tenant {d['tenant']}): {d['state']}")
+        console.print(f"  command: {shlex.join(d['command']) or fmt(d['image'])}")
+        console.print(f"  nodes: {','.join(d['nodes']) or '-'}; restarts: {d['restarts']}")
+        console.print(f"  exit {fmt(d['exit_code'])}; reason: {d['reason'] or '-'}")
+        for a in d["attempts"]:
+            console.print(
+                f"  attempt gen {a['generation']} on {','.join(a['nodes'])}: {a['outcome']}"
+            )
+        return
     with local_scheduler(state_dir) as eng:
         status = eng.job(job_id).status()  # type: ignore[attr-defined]
         attempts = eng.attempts(job_id)  # type: ignore[attr-defined]
@@ -242,7 +310,13 @@ def cancel(
     as_json: bool = JsonOption,
 ) -> None:
     """Cancel a job (kills its running copies)."""
-    _no_controller(controller, token)
+    if controller:
+        d = _remote(controller, token, "POST", f"/jobs/{job_id}/cancel")
+        if as_json:
+            emit_json(d)
+        else:
+            console.print(f"job {job_id}: {d['state']}")
+        return
     with local_scheduler(state_dir) as eng:
         eng.cancel(job_id)  # type: ignore[attr-defined]
         status = eng.job(job_id).status()  # type: ignore[attr-defined]
@@ -262,7 +336,13 @@ def logs(
     as_json: bool = JsonOption,
 ) -> None:
     """Print the output of the job's latest copy."""
-    _no_controller(controller, token)
+    if controller:
+        d = _remote(controller, token, "GET", f"/jobs/{job_id}/logs?tail={max(0, tail)}")
+        if as_json:
+            emit_json({"job": job_id, "log": None, "text": d["text"]})
+        else:
+            typer.echo(d["text"], nl=False)
+        return
     with local_scheduler(state_dir) as eng:
         path = eng.log_path(job_id)  # type: ignore[attr-defined]
     text = path.read_text(encoding="utf-8", errors="replace") if path else ""

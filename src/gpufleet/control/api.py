@@ -20,6 +20,7 @@ from fastapi.staticfiles import StaticFiles
 from gpufleet import __version__
 from gpufleet.agent.wire import Batch
 from gpufleet.control import actions as act
+from gpufleet.control import api_jobs
 from gpufleet.control import queries as qy
 from gpufleet.control import schemas as sc
 from gpufleet.control.auth import Principal, Role, install_log_redaction
@@ -360,7 +361,11 @@ def create_app(service: ControlService) -> FastAPI:
         t0 = time.perf_counter()
         ack = await service.ingest.submit(IngestItem(batch, who, received, parsed.arrays))
         service.ingest.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
-        return sc.IngestAck(agent_id=ack.agent_id, seq=ack.seq, duplicate=ack.duplicate)
+        cmds = service.jobs.exchange(batch, store.clock()) if service.jobs is not None else []
+        out = sc.IngestAck(agent_id=ack.agent_id, seq=ack.seq, duplicate=ack.duplicate)
+        if not cmds:  # an Ack without commands is exactly what it was before jobs existed
+            return JSONResponse(out.model_dump(mode="json", exclude={"commands"}))
+        return JSONResponse(out.model_copy(update={"commands": cmds}).model_dump(mode="json"))
 
     @api.get("/stream", include_in_schema=False)
     async def stream(
@@ -413,6 +418,7 @@ def create_app(service: ControlService) -> FastAPI:
             gen(), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
         )
 
+    api_jobs.register(api, service, need)
     app.include_router(api)
     base_openapi = app.openapi
 

@@ -7,6 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from gpufleet.agent.wire import WireCommand
 from gpufleet.control.remediation import RemediationPolicy
 
 
@@ -267,3 +268,4 @@ class IngestAck(_Out):
     agent_id: str
     seq: int
     duplicate: bool = False
+    commands: list[WireCommand] = Field(default_factory=list)  # jobs to start/kill (issue 7)

@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from gpufleet.control.db import database_url, make_engine, migrate
 from gpufleet.control.ingest import IngestQueue
@@ -22,6 +23,9 @@ from gpufleet.control.lifecycle import SchedulerHook
 from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.store import ControlStore
 from gpufleet.control.telemetry_store import DEFAULT_CAPACITY, TelemetryStore
+
+if TYPE_CHECKING:
+    from gpufleet.control.scheduling import JobsFacade
 
 log = logging.getLogger("gpufleet.control")
 
@@ -71,6 +75,7 @@ class ControlService:
             min_drain_s=config.min_drain_s,
         )
         self.ingest = IngestQueue(self.store, max_pending=config.max_pending)
+        self.jobs: JobsFacade | None = None  # the scheduler's jobs API (control.scheduling)
         self._last_tick: float | None = None
         self._last_slow = 0.0
         self._stop = threading.Event()

@@ -69,6 +69,7 @@ class NodePusher:
     _events: list[dict[str, Any]] = field(default_factory=list)
     _findings: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     unacked: deque[tuple[int, bytes]] = field(default_factory=deque)
+    jobs: Any = None  # a gpufleet.agent.jobs.AgentJobs when this node runs jobs (issue 7)
 
     @property
     def node(self) -> str:
@@ -184,6 +185,8 @@ class NodePusher:
         }
         if devs is not None:
             body["devices"] = devs
+        if self.jobs is not None:
+            body["jobs"] = self.jobs.report().model_dump(mode="json")
         self._t, self._f, self._events = {}, {}, []
         raw = json.dumps(body, separators=(",", ":")).encode()
         self.unacked.append((self.seq, raw))
@@ -193,6 +196,14 @@ class NodePusher:
 
     def acked(self, seq: int) -> None:
         self.unacked = deque((s, b) for s, b in self.unacked if s != seq)
+
+    def on_ack(self, body: bytes) -> None:
+        """Run the commands an ``Ack`` carries (jobs to start/kill), when this node runs jobs."""
+        if self.jobs is None:
+            return
+        from gpufleet.agent.wire import Ack
+
+        self.jobs.apply(Ack.model_validate_json(body).commands)
 
 
 @dataclass
@@ -213,7 +224,13 @@ class PushStats:
 
 
 async def push_one(
-    pool: Pool, token: str, raw: bytes, gz: bool, stats: PushStats, n_samples: int
+    pool: Pool,
+    token: str,
+    raw: bytes,
+    gz: bool,
+    stats: PushStats,
+    n_samples: int,
+    on_ack: Callable[[bytes], None] | None = None,
 ) -> bool:
     """POST one batch; True when acknowledged."""
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -231,6 +248,8 @@ async def push_one(
         stats.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
         stats.batches += 1
         stats.samples += n_samples
+        if on_ack is not None:
+            on_ack(r.body)
         return True
     if r.status == 429:
         stats.throttled += 1
@@ -262,7 +281,7 @@ async def run_fleet(
 
         async def push_node(p: NodePusher) -> None:
             for seq, raw in list(p.unacked):
-                if await push_one(pool, token, raw, gzip_body, stats, _count(raw)):
+                if await push_one(pool, token, raw, gzip_body, stats, _count(raw), p.on_ack):
                     p.acked(seq)
                 else:
                     return  # keep order: retry the rest next round

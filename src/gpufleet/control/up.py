@@ -61,10 +61,14 @@ def choose_backends(sim: str | None, seed: int) -> tuple[str, list[object], obje
 class LocalAgents:
     """The in-process agents of `gpufleet up`: a thread running `run_fleet` against loopback."""
 
-    def __init__(self, url: str, token: str, backends: list[object]) -> None:
+    def __init__(
+        self, url: str, token: str, backends: list[object], jobs: dict[str, object] | None = None
+    ) -> None:
         self.url = url
         self.token = token
         self.pushers = [NodePusher(b) for b in backends]  # type: ignore[arg-type]
+        for p in self.pushers:  # nodes that run the embedded scheduler's jobs (issue 7)
+            p.jobs = (jobs or {}).get(p.node)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop: asyncio.Event | None = None
         self._thread = threading.Thread(target=self._run, name="gpufleet-local-agents", daemon=True)

@@ -1,0 +1,212 @@
+"""Jobs on a node: the agent side of the embedded scheduler, driven by the control plane.
+
+The control plane's ``Ack`` carries ``commands`` (start or kill one copy of a job, with its
+generation); each batch carries the agent's ``jobs`` report (its GPUs, its lease and every copy it
+knows). ``AgentJobs`` runs the copies through a ``JobExecutor`` of the embedded scheduler:
+``LocalProcessExecutor`` on a real node (``CUDA_VISIBLE_DEVICES``, log capture, exit status) or
+``SimExecutor`` on a simulated node (the job loads the simulated GPUs).
+
+Fencing (the generation is the fence token):
+- a start whose generation is older than one the node has seen for that job is refused (the
+  executor checks), and a newer one kills the older copy;
+- an agent that has not heard from the control plane for ``lease_s`` kills every copy it runs
+  (the control plane may then start them elsewhere without a confirmed kill);
+- the control plane kills stale copies of a node that comes back (``kill`` commands).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from gpufleet.agent.wire import WireCommand, WireJobCopy, WireJobs, WireSlot
+from gpufleet.errors import GpufleetError
+from gpufleet.schedulers.base import JobSpec
+from gpufleet.schedulers.embedded.executor import (
+    CopyReport,
+    ExecutorError,
+    JobExecutor,
+    Launch,
+    NodeUnreachable,
+)
+
+log = logging.getLogger("gpufleet.agent.jobs")
+
+DEFAULT_LEASE_S = 30.0  # longer than a controller restart, short enough to fail over a lost node
+LOG_TAIL_BYTES = 4096
+KEEP_FINISHED_S = 600.0  # how long a finished copy is still reported
+
+
+def spec_from_mapping(d: dict[str, Any]) -> JobSpec:
+    """A ``JobSpec`` from its wire mapping (unknown keys are an error naming them)."""
+    known = set(JobSpec.__dataclass_fields__)
+    extra = sorted(set(d) - known)
+    if extra:
+        raise ExecutorError(f"job spec: unknown field(s) {extra}")
+    values = dict(d)
+    values["command"] = tuple(values.get("command") or ())
+    values["env"] = dict(values.get("env") or {})
+    try:
+        return JobSpec(**values)
+    except TypeError as exc:
+        raise ExecutorError(f"job spec: {exc}") from exc
+
+
+def spec_to_mapping(spec: JobSpec) -> dict[str, Any]:
+    d = dict(spec.__dict__)
+    d["command"] = list(spec.command)
+    d["env"] = dict(spec.env)
+    return d
+
+
+def slots_from_backend(backend: Any) -> list[WireSlot]:
+    """The schedulable GPUs of a ``GpuBackend`` (model key from the catalog when known)."""
+    from gpufleet.catalog import load_catalog
+
+    cat = load_catalog()
+    out = []
+    for i in range(backend.device_count()):
+        try:
+            info = backend.device_info(i)
+        except GpufleetError:
+            continue
+        model = info.model
+        if model is None:
+            found = cat.gpu_by_nvml_name(info.name)
+            model = found.key if found else info.name
+        out.append(WireSlot(index=i, model=model, memory_bytes=info.memory_total_bytes or 0))
+    return out
+
+
+@dataclass
+class AgentJobs:
+    """The copies of jobs one node runs, as the control plane asked."""
+
+    node: str
+    executor: JobExecutor
+    slots: Sequence[WireSlot]
+    lease_s: float = DEFAULT_LEASE_S
+    clock: Callable[[], float] = time.time
+    keep_finished_s: float = KEEP_FINISHED_S
+    last_contact_s: float = field(default=0.0)
+    refused: dict[tuple[str, int], str] = field(default_factory=dict)
+    _finished_at: dict[tuple[str, int], float] = field(default_factory=dict)
+    _tails: dict[tuple[str, int], str] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        if not self.last_contact_s:
+            self.last_contact_s = self.clock()
+
+    # ----- commands from the control plane ---------------------------------------------------
+    def apply(self, commands: Sequence[WireCommand]) -> None:
+        """Run the ``Ack``'s commands; an ``Ack`` also renews the lease."""
+        with self._lock:
+            self.last_contact_s = self.clock()
+            for cmd in commands:
+                try:
+                    if cmd.op == "start":
+                        self._start(cmd)
+                    else:
+                        self.executor.kill(cmd.job_id, cmd.generation, self.node)
+                except (ExecutorError, NodeUnreachable) as exc:
+                    log.warning("job %s gen %d: %s", cmd.job_id, cmd.generation, exc)
+                    self.refused[(cmd.job_id, cmd.generation)] = str(exc)
+
+    def _start(self, cmd: WireCommand) -> None:
+        key = (cmd.job_id, cmd.generation)
+        known = {(r.job_id, r.generation) for r in self.executor.poll(self.node)}
+        if key in known or key in self.refused:
+            return  # commands repeat until the report shows them: starting is idempotent
+        launch = Launch(
+            cmd.job_id,
+            cmd.generation,
+            self.node,
+            tuple(cmd.gpus),
+            dict(cmd.env),
+            spec_from_mapping(cmd.spec),
+        )
+        self.executor.start(launch)
+
+    # ----- lease -------------------------------------------------------------------------------
+    def check_lease(self) -> list[CopyReport]:
+        """Cut off from the control plane longer than the lease: kill every running copy."""
+        if self.clock() - self.last_contact_s <= self.lease_s:
+            return []
+        killed = []
+        with contextlib.suppress(NodeUnreachable):
+            for rep in self.executor.poll(self.node):
+                if rep.running:
+                    log.warning(
+                        "no contact with the control plane for %.0f s: killing job %s gen %d",
+                        self.clock() - self.last_contact_s,
+                        rep.job_id,
+                        rep.generation,
+                    )
+                    self.executor.kill(rep.job_id, rep.generation, self.node)
+                    killed.append(rep)
+        return killed
+
+    # ----- report ------------------------------------------------------------------------------
+    def report(self) -> WireJobs:
+        """The ``jobs`` part of the next batch."""
+        self.check_lease()
+        now = self.clock()
+        with self._lock:
+            copies = []
+            try:
+                reps = self.executor.poll(self.node)
+            except NodeUnreachable:
+                reps = []
+            for r in reps:
+                key = (r.job_id, r.generation)
+                if not r.running:
+                    first = self._finished_at.setdefault(key, now)
+                    if now - first > self.keep_finished_s:
+                        continue
+                copies.append(
+                    WireJobCopy(
+                        job_id=r.job_id,
+                        generation=r.generation,
+                        running=r.running,
+                        exit_code=r.exit_code,
+                        reason=r.reason[:500],
+                        node_fault=r.node_fault,
+                        log_tail=self._tail(key),
+                    )
+                )
+            for (job_id, gen), why in self.refused.items():
+                if not any(c.job_id == job_id and c.generation == gen for c in copies):
+                    copies.append(
+                        WireJobCopy(
+                            job_id=job_id,
+                            generation=gen,
+                            running=False,
+                            exit_code=None,
+                            reason=f"refused: {why}"[:500],
+                        )
+                    )
+            return WireJobs(lease_s=self.lease_s, slots=list(self.slots), copies=copies)
+
+    def _tail(self, key: tuple[str, int]) -> str | None:
+        """The end of the copy's log when it changed since the last report (else None)."""
+        path = self.executor.log_path(key[0], key[1], self.node)
+        if path is None:
+            return None
+        try:
+            with open(path, "rb") as f:
+                f.seek(0, 2)
+                size = f.tell()
+                f.seek(max(0, size - LOG_TAIL_BYTES))
+                text = f.read().decode("utf-8", errors="replace")
+        except OSError:
+            return None
+        if self._tails.get(key) == text:
+            return None
+        self._tails[key] = text
+        return text

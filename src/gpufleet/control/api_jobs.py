@@ -1,0 +1,243 @@
+"""The jobs API: ``/api/v1/jobs`` on whichever scheduler the controller runs (embedded, Slurm).
+
+| endpoint | role | what |
+| --- | --- | --- |
+| ``GET /jobs?state=&tenant=`` | viewer | ``{"jobs": [JobOut]}`` (oldest first) |
+| ``POST /jobs`` | operator | submit (``JobIn``); 201 with the job |
+| ``GET /jobs/{id}`` | viewer | the job, its spec and its attempts |
+| ``POST /jobs/{id}/cancel`` | operator | cancel (kills its running copies) |
+| ``GET /jobs/{id}/logs?tail=`` | viewer | the output of its newest copy |
+
+A tenant-scoped token sees and touches only its tenant's jobs (others answer 404, so ids of other
+tenants' jobs are not revealed) and submits only as its tenant. Every write is audited (refused
+ones too). Without a scheduler (``--scheduler none``) these answer 503.
+"""
+
+from collections.abc import Callable
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, HTTPException, Path, Query
+from pydantic import BaseModel, ConfigDict, Field
+
+from gpufleet.control.auth import Principal, Role
+from gpufleet.control.scheduling import JobsFacade
+from gpufleet.control.service import ControlService
+from gpufleet.control.store import NotFound
+from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.schedulers.base import JobSpec, JobState, JobStatus
+
+JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+Name = Annotated[str, Field(min_length=1, max_length=200)]
+Short = Annotated[str, Field(min_length=1, max_length=100)]
+
+
+class JobOut(BaseModel):
+    """One job as the Jobs view lists it (``gpus``: GPUs it asks for, per node x nodes)."""
+
+    id: str
+    name: str
+    tenant: str
+    state: str
+    nodes: list[str]
+    gpus: int
+    restarts: int
+    exit_code: int | None
+    reason: str
+    priority: int
+    submitted_at_s: float | None
+    started_at_s: float | None
+    ended_at_s: float | None
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+
+
+class AttemptOut(BaseModel):
+    """One placement of the job: where, when, how it ended."""
+
+    generation: int
+    nodes: list[str]
+    started_at_s: float | None
+    ended_at_s: float | None
+    outcome: str
+
+
+class JobDetail(JobOut):
+    """A job with its spec and attempts."""
+
+    command: list[str]
+    image: str | None
+    gpus_per_node: int
+    node_count: int
+    gpu_indexes: list[int]
+    gpu_model: str | None
+    max_restarts: int
+    checkpoint_dir: str | None
+    attempts: list[AttemptOut]
+
+
+class JobIn(BaseModel):
+    """A job to submit (``gpus`` per node, as Slurm's ``--gres=gpu:N`` with ``--nodes``)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: Name
+    tenant: Short | None = None  # default: the token's tenant, else "default"
+    command: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list)
+    image: str | None = Field(None, max_length=500)
+    gpus: int = Field(1, ge=1, le=1024)
+    nodes: int = Field(1, ge=1, le=4096)
+    gpu_model: str | None = Field(None, max_length=64)
+    min_gpu_memory_bytes: int | None = Field(None, ge=0)
+    mig_profile: str | None = Field(None, max_length=64)
+    priority: int = Field(0, ge=-1000, le=1000)
+    max_restarts: int = Field(0, ge=0, le=1000)
+    checkpoint_dir: str | None = Field(None, max_length=4096)
+    env: dict[Annotated[str, Field(max_length=256)], Annotated[str, Field(max_length=8192)]] = (
+        Field(default_factory=dict)
+    )
+    duration_s: float | None = Field(None, gt=0, le=10**7)  # simulated nodes: work length
+
+
+class LogsOut(BaseModel):
+    job: str
+    text: str
+
+
+def job_out(j: JobStatus) -> JobOut:
+    return JobOut(
+        id=j.id,
+        name=j.spec.name,
+        tenant=j.spec.tenant,
+        state=j.state.value,
+        nodes=list(j.nodes),
+        gpus=j.spec.gpus * j.spec.nodes,
+        restarts=j.restarts,
+        exit_code=j.exit_code,
+        reason=j.reason,
+        priority=j.spec.priority,
+        submitted_at_s=j.submitted_at_s,
+        started_at_s=j.started_at_s,
+        ended_at_s=j.ended_at_s,
+    )
+
+
+def register(
+    api: APIRouter, service: ControlService, need: Callable[[Role], Callable[..., Principal]]
+) -> None:
+    """Add the jobs endpoints to the ``/api/v1`` router."""
+    store = service.store
+    Viewer = Annotated[Principal, Depends(need(Role.VIEWER))]
+    Operator = Annotated[Principal, Depends(need(Role.OPERATOR))]
+
+    def facade() -> JobsFacade:
+        if service.jobs is None:
+            raise HTTPException(503, "this controller runs no scheduler (--scheduler none)")
+        return service.jobs
+
+    def visible(who: Principal, j: JobStatus) -> bool:
+        return who.tenant is None or j.spec.tenant == who.tenant
+
+    def get_job(who: Principal, job_id: str) -> JobStatus:
+        try:
+            j = facade().job(job_id)
+        except UsageError as exc:
+            raise NotFound(f"job {job_id!r} not found") from exc
+        if not visible(who, j):
+            raise NotFound(f"job {job_id!r} not found")
+        return j
+
+    def audited(who: Principal, action: str, target: str, detail: dict[str, Any]) -> None:
+        with store.sessions.begin() as s:
+            store.audit(s, who, action, target, detail=detail)
+
+    @api.get("/jobs", tags=["jobs"])
+    def jobs_list(
+        who: Viewer,
+        state: Annotated[JobState | None, Query()] = None,
+        tenant: Annotated[str | None, Query(max_length=100)] = None,
+    ) -> JobList:
+        """Jobs, oldest first (a tenant token sees its tenant's only)."""
+        out = [
+            job_out(j)
+            for j in facade().list_jobs()
+            if visible(who, j)
+            and (state is None or j.state is state)
+            and (tenant is None or j.spec.tenant == tenant)
+        ]
+        return JobList(jobs=out)
+
+    @api.post("/jobs", tags=["jobs"], status_code=201)
+    def jobs_submit(body: JobIn, who: Operator) -> JobOut:
+        """Submit a job; it is queued and placed by the scheduler."""
+        tenant = body.tenant or who.tenant or "default"
+        if who.tenant is not None and tenant != who.tenant:
+            store.audit_refusal(who, "job.submit", body.name, f"token is bound to {who.tenant}")
+            raise HTTPException(403, f"this token submits for tenant {who.tenant!r} only")
+        if not body.command and not body.image:
+            raise UsageError("command: give an argument list (or image)")
+        spec = JobSpec(
+            name=body.name,
+            tenant=tenant,
+            command=tuple(body.command),
+            image=body.image,
+            gpus=body.gpus,
+            gpu_model=body.gpu_model,
+            min_gpu_memory_bytes=body.min_gpu_memory_bytes,
+            mig_profile=body.mig_profile,
+            nodes=body.nodes,
+            priority=body.priority,
+            max_restarts=body.max_restarts,
+            checkpoint_dir=body.checkpoint_dir,
+            env=dict(body.env),
+            duration_s=body.duration_s,
+        )
+        jobs = facade()
+        try:
+            job_id = jobs.submit(spec)
+        except GpufleetError as exc:
+            store.audit_refusal(who, "job.submit", body.name, str(exc)[:500])
+            raise UsageError(str(exc)) from exc
+        audited(who, "job.submit", job_id, {"name": spec.name, "tenant": tenant})
+        return job_out(jobs.job(job_id))
+
+    @api.get("/jobs/{job_id}", tags=["jobs"])
+    def jobs_show(job_id: JobId, who: Viewer) -> JobDetail:
+        j = get_job(who, job_id)
+        s = j.spec
+        return JobDetail(
+            **job_out(j).model_dump(),
+            command=list(s.command),
+            image=s.image,
+            gpus_per_node=s.gpus,
+            node_count=s.nodes,
+            gpu_indexes=list(j.gpus),
+            gpu_model=s.gpu_model,
+            max_restarts=s.max_restarts,
+            checkpoint_dir=s.checkpoint_dir,
+            attempts=[AttemptOut(**a) for a in facade().attempts(j.id)],
+        )
+
+    @api.post("/jobs/{job_id}/cancel", tags=["jobs"])
+    def jobs_cancel(job_id: JobId, who: Operator) -> JobOut:
+        """Cancel a job (its running copies are killed)."""
+        try:
+            j = get_job(who, job_id)
+        except NotFound:
+            store.audit_refusal(who, "job.cancel", job_id, "not found")
+            raise
+        facade().cancel(j.id)
+        audited(who, "job.cancel", j.id, {"state_before": j.state.value})
+        return job_out(facade().job(j.id))
+
+    @api.get("/jobs/{job_id}/logs", tags=["jobs"])
+    def jobs_logs(
+        job_id: JobId, who: Viewer, tail: Annotated[int, Query(ge=0, le=100000)] = 0
+    ) -> LogsOut:
+        """Output of the job's newest copy (what its node's agent last sent)."""
+        j = get_job(who, job_id)
+        text = facade().logs(j.id) or ""
+        if tail:
+            text = "".join(text.splitlines(keepends=True)[-tail:])
+        return LogsOut(job=j.id, text=text)

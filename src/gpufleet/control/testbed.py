@@ -1,0 +1,204 @@
+"""A whole gpufleet on loopback, for end-to-end tests and the failover benchmark.
+
+``Testbed`` runs a real controller (``ControlService`` + the REST API under uvicorn, in threads)
+with a scheduler plugged in (``embedded``, ``slurm`` or ``none``), and simulated agents (one
+``NodePusher`` per node of a ``SimFleet``, pushing over HTTP like ``gpufleet sim-fleet``; with
+``run_jobs`` each runs the jobs the controller sends through ``AgentJobs`` + ``SimExecutor``).
+The controller can be stopped and started again on the same database and port, which is how
+the restart tests and the chaos runs cut it mid-stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.devices.sim import Fault, FaultKind, SimFleet
+from gpufleet.errors import GpufleetError
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Agents:
+    """Simulated agents of a ``SimFleet`` pushing to a controller from one thread."""
+
+    url: str
+    token: str
+    fleet: SimFleet
+    run_jobs: bool = True
+    lease_s: float = 30.0
+    sample_interval_s: float = 0.2
+    push_interval_s: float = 0.4
+    heartbeat_interval_s: float = 1.0
+    pushers: list[Any] = field(default_factory=list)
+    executor: Any = None
+    _loop: asyncio.AbstractEventLoop | None = None
+    _stop: asyncio.Event | None = None
+    _thread: threading.Thread | None = None
+
+    def start(self) -> Agents:
+        from gpufleet.agent.jobs import AgentJobs, slots_from_backend
+        from gpufleet.control.simfleet import NodePusher
+        from gpufleet.schedulers.embedded import SimExecutor
+
+        self.executor = SimExecutor(self.fleet, lease_s=self.lease_s)
+        for b in self.fleet.backends():
+            p = NodePusher(b, heartbeat_interval_s=self.heartbeat_interval_s)
+            if self.run_jobs:
+                p.jobs = AgentJobs(
+                    b.node_name, self.executor, slots_from_backend(b), lease_s=self.lease_s
+                )
+            self.pushers.append(p)
+        ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
+        self._thread.start()
+        ready.wait(5)
+        return self
+
+    def _run(self, ready: threading.Event) -> None:
+        from gpufleet.control.simfleet import run_fleet
+
+        self._loop = asyncio.new_event_loop()
+        self._stop = asyncio.Event()
+        ready.set()
+        try:
+            self._loop.run_until_complete(
+                run_fleet(
+                    self.url,
+                    self.token,
+                    self.pushers,
+                    duration_s=None,
+                    sample_interval_s=self.sample_interval_s,
+                    push_interval_s=self.push_interval_s,
+                    gzip_body=False,
+                    stop=self._stop,
+                )
+            )
+        finally:
+            self._loop.close()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
+            self._loop.call_soon_threadsafe(self._stop.set)
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def inject_xid79(self, node: str, gpu: int) -> float:
+        """The GPU falls off the bus now (XID 79); returns the fleet-clock time of the fault."""
+        g = self.fleet.node(node).gpus[gpu]
+        now = self.fleet.clock()
+        self.fleet.inject(Fault(FaultKind.FALLEN_OFF_BUS, node=node, gpu=gpu, at_s=now - g.t0))
+        return now
+
+    def running_copies(self) -> list[tuple[str, int, str]]:
+        """(job id, generation, node) of every copy the simulated agents run now."""
+        ex = self.executor
+        return [k for k, c in list(ex.copies.items()) if c.stopped_s is None]
+
+
+@dataclass
+class Controller:
+    """A real controller on loopback; ``stop()`` and ``start()`` again keep database and port."""
+
+    data_dir: Path
+    scheduler: str = "embedded"
+    db_url: str | None = None
+    options: dict[str, Any] = field(default_factory=dict)
+    port: int = field(default_factory=free_port)
+    tick_s: float = 0.2
+    lost_after_intervals: int = 3
+    service: ControlService | None = None
+    admin: str = ""
+    _server: Any = None
+    _thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> Controller:
+        import uvicorn
+
+        from gpufleet.control.api import create_app
+        from gpufleet.control.scheduling import install
+
+        cfg = ServiceConfig(
+            data_dir=self.data_dir,
+            db_url=self.db_url,
+            tick_s=self.tick_s,
+            min_drain_s=1.0,
+            lost_after_intervals=self.lost_after_intervals,
+            policy=RemediationPolicy(max_out_fraction=1.0),
+        )
+        self.service = svc = ControlService(cfg)
+        install(svc, self.scheduler, **self.options)
+        svc.start()
+        if not self.admin:
+            self.admin, _ = svc.store.tokens.create("admin", name="testbed")
+        config = uvicorn.Config(
+            create_app(svc),
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, daemon=True)
+        self._thread.start()
+        deadline = time.monotonic() + 15
+        while not self._server.started:
+            if time.monotonic() > deadline or not self._thread.is_alive():
+                raise GpufleetError(f"controller did not start on port {self.port}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join(timeout=15)
+        if self.service is not None:
+            if self.service.jobs is not None:
+                self.service.jobs.stop()
+            self.service.stop()
+        self._server = self._thread = self.service = None
+
+    def token(self, role: str, tenant: str | None = None, node: str | None = None) -> str:
+        assert self.service is not None
+        tok, _ = self.service.store.tokens.create(role, tenant=tenant, node=node)
+        return tok
+
+    def call(self, method: str, path: str, token: str | None = None, **kw: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {token or self.admin}"}
+        return httpx.request(method, self.url + path, headers=headers, timeout=10.0, **kw)
+
+
+def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, step_s: float = 0.05) -> Any:
+    """Poll ``cond`` until it returns something truthy; raise a clear error after the timeout."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got = cond()
+        except (httpx.HTTPError, GpufleetError):
+            got = None
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{what}: not within {timeout_s:g} s")
+        time.sleep(step_s)

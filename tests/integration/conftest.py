@@ -1,0 +1,46 @@
+"""End-to-end fixtures: a real controller on loopback with simulated agents (``Testbed``)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from gpufleet.control.testbed import Agents, Controller
+from gpufleet.devices.sim import SimFleet
+from gpufleet.devices.sim.spec import FleetSpec, NodeSpec
+
+
+def fleet_of(names: list[str], gpus: int = 2, model: str = "h100-sxm") -> SimFleet:
+    return SimFleet(FleetSpec(tuple(NodeSpec(n, model, gpus) for n in names)))
+
+
+@pytest.fixture
+def bed(tmp_path: Path) -> Iterator[Callable[..., tuple[Controller, Agents]]]:
+    """``bed(nodes=[...], scheduler=..., lease_s=...)``: a started controller and agents."""
+    started: list[tuple[Controller, Agents]] = []
+
+    def make(
+        nodes: list[str] | None = None,
+        scheduler: str = "embedded",
+        run_jobs: bool = True,
+        lease_s: float = 30.0,
+        **options: object,
+    ) -> tuple[Controller, Agents]:
+        ctl = Controller(tmp_path / "data", scheduler=scheduler, options=dict(options)).start()
+        agent_token = ctl.token("agent")
+        agents = Agents(
+            ctl.url,
+            agent_token,
+            fleet_of(nodes or ["n1", "n2", "n3"]),
+            run_jobs=run_jobs,
+            lease_s=lease_s,
+        ).start()
+        started.append((ctl, agents))
+        return ctl, agents
+
+    yield make
+    for ctl, agents in started:
+        agents.stop()
+        ctl.stop()
