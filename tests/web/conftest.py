@@ -1,0 +1,196 @@
+"""Fixtures for the dashboard tests: a real controller (uvicorn on loopback) fed by simulated
+agents over HTTP, the SimFleet object itself (so a test can inject a fault), tokens for each
+role, and a headless Debian `chromium` driven by Playwright (FAILS under CI when missing)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+CHROMIUM = os.environ.get("GPUFLEET_CHROMIUM", "/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+REPO = Path(__file__).resolve().parents[2]
+
+
+def artifacts_dir() -> Path:
+    """Where screenshots go: $GPUFLEET_ARTIFACTS, else test-artifacts/ at the repo root."""
+    d = Path(os.environ.get("GPUFLEET_ARTIFACTS") or REPO / "test-artifacts")
+    d.mkdir(parents=True, exist_ok=True)
+    return d
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_for(pred: Callable[[], bool], timeout: float) -> bool:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if pred():
+            return True
+        time.sleep(0.1)
+    return pred()
+
+
+def chromium_or_fail() -> str:
+    """The browser binary; under CI its absence is a failure, elsewhere a skip."""
+    explicit = "GPUFLEET_CHROMIUM" in os.environ
+    found = CHROMIUM if os.path.exists(CHROMIUM) else None
+    if found is None and not explicit:
+        found = shutil.which("chromium")
+    if not found:
+        if os.environ.get("CI"):
+            pytest.fail(f"chromium (Debian package chromium) is required under CI: {CHROMIUM}")
+        pytest.skip("chromium not found (apt-get install chromium)")
+    try:
+        import playwright  # noqa: F401
+    except ImportError:
+        if os.environ.get("CI"):
+            pytest.fail("the playwright Python package is required under CI")
+        pytest.skip("playwright not installed (pip install playwright)")
+    return found
+
+
+@pytest.fixture(scope="session")
+def browser() -> Iterator[Any]:
+    exe = chromium_or_fail()
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as p:
+        b = p.chromium.launch(executable_path=exe, args=CHROMIUM_ARGS, timeout=60_000)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+@dataclass
+class LiveFleet:
+    """A running controller with simulated agents pushing to it over loopback HTTP."""
+
+    url: str
+    service: Any
+    sim: Any
+    tokens: dict[str, str]
+    stop: Callable[[], None]
+    faulted: dict[str, float] = field(default_factory=dict)
+
+    def dashboard(self, role: str, route: str = "") -> str:
+        return f"{self.url}/#token={self.tokens[role]}{('&' + route) if route else ''}"
+
+    def api(self, path: str, role: str = "admin") -> Any:
+        import httpx
+
+        r = httpx.get(
+            f"{self.url}/api/v1{path}",
+            headers={"Authorization": f"Bearer {self.tokens[role]}"},
+            timeout=10,
+        )
+        r.raise_for_status()
+        return r.json()
+
+
+def start_fleet(tmp: Path, spec: str, *, racks_of: int = 16) -> LiveFleet:
+    """Controller + uvicorn + one thread of simulated agents (sample 1 s, push 1 s)."""
+    import uvicorn
+
+    from gpufleet.control import actions as act
+    from gpufleet.control.api import create_app
+    from gpufleet.control.service import ControlService, ServiceConfig
+    from gpufleet.control.simfleet import NodePusher, run_fleet
+    from gpufleet.devices.discovery import open_sim
+
+    svc = ControlService(ServiceConfig(data_dir=tmp / "data", max_pending=5000))
+    svc.start()
+    store = svc.store
+    tokens = {
+        role: store.tokens.create(role, name=f"web-{role}")[0]
+        for role in ("admin", "operator", "viewer", "agent")
+    }
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(svc),
+            host="127.0.0.1",
+            port=port,
+            log_level="warning",
+            access_log=False,
+            lifespan="off",
+        )
+    )
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    if not wait_for(lambda: server.started, 20):
+        raise RuntimeError("uvicorn did not start")
+    url = f"http://127.0.0.1:{port}"
+    fleet = open_sim(spec, seed=7)
+    fleet.sim.demo_activity()
+    pushers = [NodePusher(b) for b in fleet.backends]
+    loop = asyncio.new_event_loop()
+    stop_ev = asyncio.Event()
+
+    def agents() -> None:
+        asyncio.set_event_loop(loop)
+        loop.run_until_complete(
+            run_fleet(
+                url,
+                tokens["agent"],
+                pushers,
+                duration_s=None,
+                sample_interval_s=1.0,
+                push_interval_s=1.0,
+                gzip_body=False,
+                stop=stop_ev,
+            )
+        )
+
+    ath = threading.Thread(target=agents, daemon=True)
+    ath.start()
+    names = [p.node for p in pushers]
+    if not wait_for(lambda: all(n in store.nodes for n in names), 60):
+        raise RuntimeError("simulated nodes did not register")
+    admin = store.tokens.resolve(tokens["admin"])
+    assert admin is not None
+    for i, n in enumerate(names):
+        act.update_node(store, n, admin, rack=f"r{i // racks_of:02d}")
+
+    def stop() -> None:
+        loop.call_soon_threadsafe(stop_ev.set)
+        ath.join(timeout=10)
+        server.should_exit = True
+        th.join(timeout=10)
+        svc.stop()
+
+    return LiveFleet(url=url, service=svc, sim=fleet.sim, tokens=tokens, stop=stop)
+
+
+@pytest.fixture(scope="module")
+def fleet64(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[LiveFleet]:
+    """64 simulated nodes x 8 H100 (browser first, so a missing chromium stops early)."""
+    _ = browser
+    f = start_fleet(tmp_path_factory.mktemp("web"), "64x8xh100-sxm")
+    try:
+        yield f
+    finally:
+        f.stop()
