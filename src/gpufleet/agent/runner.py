@@ -82,7 +82,7 @@ def finding_to_wire(f: Finding) -> wire.WireFinding:
 
 
 def _jsonable(d: dict[str, Any]) -> dict[str, Any]:
-    from gpufleet.cli.output import to_jsonable  # plain-value conversion only
+    from gpufleet.jsonable import to_jsonable
 
     out = to_jsonable(d)
     return out if isinstance(out, dict) else {}
