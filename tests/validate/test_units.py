@@ -138,3 +138,20 @@ def test_cli_exit_codes_and_files(tmp_path: Path) -> None:
     unknown = runner.invoke(app, ["validate", "--sim", "2x8xh200", "--only", "nope"])
     assert isinstance(unknown.exception, UnknownNameError)  # main() prints it, exit 2
     assert unknown.exception.exit_code == 2
+
+
+def test_level1_runs_the_agents_health_rules() -> None:
+    """Thermal slowdown is no level-1 check of its own: the agent's health rules catch it."""
+    from gpufleet.devices.sim import Fault, FaultKind
+
+    report = run_sim(
+        "1x2xh100",
+        level=1,
+        faults=(Fault(FaultKind.THERMAL_SLOWDOWN, node="sim-00", gpu=1),),
+    )
+    rows = {(r.component, r.status) for r in report.results if r.test == "health_rules"}
+    assert ("sim-00/gpu0", Status.PASS) in rows
+    bad = [r for r in report.results if r.test == "health_rules" and r.component == "sim-00/gpu1"]
+    assert len(bad) == 1 and bad[0].status in (Status.WARN, Status.FAIL)
+    # 89 C against the 87 C slowdown limit (catalog h100-sxm) -> the temperature rule fires
+    assert set(bad[0].details["codes"]) & {"TEMP_NEAR_SLOWDOWN", "HW_THERMAL_SLOWDOWN"}

@@ -190,27 +190,54 @@ def check_gpu(st: GpuState, thr: Thresholds, tests: set[str]) -> list[TestResult
 
 
 def health_rules_installed() -> bool:
-    """Whether the agent issue's health rules (``gpufleet.health.rules``) are importable."""
-    return importlib.util.find_spec("gpufleet.health.rules") is not None
+    """The agent's health rules ship with gpufleet (``gpufleet.health``)."""
+    return importlib.util.find_spec("gpufleet.health") is not None
 
 
 def _health_rules(st: GpuState) -> TestResult:
-    """The agent issue's health rules (``gpufleet.health.rules.evaluate``) when installed."""
+    """Run the agent's health rules (``gpufleet.health``) on what level 1 read from the GPU."""
+    from gpufleet.health import (
+        GpuHealthInput,
+        GpuWindow,
+        HealthTracker,
+        NodeHealthInput,
+        Severity,
+    )
+
+    if st.info is None:
+        return _r("health_rules", st, Status.SKIP, "no device info to evaluate")
+    samples = [st.sample] if st.sample is not None else []
+    node_input = NodeHealthInput(
+        node=st.node,
+        gpus=(
+            GpuHealthInput(
+                index=st.index,
+                uuid=st.info.uuid,
+                info=st.info,
+                window=GpuWindow.of(samples),
+                events=(),
+                lost=False,
+            ),
+        ),
+        driver_version=st.info.driver_version,
+        nvml_version=st.info.nvml_version,
+        cuda_driver_version=st.info.cuda_driver_version,
+    )
     try:
-        mod = importlib.import_module("gpufleet.health.rules")
-    except ImportError:
-        return _r("health_rules", st, Status.SKIP, "health rules not installed")
-    evaluate = getattr(mod, "evaluate", None)
-    if evaluate is None or st.info is None:
-        return _r("health_rules", st, Status.SKIP, "health rules have no evaluate()")
-    try:
-        findings = list(evaluate(st.info, st.sample))
-    except Exception as exc:  # a rule set of another issue must not stop validation
+        report = HealthTracker(None).evaluate(node_input)
+    except Exception as exc:  # a rule failing must not stop validation
         return _r("health_rules", st, Status.WARN, f"health rules raised {exc!r}")
-    sev = max((int(getattr(f, "severity", 0)) for f in findings), default=0)
-    status = Status.FAIL if sev >= 2 else Status.WARN if sev == 1 else Status.PASS
-    msgs = [str(getattr(f, "message", f)) for f in findings if int(getattr(f, "severity", 0))]
-    return _r("health_rules", st, status, "; ".join(msgs) or "no findings")
+    findings = [f for f in report.findings if f.severity in (Severity.WARN, Severity.FAIL)]
+    worst = max((f.severity for f in findings), default=Severity.OK)
+    status = Status.FAIL if worst == Severity.FAIL else Status.WARN if findings else Status.PASS
+    msgs = [f"{f.code}: {f.message}" for f in findings]
+    return _r(
+        "health_rules",
+        st,
+        status,
+        "; ".join(msgs) or "no findings",
+        codes=[f.code for f in findings],
+    )
 
 
 def check_software(
