@@ -8,7 +8,7 @@ from typing import Any
 
 from rich.console import Console
 
-from gpufleet.jsonable import to_jsonable
+from gpufleet.jsonable import to_jsonable as to_jsonable
 
 console = Console()
 err_console = Console(stderr=True)

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import numpy.typing as npt
@@ -34,43 +34,98 @@ FIELDS: tuple[str, ...] = (
 FIELD_INDEX = {f: i for i, f in enumerate(FIELDS)}
 NF = len(FIELDS)
 DEFAULT_CAPACITY = 256  # samples per GPU: ~4 min at 1 Hz, ~8.5 min at 0.5 Hz
+Mat = npt.NDArray[np.float64]
+Index = slice | npt.NDArray[np.int64]  # rows of GPUs: consecutive (a slice) or not
 
 
 class SampleShapeError(ValueError):
     """A columnar sample block whose columns do not match its timestamps."""
 
 
-@dataclass
-class _Ring:
-    cap: int
-    t: npt.NDArray[np.float64] = field(init=False)
-    v: npt.NDArray[np.float32] = field(init=False)
-    n: int = 0
-    last_t: float = -math.inf
-    last: npt.NDArray[np.float32] = field(init=False)
+class _NodeRings:
+    """The ring buffers of one node's GPUs as arrays indexed by GPU (rows grow on demand)."""
 
-    def __post_init__(self) -> None:
-        self.t = np.full(self.cap, np.nan)
-        self.v = np.full((self.cap, NF), np.nan, dtype=np.float32)
-        self.last = np.full(NF, np.nan, dtype=np.float32)
+    def __init__(self, cap: int, gpus: int) -> None:
+        self.cap = cap
+        self.t = np.full((gpus, cap), np.nan)
+        self.v = np.full((gpus, cap, NF), np.nan, dtype=np.float32)
+        self.n = np.zeros(gpus, dtype=np.int64)
+        self.last_t = np.full(gpus, -np.inf)
+        self.last = np.full((gpus, NF), np.nan, dtype=np.float32)
 
-    def write(self, t: npt.NDArray[np.float64], mat: npt.NDArray[np.float64]) -> None:
-        k = t.shape[0]
+    @property
+    def gpus(self) -> int:
+        return int(self.n.shape[0])
+
+    def grow(self, gpus: int) -> None:
+        extra = gpus - self.gpus
+        if extra <= 0:
+            return
+        self.t = np.concatenate([self.t, np.full((extra, self.cap), np.nan)])
+        self.v = np.concatenate([self.v, np.full((extra, self.cap, NF), np.nan, np.float32)])
+        self.n = np.concatenate([self.n, np.zeros(extra, dtype=np.int64)])
+        self.last_t = np.concatenate([self.last_t, np.full(extra, -np.inf)])
+        self.last = np.concatenate([self.last, np.full((extra, NF), np.nan, np.float32)])
+
+    def write(self, g: Index, t: Mat, mat: Mat) -> None:
+        """Append ``t`` (B, k) and ``mat`` (B, NF, k) to the rings of GPUs ``g`` (distinct;
+        a slice when they are consecutive, the common case, which avoids fancy indexing)."""
+        k = t.shape[1]
         if k > self.cap:
-            t, mat, k = t[-self.cap :], mat[:, -self.cap :], self.cap
-        idx = (self.n + np.arange(k)) % self.cap
-        self.t[idx] = t
-        self.v[idx] = mat.T
-        self.n += k
-        j = int(np.argmax(t))
-        if t[j] >= self.last_t:
-            # newest non-missing value of each field (slow fields come less often)
-            m = mat if k == 1 or bool(np.all(np.diff(t) >= 0)) else mat[:, np.argsort(t)]
-            valid = ~np.isnan(m)
-            idx = k - 1 - np.argmax(valid[:, ::-1], axis=1)
-            newest = m[np.arange(NF), idx].astype(np.float32)
-            self.last = np.where(valid.any(axis=1), newest, self.last)
-            self.last_t = float(t[j])
+            t, mat, k = t[:, -self.cap :], mat[:, :, -self.cap :], self.cap
+        n = self.n[g]
+        n0 = int(n[0])
+        start = n0 % self.cap
+        if isinstance(g, slice) and start + k <= self.cap and bool((n == n0).all()):
+            self.t[g, start : start + k] = t
+            self.v[g, start : start + k] = mat.transpose(0, 2, 1)
+        else:
+            pos = (n[:, None] + np.arange(k)[None, :]) % self.cap
+            rows = np.arange(self.gpus)[g][:, None]
+            self.t[rows, pos] = t
+            self.v[rows, pos] = mat.transpose(0, 2, 1)
+        self.n[g] += k
+        ordered = k == 1 or bool((t[:, 1:] >= t[:, :-1]).all())
+        if not ordered:
+            order = np.argsort(t, axis=1)
+            t = np.take_along_axis(t, order, axis=1)
+            mat = np.take_along_axis(mat, order[:, None, :], axis=2)
+        tmax = t[:, -1]
+        # newest non-missing value of each field (slow fields come less often)
+        newest = mat[:, :, -1]
+        gaps = np.isnan(newest)
+        if bool(gaps.any()):
+            valid = ~np.isnan(mat)
+            idx = k - 1 - np.argmax(valid[:, :, ::-1], axis=2)
+            newest = np.take_along_axis(mat, idx[:, :, None], axis=2)[:, :, 0]
+            newest = np.where(valid.any(axis=2), newest, self.last[g])
+        newer = tmax >= self.last_t[g]
+        if bool(newer.all()):
+            self.last[g] = newest
+            self.last_t[g] = tmax
+        elif bool(newer.any()):
+            rows = np.arange(self.gpus)[g][newer]
+            self.last[rows] = newest[newer]
+            self.last_t[rows] = tmax[newer]
+
+
+@dataclass(frozen=True)
+class SampleGroup:
+    """Sample blocks of distinct GPUs of one batch with the same number of samples, as arrays:
+    ``t`` is (B, k), ``mat`` (B, NF, k) float64 with NaN for missing (see `clean_matrix`)."""
+
+    gpus: list[int]
+    t: Mat
+    mat: Mat
+
+
+def clean_matrix(mat: Mat) -> Mat:
+    """NaN for readings that are no readings: infinities and values beyond float32 (they
+    would become infinities in the ring). Works in place and returns ``mat``."""
+    bad = ~(np.abs(mat) <= 3.0e38)  # NaN, infinities and huge values alike
+    if bool(bad.any()):
+        mat[bad] = np.nan
+    return mat
 
 
 def _matrix(k: int, fields: dict[str, list[float | None]]) -> npt.NDArray[np.float64]:
@@ -84,21 +139,20 @@ def _matrix(k: int, fields: dict[str, list[float | None]]) -> npt.NDArray[np.flo
         if len(col) != k:
             raise SampleShapeError(f"fields[{name!r}] has {len(col)} values for {k} timestamps")
         rows.append(col)
-    mat = np.array(rows, dtype=np.float64).reshape(NF, k)
-    mat[~np.isfinite(mat)] = np.nan  # an infinite reading is no reading
-    big = np.abs(mat) > 3.0e38  # beyond float32: would become inf in the ring
-    mat[big] = np.nan
-    return mat
+    return clean_matrix(np.array(rows, dtype=np.float64).reshape(NF, k))
 
 
 class TelemetryStore:
-    """Ring buffers keyed by (node, gpu index) and rollup accumulators keyed by minute."""
+    """Ring buffers per node (one row per GPU) and rollup accumulators keyed by minute.
+
+    Writes are vectorised over the GPUs of a batch: one batch of 8 GPUs is a handful of numpy
+    operations, not 8 times as many."""
 
     def __init__(self, capacity: int = DEFAULT_CAPACITY) -> None:
         self.capacity = capacity
-        self._rings: dict[tuple[str, int], _Ring] = {}
-        # (node, gpu, minute) -> array (4, NF): count, min, max, sum
-        self._acc: dict[tuple[str, int, int], npt.NDArray[np.float64]] = {}
+        self._rings: dict[str, _NodeRings] = {}
+        # (node, minute) -> array (gpus, 4, NF): count, min, max, sum
+        self._acc: dict[tuple[str, int], Mat] = {}
         self._lock = threading.Lock()
         self.samples_total = 0
 
@@ -120,82 +174,107 @@ class TelemetryStore:
         return self.add_arrays(node, gpu, np.asarray(t, dtype=np.float64), _matrix(k, fields))
 
     @staticmethod
-    def matrix(k: int, fields: dict[str, list[float | None]]) -> npt.NDArray[np.float64]:
+    def matrix(k: int, fields: dict[str, list[float | None]]) -> Mat:
         """The kept metrics of a columnar block as an (NF, k) float64 matrix (NaN: missing)."""
         return _matrix(k, fields)
 
-    def add_arrays(
-        self, node: str, gpu: int, tarr: npt.NDArray[np.float64], mat: npt.NDArray[np.float64]
-    ) -> int:
+    def add_arrays(self, node: str, gpu: int, tarr: Mat, mat: Mat) -> int:
         """Store one GPU's block given as arrays (see `matrix`); returns the sample count."""
-        k = int(tarr.shape[0])
-        if k == 0:
-            return 0
-        minutes = np.floor(tarr / 60.0).astype(np.int64)
-        with self._lock:
-            ring = self._rings.get((node, gpu))
-            if ring is None:
-                ring = self._rings[(node, gpu)] = _Ring(self.capacity)
-            ring.write(tarr, mat)
-            m0, m1 = int(minutes.min()), int(minutes.max())
-            groups: Iterable[tuple[int, npt.NDArray[np.float64]]]
-            if m0 == m1:
-                groups = ((m0, mat),)
-            else:
-                groups = ((int(m), mat[:, minutes == m]) for m in np.unique(minutes))
-            for minute, sub in groups:
-                self._accumulate((node, gpu, minute), sub)
-            self.samples_total += k
-        return k
+        return self.add_blocks(node, [gpu], tarr[None, :], mat[None, :, :])
 
-    def _accumulate(self, key: tuple[str, int, int], sub: npt.NDArray[np.float64]) -> None:
+    def add_groups(self, node: str, groups: Sequence[SampleGroup]) -> int:
+        """Store every sample group of one batch; returns the sample count."""
+        return sum(self.add_blocks(node, g.gpus, g.t, g.mat) for g in groups)
+
+    def add_blocks(self, node: str, gpus: Sequence[int], t: Mat, mat: Mat) -> int:
+        """Store blocks of several distinct GPUs of one node with the same number of samples:
+        ``t`` is (B, k), ``mat`` (B, NF, k) (see `clean_matrix`); returns the sample count."""
+        nb, k = int(t.shape[0]), int(t.shape[1])
+        if nb == 0 or k == 0:
+            return 0
+        g0 = gpus[0]
+        g: Index
+        if list(gpus) == list(range(g0, g0 + nb)):
+            g, need = slice(g0, g0 + nb), g0 + nb
+        else:
+            g = np.asarray(gpus, dtype=np.int64)
+            need = int(g.max()) + 1
+        m0, m1 = math.floor(float(t.min()) / 60.0), math.floor(float(t.max()) / 60.0)
+        with self._lock:
+            ring = self._rings.get(node)
+            if ring is None:
+                ring = self._rings[node] = _NodeRings(self.capacity, need)
+            ring.grow(need)
+            ring.write(g, t, mat)
+            if m0 == m1:
+                self._accumulate(node, m0, g, need, mat)
+            else:
+                minutes = np.floor(t / 60.0).astype(np.int64)
+                for m in np.unique(minutes).tolist():
+                    inside = (minutes == m)[:, None, :]
+                    self._accumulate(node, int(m), g, need, np.where(inside, mat, np.nan))
+            self.samples_total += nb * k
+        return nb * k
+
+    def _accumulate(self, node: str, minute: int, g: Index, need: int, sub: Mat) -> None:
+        key = (node, minute)
         acc = self._acc.get(key)
-        if acc is None:
-            acc = np.empty((4, NF))
-            acc[0] = 0.0
-            acc[1] = np.inf
-            acc[2] = -np.inf
-            acc[3] = 0.0
-            self._acc[key] = acc
+        if acc is None or acc.shape[0] < need:
+            fresh = np.empty((need, 4, NF))
+            fresh[:, 0] = 0.0
+            fresh[:, 1] = np.inf
+            fresh[:, 2] = -np.inf
+            fresh[:, 3] = 0.0
+            if acc is not None:
+                fresh[: acc.shape[0]] = acc
+            acc = self._acc[key] = fresh
         present = ~np.isnan(sub)
-        acc[0] += present.sum(axis=1)
-        acc[1] = np.fmin(acc[1], np.fmin.reduce(sub, axis=1))
-        acc[2] = np.fmax(acc[2], np.fmax.reduce(sub, axis=1))
-        acc[3] += np.where(present, sub, 0.0).sum(axis=1)
+        a = acc[g]  # a view for a slice; a copy (written back below) for an index array
+        a[:, 0] += present.sum(axis=2)
+        np.fmin(a[:, 1], np.fmin.reduce(sub, axis=2), out=a[:, 1])
+        np.fmax(a[:, 2], np.fmax.reduce(sub, axis=2), out=a[:, 2])
+        a[:, 3] += np.where(present, sub, 0.0).sum(axis=2)
+        if not isinstance(g, slice):
+            acc[g] = a
 
     # -- reads ------------------------------------------------------------------------------
+    def _ring(self, node: str, gpu: int) -> _NodeRings | None:
+        ring = self._rings.get(node)
+        if ring is None or not 0 <= gpu < ring.gpus or ring.n[gpu] == 0:
+            return None
+        return ring
+
     def latest(self, node: str, gpu: int) -> tuple[float | None, dict[str, float | None]]:
         """The newest sample of one GPU (by timestamp) as ``(t, {field: value})``."""
         with self._lock:
-            ring = self._rings.get((node, gpu))
-            if ring is None or ring.n == 0:
+            ring = self._ring(node, gpu)
+            if ring is None:
                 return None, {}
-            vals = ring.last.tolist()
-            t = ring.last_t
+            vals = ring.last[gpu].tolist()
+            t = float(ring.last_t[gpu])
         return t, {f: (v if math.isfinite(v) else None) for f, v in zip(FIELDS, vals, strict=True)}
 
     def latest_field(self, node: str, gpus: int, name: str) -> list[float | None]:
         """One metric's newest value for GPUs 0..gpus-1 of a node (heatmap row)."""
         j = FIELD_INDEX[name]
-        out: list[float | None] = []
         with self._lock:
-            for i in range(gpus):
-                ring = self._rings.get((node, i))
-                v = float(ring.last[j]) if ring is not None else math.nan
-                out.append(v if math.isfinite(v) else None)
-        return out
+            ring = self._rings.get(node)
+            have = 0 if ring is None else min(gpus, ring.gpus)
+            vals = ring.last[:have, j].tolist() if ring is not None else []
+        out: list[float | None] = [v if math.isfinite(v) else None for v in vals]
+        return out + [None] * (gpus - have)
 
     def series(
         self, node: str, gpu: int, names: Sequence[str], since_s: float | None = None
     ) -> tuple[list[float], dict[str, list[float | None]]]:
         """Recent raw samples of one GPU, oldest first."""
         with self._lock:
-            ring = self._rings.get((node, gpu))
-            if ring is None or ring.n == 0:
+            ring = self._ring(node, gpu)
+            if ring is None:
                 return [], {n: [] for n in names}
-            k = min(ring.n, ring.cap)
-            t = ring.t.copy() if k == ring.cap else ring.t[:k].copy()
-            v = ring.v.copy() if k == ring.cap else ring.v[:k].copy()
+            k = min(int(ring.n[gpu]), ring.cap)
+            t = ring.t[gpu, :k].copy()
+            v = ring.v[gpu, :k].copy()
         order = np.argsort(t, kind="stable")
         t, v = t[order], v[order]
         if since_s is not None:
@@ -209,8 +288,7 @@ class TelemetryStore:
 
     def forget_node(self, node: str) -> None:
         with self._lock:
-            for key in [k for k in self._rings if k[0] == node]:
-                del self._rings[key]
+            self._rings.pop(node, None)
 
     # -- rollups ----------------------------------------------------------------------------
     def take_closed_minutes(
@@ -221,18 +299,20 @@ class TelemetryStore:
         cutoff = now_s - lateness_s
         out = []
         with self._lock:
-            keys = [k for k in self._acc if all_minutes or (k[2] + 1) * 60 <= cutoff]
+            keys = [k for k in self._acc if all_minutes or (k[1] + 1) * 60 <= cutoff]
             accs = [(k, self._acc.pop(k)) for k in keys]
-        for (node, gpu, minute), acc in accs:
-            stats: dict[str, list[float]] = {}
-            n = 0
-            for j, name in enumerate(FIELDS):
-                c = int(acc[0, j])
-                if c:
-                    stats[name] = [c, float(acc[1, j]), float(acc[3, j] / c), float(acc[2, j])]
-                    n = max(n, c)
-            if stats:
-                out.append((node, gpu, minute * 60, n, stats))
+        for (node, minute), acc in accs:
+            for gpu in range(acc.shape[0]):
+                stats: dict[str, list[float]] = {}
+                n = 0
+                a = acc[gpu]
+                for j, name in enumerate(FIELDS):
+                    c = int(a[0, j])
+                    if c:
+                        stats[name] = [c, float(a[1, j]), float(a[3, j] / c), float(a[2, j])]
+                        n = max(n, c)
+                if stats:
+                    out.append((node, gpu, minute * 60, n, stats))
         return out
 
 

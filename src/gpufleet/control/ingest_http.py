@@ -1,0 +1,141 @@
+"""The HTTP side of ``POST /api/v1/ingest``: one framework-free handler (token, size and
+encoding checks, parsing, group commit, the `Ack`), served by a small ASGI layer in front of
+FastAPI's router.
+
+Routing, dependency resolution and response models cost a few hundred microseconds a request
+in FastAPI, as much as the rest of the ingest path together; agents push many small batches, so
+`IngestFastPath` answers this one route itself. The FastAPI route stays registered (OpenAPI
+documents it; it calls the same `handle_ingest`), so the two can never answer differently.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Awaitable, Callable, MutableMapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import orjson
+
+from gpufleet.control.auth import Role
+from gpufleet.control.ingest import IngestRejected, decode_body, parse_batch
+from gpufleet.control.store import IngestItem
+
+if TYPE_CHECKING:
+    from gpufleet.control.service import ControlService
+
+INGEST_PATH = "/api/v1/ingest"
+MAX_WIRE_BYTES = 64 * 2**20  # a request body past this is refused before it is all read
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class IngestReply:
+    """Status, JSON body and extra headers of one ingest answer."""
+
+    status: int
+    body: bytes
+    headers: tuple[tuple[str, str], ...] = ()
+
+
+def _problem(status: int, detail: str, headers: tuple[tuple[str, str], ...] = ()) -> IngestReply:
+    return IngestReply(status, orjson.dumps({"detail": detail}), headers)
+
+
+async def handle_ingest(
+    service: ControlService,
+    authorization: str | None,
+    content_encoding: str | None,
+    body: bytes,
+) -> IngestReply:
+    """Everything the ingest endpoint does, from headers and body to the answer."""
+    store = service.store
+    received = store.clock()
+    scheme, _, token = (authorization or "").partition(" ")
+    who = store.tokens.resolve(token.strip()) if scheme.lower() == "bearer" else None
+    if who is None:
+        return _problem(401, "missing, unknown or revoked token")
+    if not (who.role is Role.AGENT or who.role is Role.ADMIN):
+        return _problem(403, f"ingest needs an agent token; this one is {who.role}")
+    try:
+        service.ingest.check_capacity("")
+        parsed = parse_batch(decode_body(body, content_encoding))
+        batch = parsed.batch
+        if not who.may_push_for(batch.node):
+            return _problem(403, f"this agent token is bound to node {who.node!r}")
+        service.ingest.check_capacity(batch.node)
+    except IngestRejected as exc:
+        retry = (("Retry-After", str(exc.retry_after_s)),) if exc.retry_after_s else ()
+        return _problem(exc.status, exc.reason, retry)
+    t0 = time.perf_counter()
+    ack = await service.ingest.submit(IngestItem(batch, who, received, parsed.arrays))
+    service.ingest.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
+    out: dict[str, Any] = {"agent_id": ack.agent_id, "seq": ack.seq, "duplicate": ack.duplicate}
+    cmds = service.jobs.exchange(batch, store.clock()) if service.jobs is not None else []
+    if cmds:  # an Ack without commands is exactly what it was before jobs existed
+        out["commands"] = [c.model_dump(mode="json") for c in cmds]
+    return IngestReply(200, orjson.dumps(out))
+
+
+class IngestFastPath:
+    """ASGI middleware: ``POST /api/v1/ingest`` straight to `handle_ingest`; the rest to the
+    wrapped application."""
+
+    def __init__(self, app: ASGIApp, service: ControlService) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if (
+            scope["type"] != "http"
+            or scope["path"] != INGEST_PATH
+            or scope["method"] != "POST"
+            or scope.get("root_path")
+        ):
+            await self.app(scope, receive, send)
+            return
+        auth = enc = None
+        for k, v in scope["headers"]:
+            if k == b"authorization":
+                auth = v.decode("latin-1")
+            elif k == b"content-encoding":
+                enc = v.decode("latin-1")
+        body, too_big = await _read_body(receive)
+        if too_big:
+            reply = _problem(413, f"request body is over {MAX_WIRE_BYTES} bytes")
+        else:
+            reply = await handle_ingest(self.service, auth, enc, body)
+        headers = [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(reply.body)).encode()),
+        ]
+        headers += [(k.lower().encode(), v.encode()) for k, v in reply.headers]
+        await send({"type": "http.response.start", "status": reply.status, "headers": headers})
+        await send({"type": "http.response.body", "body": reply.body})
+
+
+async def _read_body(receive: Receive) -> tuple[bytes, bool]:
+    """The request body, or (b"", True) once it passes MAX_WIRE_BYTES."""
+    first = await receive()
+    chunk = first.get("body", b"")
+    if not first.get("more_body", False):
+        return chunk, False
+    parts = [chunk]
+    size = len(chunk)
+    more = True
+    while more:
+        msg = await receive()
+        if msg["type"] == "http.disconnect":
+            break
+        chunk = msg.get("body", b"")
+        size += len(chunk)
+        if size > MAX_WIRE_BYTES:
+            return b"", True
+        parts.append(chunk)
+        more = msg.get("more_body", False)
+    return b"".join(parts), False

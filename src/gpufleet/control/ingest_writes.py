@@ -1,0 +1,351 @@
+"""Ingest writes: one group of batches in one transaction (group commit), with Core
+executemany for the rows every batch writes (its (agent_id, seq) key, heartbeats, events) and
+the ORM only where something changed (a new node or GPU, changed device info, a finding that
+appeared, changed or cleared, a lifecycle transition).
+
+Duplicates (a key already stored, or twice in one group) are acknowledged, not stored. Raw
+samples go to the in-memory `TelemetryStore` only after the transaction has committed, so a
+replayed batch never counts twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import insert, select, tuple_, update
+from sqlalchemy.orm import Session
+
+from gpufleet.agent.wire import Ack, WireFinding
+from gpufleet.control import lifecycle as lc
+from gpufleet.control.cache import FindingCache, GpuCache, IngestItem, NodeCache, info_digest
+from gpufleet.control.lifecycle import NodeState
+from gpufleet.control.models import EventRow, FindingRow, Gpu, IngestedBatch, Node
+from gpufleet.control.remediation import decide
+
+if TYPE_CHECKING:
+    from gpufleet.control.store import ControlStore
+
+log = logging.getLogger("gpufleet.control")
+S = NodeState
+KEY_CHUNK = 400  # (agent_id, seq) pairs per lookup: under SQLite's 999 bound parameters
+
+
+def _ack(agent_id: str, seq: int, duplicate: bool) -> Ack:
+    # every field given: pydantic inspects a default factory's signature on each construct
+    return Ack.model_construct(agent_id=agent_id, seq=seq, duplicate=duplicate, commands=[])
+
+
+def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
+    """Store a group of batches in one transaction; returns one `Ack` per item, in order."""
+    with store.lock:
+        after: lc.PostCommit = []
+        acks: list[Ack] = []
+        fresh: list[IngestItem] = []
+        try:
+            with store.sessions.begin() as s:
+                keys = list({(i.batch.agent_id, i.batch.seq) for i in items})
+                known: set[tuple[str, int]] = set()
+                for chunk in range(0, len(keys), KEY_CHUNK):
+                    part = keys[chunk : chunk + KEY_CHUNK]
+                    q = select(IngestedBatch.agent_id, IngestedBatch.seq).where(
+                        tuple_(IngestedBatch.agent_id, IngestedBatch.seq).in_(part)
+                    )
+                    known.update((a, q_) for a, q_ in s.execute(q))
+                rows = []
+                node_updates: dict[int, dict[str, Any]] = {}
+                events: list[dict[str, Any]] = []
+                for item in items:
+                    b = item.batch
+                    key = (b.agent_id, b.seq)
+                    if key in known:
+                        acks.append(_ack(b.agent_id, b.seq, True))
+                        store.touch(b.node, item.received_s)
+                        continue
+                    known.add(key)
+                    rows.append(
+                        {
+                            "agent_id": b.agent_id,
+                            "seq": b.seq,
+                            "node": b.node,
+                            "received_s": item.received_s,
+                            "sent_at_s": b.sent_at_s,
+                            "samples": sum(len(ws.t) for ws in b.samples),
+                            "findings": len(b.findings),
+                            "events": len(b.events),
+                            "buffered": b.buffered,
+                            "token_id": item.principal.token_id,
+                        }
+                    )
+                    _apply_one(store, s, item, node_updates, events, after)
+                    acks.append(_ack(b.agent_id, b.seq, False))
+                    fresh.append(item)
+                if rows:
+                    s.execute(insert(IngestedBatch), rows)
+                if events:
+                    s.execute(insert(EventRow), events)
+                if node_updates:
+                    s.execute(update(Node), list(node_updates.values()))
+        except Exception:
+            log.exception("ingest transaction failed; reloading state from the database")
+            store.load()
+            raise
+        n = 0
+        for item in fresh:
+            node = item.batch.node
+            if item.arrays is not None:
+                n += store.telemetry.add_groups(node, item.arrays)
+            else:
+                for ws in item.batch.samples:
+                    n += store.telemetry.add(node, ws.gpu_index, ws.t, ws.fields)
+        store.stats["samples"] += n
+        store.stats["batches"] += len(fresh)
+        store.stats["duplicates"] += len(items) - len(fresh)
+        store._run_after(after)
+        store._bump()
+        return acks
+
+
+def _apply_one(
+    store: ControlStore,
+    s: Session,
+    item: IngestItem,
+    node_updates: dict[int, dict[str, Any]],
+    events: list[dict[str, Any]],
+    after: lc.PostCommit,
+) -> None:
+    b = item.batch
+    now = store.clock()
+    actor = f"agent:{b.agent_id}"
+    nc = store.nodes.get(b.node)
+    if nc is None:
+        row = Node(
+            name=b.node,
+            state=S.REGISTERING.value,
+            state_since_s=now,
+            state_reason="",
+            health=b.health,
+            agent_id=b.agent_id,
+            heartbeat_interval_s=b.heartbeat_interval_s,
+            last_seen_s=item.received_s,
+            registered_s=now,
+            labels={},
+            tenant=item.principal.tenant,
+        )
+        s.add(row)
+        s.flush()
+        lc.register(s, row, actor=actor, reason=f"first batch from agent {b.agent_id}", now_s=now)
+        nc = NodeCache(
+            id=row.id,
+            name=b.node,
+            state=S.REGISTERING.value,
+            health=b.health,
+            agent_id=b.agent_id,
+            interval_s=b.heartbeat_interval_s,
+            tenant=row.tenant,
+            last_seen_s=item.received_s,
+            persisted_seen_s=item.received_s,
+            state_since_s=now,
+            state_reason=row.state_reason,
+        )
+        store.nodes[b.node] = nc
+    store.touch(b.node, item.received_s)
+    if b.devices is not None:
+        for d in b.devices:
+            _upsert_gpu(store, s, nc, d.index, d.uuid, d.info, now)
+    for ws in b.samples:
+        if ws.gpu_index not in nc.gpus:
+            _upsert_gpu(store, s, nc, ws.gpu_index, ws.gpu_uuid, {"uuid": ws.gpu_uuid}, now)
+    changed = (
+        b.health != nc.health
+        or b.agent_id != nc.agent_id
+        or b.heartbeat_interval_s != nc.interval_s
+        or item.received_s - nc.persisted_seen_s >= store.seen_persist_s
+    )
+    nc.health, nc.agent_id, nc.interval_s = b.health, b.agent_id, b.heartbeat_interval_s
+    if changed:
+        nc.persisted_seen_s = item.received_s
+        node_updates[nc.id] = {
+            "id": nc.id,
+            "health": b.health,
+            "agent_id": b.agent_id,
+            "heartbeat_interval_s": b.heartbeat_interval_s,
+            "last_seen_s": nc.last_seen_s,
+        }
+    for e in b.events:
+        events.append(
+            {
+                "at_s": e.timestamp_s,
+                "node": b.node,
+                "kind": e.kind,
+                "severity": 2 if e.kind == "gpu_lost" else 1,
+                "message": f"GPU {e.gpu_index}: {e.kind}"
+                + (f" XID {e.xid}" if e.xid is not None else "")
+                + (f": {e.detail}" if e.detail else ""),
+                "data": e.model_dump(mode="json"),
+            }
+        )
+    # Lifecycle from the agent's side.
+    if nc.state == S.LOST:
+        before = s.get(Node, nc.id)
+        prev = before.state_before_lost if before is not None else None
+        back = S(prev) if prev in (S.DRAINING, S.DRAINED) else S.VALIDATING
+        store._move(
+            s,
+            nc,
+            back,
+            actor=actor,
+            after=after,
+            reason=f"heartbeats resumed (agent {b.agent_id})",
+        )
+    if nc.state == S.REGISTERING:
+        store._move(
+            s,
+            nc,
+            S.VALIDATING,
+            actor=actor,
+            after=after,
+            reason=f"agent reported {len(nc.gpus)} GPU(s)",
+        )
+    _apply_findings(store, s, nc, b.findings, now, after)
+    store._maybe_in_service(s, nc, actor, after)
+
+
+def _upsert_gpu(
+    store: ControlStore,
+    s: Session,
+    nc: NodeCache,
+    index: int,
+    uuid: str,
+    info: dict[str, Any],
+    now: float,
+) -> None:
+    digest = info_digest(info)
+    cur = nc.gpus.get(index)
+    if cur is not None and cur.digest == digest:
+        return
+    model = info.get("model")
+    name = str(info.get("name") or "")
+    plimit = info.get("power_limit_enforced_w")
+    if cur is None:
+        row = Gpu(
+            node_id=nc.id,
+            index=index,
+            uuid=uuid,
+            name=name,
+            model=model,
+            info=info,
+            updated_s=now,
+        )
+        s.add(row)
+        s.flush()
+        nc.gpus[index] = GpuCache(row.id, uuid, model, digest, plimit)
+    else:
+        s.execute(
+            update(Gpu)
+            .where(Gpu.id == cur.id)
+            .values(uuid=uuid, name=name, model=model, info=info, updated_s=now)
+        )
+        nc.gpus[index] = GpuCache(cur.id, uuid, model, digest, plimit)
+
+
+def _apply_findings(
+    store: ControlStore,
+    s: Session,
+    nc: NodeCache,
+    snapshot: list[WireFinding],
+    now: float,
+    after: lc.PostCommit,
+) -> None:
+    current = {(f.code, f.component): f for f in snapshot}
+    for key, fc in list(nc.findings.items()):
+        if key in current:
+            continue
+        fc.present = False
+        if fc.sticky and not fc.acknowledged:
+            continue
+        s.execute(
+            update(FindingRow)
+            .where(FindingRow.id == fc.id)
+            .values(active=False, cleared_s=now, last_seen_s=now)
+        )
+        s.add(
+            EventRow(
+                at_s=now,
+                node=nc.name,
+                kind="finding_cleared",
+                message=f"{key[0]} on {key[1]} cleared",
+            )
+        )
+        del nc.findings[key]
+    for key, wf in current.items():
+        cur = nc.findings.get(key)
+        if cur is not None:
+            cur.present = True
+            if wf.severity == cur.severity:
+                continue
+            s.execute(
+                update(FindingRow)
+                .where(FindingRow.id == cur.id)
+                .values(severity=wf.severity, message=wf.message, last_seen_s=now)
+            )
+            escalated = wf.severity >= 2 > cur.severity
+            cur.severity = wf.severity
+            if escalated:
+                _remediate(store, s, nc, wf, after)
+            continue
+        row = FindingRow(
+            node=nc.name,
+            code=wf.code,
+            component=wf.component,
+            rule=wf.rule,
+            severity=wf.severity,
+            message=wf.message,
+            action=wf.action,
+            evidence=wf.evidence,
+            sticky=wf.sticky,
+            gpu_index=wf.gpu_index,
+            first_seen_s=wf.first_seen_s or now,
+            last_seen_s=wf.last_seen_s or now,
+            active=True,
+        )
+        s.add(row)
+        s.flush()
+        nc.findings[key] = FindingCache(row.id, wf.severity, wf.sticky)
+        s.add(
+            EventRow(
+                at_s=now,
+                node=nc.name,
+                kind="finding",
+                severity=min(wf.severity, 2),
+                message=f"{wf.code} on {wf.component}: {wf.message}",
+                data={"finding_id": row.id, "action": wf.action},
+            )
+        )
+        if wf.severity >= 2:
+            _remediate(store, s, nc, wf, after)
+
+
+def _remediate(
+    store: ControlStore, s: Session, nc: NodeCache, wf: WireFinding, after: lc.PostCommit
+) -> None:
+    if nc.state not in (S.IN_SERVICE, S.VALIDATING):
+        return
+    store._update_breaker(s)
+    d = decide(store.policy, store.breaker, code=wf.code, severity=wf.severity, message=wf.message)
+    now = store.clock()
+    if d.outcome == "drain":
+        store._move(s, nc, S.DRAINING, actor="remediation", reason=d.reason, after=after)
+    elif d.outcome in ("blocked", "dry_run"):
+        if d.outcome == "blocked":
+            log.warning("node %s: %s", nc.name, d.reason)
+        s.add(
+            EventRow(
+                at_s=now,
+                node=nc.name,
+                kind=f"remediation_{d.outcome}",
+                severity=2 if d.outcome == "blocked" else 1,
+                message=d.reason,
+                data={"code": wf.code, "would": "drain"},
+            )
+        )
