@@ -2,9 +2,12 @@
 (the simulator or real NVML) into wire batches, and `run_fleet` pushes many of them over HTTP
 from one process (`gpufleet sim-fleet`, `gpufleet up`, the ingest benchmark).
 
-This is a small stand-in for the real agent (`gpufleet agent`), enough to drive the control
-plane: devices on the first batch, columnar samples, XID/lost events and the findings they
-imply, a sequence number per batch, and replay of what was not acknowledged.
+A light agent for many simulated nodes in one process: devices on the first batch, columnar
+samples, XID/lost events, a sequence number per batch, and replay of what was not acknowledged.
+Findings come from the agent's own health rules (`gpufleet.health.HealthTracker`, evaluated at
+most every ``health_interval_s`` and at once on events), so `gpufleet up` shows the same
+findings and actions a real `gpufleet agent` would send; ``health=False`` skips them for pure
+load generation.
 """
 
 from __future__ import annotations
@@ -44,16 +47,6 @@ SAMPLE_FIELDS = (
 MAX_UNACKED = 10_000  # batches kept for replay per node (oldest dropped first)
 
 
-def _xid_entry(code: int) -> tuple[int, str, str]:
-    from gpufleet.catalog import load_catalog
-
-    e = load_catalog().xid(code)
-    if e is None:
-        return 1, f"XID {code}", "none"
-    sev = {"info": 0, "warn": 1, "fail": 2}[e.severity.value]
-    return sev, f"XID {code}: {e.name}", e.action.value
-
-
 @dataclass
 class NodePusher:
     """One simulated agent: samples its backend and produces wire batches (JSON bytes)."""
@@ -70,6 +63,9 @@ class NodePusher:
     _findings: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
     unacked: deque[tuple[int, bytes]] = field(default_factory=deque)
     jobs: Any = None  # a gpufleet.agent.jobs.AgentJobs when this node runs jobs (issue 7)
+    health: bool = True
+    health_interval_s: float = 2.0
+    _health: Any = None  # SimHealth, made on first use
 
     @property
     def node(self) -> str:
@@ -81,7 +77,8 @@ class NodePusher:
         ok = 0
         for i in range(self.backend.device_count()):
             try:
-                s = asdict(self.backend.sample(i))
+                sample = self.backend.sample(i)
+                s = asdict(sample)
             except GpuLostError:
                 self._lost(i, now)
                 continue
@@ -93,13 +90,10 @@ class NodePusher:
             for f in SAMPLE_FIELDS:
                 v = s.get(f)
                 cols[f].append(None if v is None else float(v))
-            if (s.get("ecc_dbe_volatile") or 0) > 0:
-                self._finding(i, "ECC_DBE_VOLATILE", 2, "double-bit ECC errors", "reset_gpu", now)
-            if s.get("remap_failure"):
-                self._finding(
-                    i, "ROW_REMAP_FAILURE", 2, "row remapping failed", "drain_and_inspect", now
-                )
-        for ev in self.backend.poll_events(0):
+            if self.health:
+                self._health_state().observe(i, sample)
+        events = self.backend.poll_events(0)
+        for ev in events:
             self._events.append(
                 {
                     "gpu_index": ev.gpu_index,
@@ -110,11 +104,20 @@ class NodePusher:
                     "detail": ev.detail,
                 }
             )
-            if ev.kind == "xid" and ev.xid is not None:
-                sev, msg, action = _xid_entry(ev.xid)
-                if sev >= 1:
-                    self._finding(ev.gpu_index, f"XID_{ev.xid}", sev, msg, action, now)
+        if self.health:
+            h = self._health_state()
+            h.observe_events(events)
+            findings = h.evaluate(now, self.backend, urgent=bool(events))
+            if findings is not None:
+                self._findings = {(f["code"], f["component"]): f for f in findings}
         return ok
+
+    def _health_state(self) -> Any:
+        if self._health is None:
+            from gpufleet.control.sim_health import SimHealth
+
+            self._health = SimHealth(self.node, clock=self.clock, interval_s=self.health_interval_s)
+        return self._health
 
     def _uuid(self, i: int) -> str:
         try:
@@ -123,7 +126,10 @@ class NodePusher:
             return f"{self.node}-gpu{i}"
 
     def _lost(self, i: int, now: float) -> None:
-        self._finding(i, "XID_79", 2, "GPU has fallen off the bus", "drain_and_inspect", now)
+        if self.health:
+            self._health_state().observe_lost(i)
+        else:
+            self._finding(i, "GPU_LOST", 2, "GPU has fallen off the bus", "reboot_node", now)
 
     def _finding(self, i: int, code: str, sev: int, msg: str, action: str, now: float) -> None:
         comp = self._uuids.get(i) if hasattr(self, "_uuids") else None
