@@ -23,22 +23,13 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from gpufleet.control.httpclient import Pool
+from gpufleet.control.telemetry_store import FIELDS as TELEMETRY_FIELDS
 from gpufleet.devices.backend import GpuBackend
 from gpufleet.errors import DeviceError, GpuLostError
 
+# What the controller keeps in memory, plus counters it stores with the batch.
 SAMPLE_FIELDS = (
-    "gpu_util_pct",
-    "mem_util_pct",
-    "power_w",
-    "gpu_temp_c",
-    "mem_temp_c",
-    "sm_clock_mhz",
-    "mem_clock_mhz",
-    "mem_used_bytes",
-    "pcie_tx_bytes_per_s",
-    "pcie_rx_bytes_per_s",
-    "clock_event_reasons",
-    "ecc_dbe_volatile",
+    *TELEMETRY_FIELDS,
     "ecc_sbe_volatile",
     "energy_mj",
     "remapped_rows_uncorrectable",
