@@ -24,6 +24,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -36,7 +37,7 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def render_pool(nodes: int, gpus: int, samples: int) -> list[tuple[str, str, dict]]:
+def render_pool(nodes: int, gpus: int, samples: int) -> list[tuple[str, str, dict[str, Any]]]:
     """One batch body template per node, sampled from the simulator through NodePusher."""
     from gpufleet.control.simfleet import NodePusher
     from gpufleet.devices.sim import ManualClock, SimFleet
@@ -62,8 +63,13 @@ def render_pool(nodes: int, gpus: int, samples: int) -> list[tuple[str, str, dic
 
 
 async def blast(
-    url: str, token: str, pool: list, duration: float, concurrency: int, gz: bool
-) -> dict:
+    url: str,
+    token: str,
+    pool: list[tuple[str, str, dict[str, Any]]],
+    duration: float,
+    concurrency: int,
+    gz: bool,
+) -> dict[str, Any]:
     seqs = {agent: 0 for _, agent, _ in pool}
     per_batch = sum(len(s["t"]) for s in pool[0][2]["samples"])
     lat: list[float] = []

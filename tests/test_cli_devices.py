@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -17,10 +18,12 @@ from tests.conftest import FIXTURES, H200, real_gpu_available
 runner = CliRunner()
 
 
-def run_json(*args: str) -> dict:  # type: ignore[type-arg]
+def run_json(*args: str) -> dict[str, Any]:
     result = runner.invoke(app, [*args, "--json"])
     assert result.exit_code == 0, result.output
-    return json.loads(result.stdout)
+    doc = json.loads(result.stdout)
+    assert isinstance(doc, dict)
+    return doc
 
 
 def test_inventory_json_shape_on_the_simulator() -> None:

@@ -48,7 +48,10 @@ def test_identities_are_deterministic_per_seed() -> None:
     a, _ = make(seed=1)
     b, _ = make(seed=1)
     c, _ = make(seed=2)
-    uuids = lambda f: [f.node("sim-00").backend().device_info(i).uuid for i in range(4)]  # noqa: E731
+
+    def uuids(f: SimFleet) -> list[str]:
+        return [f.node("sim-00").backend().device_info(i).uuid for i in range(4)]
+
     assert uuids(a) == uuids(b)
     assert uuids(a) != uuids(c)
     assert len(set(uuids(a))) == 4

@@ -5,6 +5,8 @@ Read-only: nothing here changes a GPU setting.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import pynvml
 import pytest
 
@@ -14,7 +16,7 @@ pytestmark = pytest.mark.gpu
 
 
 @pytest.fixture(scope="module")
-def backend() -> NvmlBackend:
+def backend() -> Iterator[NvmlBackend]:
     b = NvmlBackend(lib=pynvml, node_name="local")
     yield b
     b.close()

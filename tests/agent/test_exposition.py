@@ -6,11 +6,12 @@ from __future__ import annotations
 import math
 import re
 import subprocess
+from collections.abc import Iterator
 
 import numpy as np
 import pytest
 
-from gpufleet.devices.sim import Fault, FaultKind, Load, ManualClock
+from gpufleet.devices.sim import Fault, FaultKind, Load, ManualClock, SimNode
 from gpufleet.telemetry.exposition import AgentCollector, HealthView, make_registry, render_text
 from gpufleet.telemetry.metrics import MIG_COLUMNS
 from gpufleet.telemetry.ring import RingBuffer
@@ -33,7 +34,7 @@ def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 
 @pytest.fixture
-def scraped() -> tuple[str, Sampler, object]:
+def scraped() -> Iterator[tuple[str, Sampler, SimNode]]:
     clock = ManualClock()
     fleet, node = sim_node("1x2xh200", clock)
     node.gpus[0].run(Load(util=1.0, fb_used_bytes=10 * 2**30))
@@ -53,7 +54,7 @@ def scraped() -> tuple[str, Sampler, object]:
     s.close()
 
 
-def test_dcgm_names_labels_and_units(scraped: tuple[str, Sampler, object]) -> None:
+def test_dcgm_names_labels_and_units(scraped: tuple[str, Sampler, SimNode]) -> None:
     text, s, node = scraped
     rows = parse(text)
     by = {
@@ -84,13 +85,13 @@ def test_dcgm_names_labels_and_units(scraped: tuple[str, Sampler, object]) -> No
     ][1] == 1
 
 
-def test_unsupported_metrics_are_skipped_not_zero(scraped: tuple[str, Sampler, object]) -> None:
+def test_unsupported_metrics_are_skipped_not_zero(scraped: tuple[str, Sampler, SimNode]) -> None:
     text, _, _ = scraped
     # Hopper answers NotSupported for retired pages: no sample at all, not a fake 0
     assert "DCGM_FI_DEV_RETIRED" not in text
 
 
-def test_gpm_profiling_metrics_from_nvml(scraped: tuple[str, Sampler, object]) -> None:
+def test_gpm_profiling_metrics_from_nvml(scraped: tuple[str, Sampler, SimNode]) -> None:
     """DCGM_FI_PROF_* from NVML GPM: the busy bf16 GPU against the H200 probe's ratios
     (99.8 % graphics, 93.6 % tensor, 17.3 % DRAM under a bf16 matmul), the idle GPU at 0."""
     text, _, _ = scraped
@@ -114,7 +115,7 @@ def test_no_gpm_on_ampere() -> None:
     assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in text
 
 
-def test_xid_counter_per_code_and_last_xid_gauge(scraped: tuple[str, Sampler, object]) -> None:
+def test_xid_counter_per_code_and_last_xid_gauge(scraped: tuple[str, Sampler, SimNode]) -> None:
     text, _, _ = scraped
     rows = parse(text)
     xids = {lab["xid"]: v for n, lab, v in rows if n == "gpufleet_xid_errors_total"}
@@ -162,7 +163,7 @@ def test_no_registration_at_import() -> None:
 _DCGM_LINT = ("camelCase", 'should have "_total" suffix', "should not include type")
 
 
-def test_promtool_check_metrics(scraped: tuple[str, Sampler, object]) -> None:
+def test_promtool_check_metrics(scraped: tuple[str, Sampler, SimNode]) -> None:
     promtool = need_binary("promtool")
     text, _, _ = scraped
     proc = subprocess.run(

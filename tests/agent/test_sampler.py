@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from gpufleet.devices.sim import Fault, FaultKind, Load, ManualClock
+from gpufleet.devices.types import GpuEvent
 from gpufleet.telemetry import FAST_COLUMNS, RingBuffer, Sampler
 from tests.agent.conftest import sim_node
 
@@ -97,7 +98,7 @@ def test_lost_gpu_is_reported_and_others_keep_sampling() -> None:
     s = Sampler(node.backend(), clock=clock)
     s.tick()
     fleet.inject(Fault(FaultKind.FALLEN_OFF_BUS, gpu=1, at_s=0.5))
-    events = []
+    events: list[GpuEvent] = []
     for _ in range(3):
         clock.advance(1)
         r = s.tick()

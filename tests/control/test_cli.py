@@ -81,7 +81,7 @@ def test_up_end_to_end(tmp_path: Path) -> None:
 
         def all_in_service() -> bool:
             s = httpx.get(f"{base}/summary", headers=h, timeout=5).json()
-            return s["by_state"]["in_service"] == 3 and s["gpus"] == 12
+            return bool(s["by_state"]["in_service"] == 3 and s["gpus"] == 12)
 
         assert wait_for(all_in_service, timeout=30)
         nodes = httpx.get(f"{base}/nodes", headers=h, timeout=5).json()["nodes"]

@@ -14,13 +14,13 @@ from gpufleet.errors import ConfigError, ParseError, UnknownNameError
 from gpufleet.mig.demand import parse_demand
 from gpufleet.mig.emit import kubectl_label_commands, mig_parted_config, node_labels, slurm_lines
 from gpufleet.mig.fleet import parse_gpus
-from gpufleet.mig.planner import plan_exact
+from gpufleet.mig.planner import MigPlan, plan_exact
 from gpufleet.mig.sharing import mps_commands, mps_config, parse_mps_clients, time_slicing_config
 
 runner = CliRunner()
 
 
-def _plan():  # type: ignore[no-untyped-def]
+def _plan() -> MigPlan:
     # 4g@0 + 1g@4 on one GPU (hand-worked), second GPU stays MIG off
     return plan_exact(parse_gpus("2xh200"), parse_demand("a: 1 x 1g.18gb, b: 1 x 4g.71gb"))
 

@@ -9,6 +9,7 @@ import pytest
 from gpufleet.plan.compute import gpus_for_deadline, train_flops, training_seconds
 from gpufleet.plan.cost import plan_cost
 from gpufleet.plan.facility import (
+    Facility,
     ImpossibleConstraint,
     circuit_kw,
     circuits_per_rack,
@@ -95,7 +96,7 @@ def test_circuit_capacity_with_nec_derating() -> None:
     assert circuits_per_rack(30.6, 17.29, "2N") == 4
 
 
-def _facility(**kw: object) -> object:
+def _facility(**kw: object) -> Facility:
     args: dict[str, object] = dict(
         servers=128,
         server_kw=14.3,
@@ -165,6 +166,7 @@ def test_cost_tco_and_breakeven() -> None:
     assert c.energy_per_year == pytest.approx(8760.0)  # 10 kW x 8760 h x 0.1 $/kWh
     assert c.opex_per_year == pytest.approx(8760 + 10_000 + 12_000)
     assert c.tco == pytest.approx(300_000 + 4 * 30_760)
+    assert c.tco is not None
     assert c.cost_per_gpu_hour == pytest.approx(c.tco / (8 * 8760 * 4))
     # cloud: 8 x 730 h x 3 $ = 17,520 $/month; saving 17,520 - 2,563.33 = 14,956.67 -> month 21
     assert c.cloud_per_month == pytest.approx(17_520)

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 import pytest
 
@@ -24,8 +26,14 @@ class Rig:
         )
 
 
+class MakeRig(Protocol):
+    """The `make_rig` fixture: builds a fresh rig (fleet spec, agent lease) per call."""
+
+    def __call__(self, spec: str = ..., lease_s: float = ...) -> Rig: ...
+
+
 @pytest.fixture
-def make_rig(tmp_path: Path):  # type: ignore[no-untyped-def]
+def make_rig(tmp_path: Path) -> Iterator[MakeRig]:
     stores: list[JobStore] = []
 
     def make(spec: str = "2x4xh100-sxm", lease_s: float = 3.0) -> Rig:

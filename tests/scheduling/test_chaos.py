@@ -157,7 +157,7 @@ def check_run(result: dict[str, Any]) -> None:
 
 @pytest.mark.parametrize("block", range(5))
 def test_chaos_fifty_seeded_runs(tmp_path: Path, block: int) -> None:
-    stats = Counter()
+    stats: Counter[str] = Counter()
     for seed in range(block * 10, block * 10 + 10):
         result = run_chaos(seed, tmp_path / f"chaos-{seed}.db")
         check_run(result)

@@ -8,9 +8,10 @@ from gpufleet.devices.sim import Fault, FaultKind
 from gpufleet.errors import UsageError
 from gpufleet.schedulers.base import SCHEDULERS, JobSpec, JobState, SchedulerBackend
 from gpufleet.schedulers.embedded import EmbeddedScheduler, JobExecutor, Launch
+from tests.scheduling.conftest import MakeRig
 
 
-def test_registered_and_protocol(make_rig) -> None:  # type: ignore[no-untyped-def]
+def test_registered_and_protocol(make_rig: MakeRig) -> None:
     rig = make_rig()
     eng = rig.engine()
     assert SCHEDULERS["embedded"] is EmbeddedScheduler
@@ -19,7 +20,7 @@ def test_registered_and_protocol(make_rig) -> None:  # type: ignore[no-untyped-d
     assert caps["failover"].supported and not caps["mig"].supported and caps["mig"].why
 
 
-def test_priority_and_quota(make_rig) -> None:  # type: ignore[no-untyped-def]
+def test_priority_and_quota(make_rig: MakeRig) -> None:
     rig = make_rig("1x3xh100-sxm")
     eng = rig.engine(quotas={"a": 2})
     a1 = eng.submit(JobSpec("a1", tenant="a", gpus=2, duration_s=10))
@@ -41,7 +42,7 @@ def test_priority_and_quota(make_rig) -> None:  # type: ignore[no-untyped-def]
     assert eng.job(a1).state is JobState.RUNNING  # tenant a is back under its quota
 
 
-def test_cancel_queued_and_running(make_rig) -> None:  # type: ignore[no-untyped-def]
+def test_cancel_queued_and_running(make_rig: MakeRig) -> None:
     rig = make_rig("1x4xh100-sxm")
     eng = rig.engine()
     run = eng.submit(JobSpec("run", gpus=4, duration_s=100))
@@ -58,11 +59,16 @@ def test_cancel_queued_and_running(make_rig) -> None:  # type: ignore[no-untyped
     assert eng.job(run).state is JobState.CANCELLED
 
 
-def test_fail_drain_requeues_with_checkpoint_and_restart_count(make_rig) -> None:  # type: ignore[no-untyped-def]
+def test_fail_drain_requeues_with_checkpoint_and_restart_count(make_rig: MakeRig) -> None:
     rig = make_rig()
     seen: list[Launch] = []
     start = rig.executor.start
-    rig.executor.start = lambda la: (seen.append(la), start(la))[1]  # type: ignore[method-assign]
+
+    def spy(launch: Launch) -> None:
+        seen.append(launch)
+        start(launch)
+
+    rig.executor.start = spy  # type: ignore[method-assign]
     eng = rig.engine()
     jid = eng.submit(JobSpec("t", gpus=4, max_restarts=1, checkpoint_dir="/ck/t", duration_s=99))
     eng.tick()
@@ -79,7 +85,7 @@ def test_fail_drain_requeues_with_checkpoint_and_restart_count(make_rig) -> None
     assert eng.job(jid).state is JobState.FAILED and "max_restarts=1" in eng.job(jid).reason
 
 
-def test_plain_drain_lets_jobs_finish(make_rig) -> None:  # type: ignore[no-untyped-def]
+def test_plain_drain_lets_jobs_finish(make_rig: MakeRig) -> None:
     rig = make_rig("1x4xh100-sxm")
     eng = rig.engine()
     jid = eng.submit(JobSpec("t", gpus=1, duration_s=5))
@@ -96,7 +102,7 @@ def test_plain_drain_lets_jobs_finish(make_rig) -> None:  # type: ignore[no-unty
     assert eng.job(later).state is JobState.RUNNING
 
 
-def test_partitioned_node_fenced_before_restart_and_on_return(make_rig) -> None:  # type: ignore[no-untyped-def]
+def test_partitioned_node_fenced_before_restart_and_on_return(make_rig: MakeRig) -> None:
     rig = make_rig(lease_s=3.0)
     eng = rig.engine()
     jid = eng.submit(JobSpec("t", gpus=4, max_restarts=3, duration_s=1000))
@@ -117,7 +123,7 @@ def test_partitioned_node_fenced_before_restart_and_on_return(make_rig) -> None:
     assert new_start >= ivs[0].end_s
 
 
-def test_node_back_kills_stale_copy(make_rig) -> None:  # type: ignore[no-untyped-def]
+def test_node_back_kills_stale_copy(make_rig: MakeRig) -> None:
     rig = make_rig(lease_s=1e9)  # an agent that never self-fences: only node_back can
     eng = rig.engine()
     jid = eng.submit(JobSpec("t", gpus=4, max_restarts=3, duration_s=1000))
@@ -131,7 +137,7 @@ def test_node_back_kills_stale_copy(make_rig) -> None:  # type: ignore[no-untype
     assert stale and all(c.stopped_s is not None and c.reason == "fenced" for c in stale)
 
 
-def test_xid79_job_failover_via_agent_report(make_rig) -> None:  # type: ignore[no-untyped-def]
+def test_xid79_job_failover_via_agent_report(make_rig: MakeRig) -> None:
     """Even before the control plane drains the node, the agent's report moves the job."""
     rig = make_rig()
     eng = rig.engine()
@@ -151,7 +157,7 @@ def test_xid79_job_failover_via_agent_report(make_rig) -> None:  # type: ignore[
     assert job.nodes[0] in after.excluded and after.restarts == 1
 
 
-def test_restart_adopts_running_and_finishes_once(make_rig) -> None:  # type: ignore[no-untyped-def]
+def test_restart_adopts_running_and_finishes_once(make_rig: MakeRig) -> None:
     rig = make_rig()
     eng = rig.engine()
     jid = eng.submit(JobSpec("t", gpus=1, duration_s=5))
@@ -165,7 +171,7 @@ def test_restart_adopts_running_and_finishes_once(make_rig) -> None:  # type: ig
     assert len(rig.executor.intervals) == 1
 
 
-def test_restart_requeues_unconfirmed_start(make_rig) -> None:  # type: ignore[no-untyped-def]
+def test_restart_requeues_unconfirmed_start(make_rig: MakeRig) -> None:
     rig = make_rig()
     eng = rig.engine()
     jid = eng.submit(JobSpec("t", gpus=1, duration_s=5))
@@ -173,14 +179,15 @@ def test_restart_requeues_unconfirmed_start(make_rig) -> None:  # type: ignore[n
     class Died(BaseException):
         pass
 
-    def die(_la: Launch) -> None:
+    def die(launch: Launch) -> None:
         raise Died
 
     real = rig.executor.start
     rig.executor.start = die  # type: ignore[method-assign]
     with pytest.raises(Died):
         eng.tick()
-    assert rig.store.get(jid).state is JobState.STARTING  # type: ignore[union-attr]
+    stored = rig.store.get(jid)
+    assert stored is not None and stored.state is JobState.STARTING
     rig.executor.start = real  # type: ignore[method-assign]
     eng2 = rig.engine()
     assert eng2.job(jid).state is JobState.QUEUED and eng2.job(jid).restarts == 0

@@ -17,7 +17,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
-from gpufleet.devices.nvml.backend import NvmlBackend
+from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.sim import physics as ph
 from gpufleet.devices.sim import workload as wl
 from gpufleet.devices.sim.clock import ManualClock
@@ -59,8 +59,8 @@ class SimEngine:
         self._backends = {n: fleet.node(n).backend() for n in names}
 
     # ----- plumbing ------------------------------------------------------------------------
-    def backends(self) -> dict[str, NvmlBackend]:
-        return self._backends
+    def backends(self) -> dict[str, GpuBackend]:
+        return dict(self._backends)
 
     def now(self) -> float:
         return self.clock()
