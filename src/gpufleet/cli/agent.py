@@ -68,6 +68,8 @@ def register(app: typer.Typer) -> None:
             if json_out
             else "%(asctime)s %(levelname)s %(name)s: %(message)s",
         )
+        # one INFO line per push from the HTTP client would drown the agent's own log
+        logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.root.level))
         host, port = parse_listen(listen)
         fleet = open_fleet(sim=sim, seed=seed)
         if not fleet.backends:

@@ -1,0 +1,67 @@
+"""The real node agent (`gpufleet.agent.runner.Agent`: sampler, health tracker, spooling pusher)
+against the real controller on loopback: registration, samples, a fail finding that drains."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+from gpufleet.agent.runner import Agent, AgentConfig
+from gpufleet.control.testbed import Controller, wait_for
+from gpufleet.devices.sim import Fault, FaultKind, Load, SimFleet, parse_fleet_spec
+
+
+def test_real_agent_registers_pushes_and_a_dbe_drains(tmp_path: Path) -> None:
+    ctl = Controller(tmp_path / "data", scheduler="none").start()
+    stop = threading.Event()
+    thread: threading.Thread | None = None
+    try:
+        token = ctl.token("agent", node="sim-00")
+        fleet = SimFleet(parse_fleet_spec("1x4xh200"))
+        node = fleet.node("sim-00")
+        node.gpus[1].run(Load(util=0.5))
+        cfg = AgentConfig(
+            fast_interval_s=0.2,
+            push_interval_s=0.3,
+            controller=ctl.url,
+            token=token,
+            state_dir=tmp_path / "agent",
+        )
+        agent = Agent(node.backend(), cfg)
+        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+        thread.start()
+
+        def registered() -> dict[str, object] | None:
+            r = ctl.call("GET", "/api/v1/nodes/sim-00")
+            if r.status_code != 200:
+                return None
+            doc: dict[str, object] = r.json()
+            node_doc = doc["node"]
+            assert isinstance(node_doc, dict)
+            return doc if node_doc.get("state") == "in_service" else None
+
+        doc = wait_for(registered, 15, "sim-00 in service")
+        devices = doc["devices"]
+        assert isinstance(devices, list) and len(devices) == 4
+
+        def util_seen() -> bool:
+            r = ctl.call("GET", "/api/v1/nodes/sim-00/gpus/1/series?resolution=raw")
+            series = r.json() if r.status_code == 200 else {}
+            values = [v for v in (series.get("fields", {}).get("gpu_util_pct") or []) if v]
+            return bool(values) and max(values) == 50.0  # Load(util=0.5) -> 50 %
+
+        wait_for(util_seen, 15, "GPU 1 utilization 50 % in the controller's series")
+
+        fleet.inject(Fault(FaultKind.ECC_DBE, node="sim-00", gpu=2))
+
+        def drained() -> str | None:
+            d = ctl.call("GET", "/api/v1/nodes/sim-00").json()["node"]
+            return d["state_reason"] if d.get("state") in ("draining", "drained") else None
+
+        reason = wait_for(drained, 15, "sim-00 drained for the DBE finding")
+        assert "ECC_DBE_VOLATILE" in reason or "XID_48" in reason
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=10)
+        ctl.stop()
