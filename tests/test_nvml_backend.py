@@ -253,3 +253,15 @@ def test_gpm_ratios_over_an_interval_and_unsupported_models() -> None:
     ampere, _ = make("1x1xa100-sxm4-80gb")
     b2 = ampere.node("sim-00").backend()
     assert b2.sample_gpm(0) is None and b2.sample_gpm(0) is None
+
+
+def test_running_processes_lists_the_loads_pid_and_memory() -> None:
+    from gpufleet.devices.sim import Load
+
+    fleet, clock = make("1x2xh100")
+    node = fleet.node("sim-00")
+    node.gpus[1].run(Load(fb_used_bytes=3 * 2**30))
+    clock.advance(1)
+    backend = node.backend()
+    assert backend.running_processes(0) == []
+    assert backend.running_processes(1) == [(10_001, 3 * 2**30)]  # the simulator's pid 10000+i

@@ -37,16 +37,13 @@ class GpuState:
 def running_processes(backend: GpuBackend, index: int) -> list[int] | None:
     """PIDs of compute processes on a GPU (None where the backend cannot tell).
 
-    Uses the NVML backend's one query helper (``call``); other backends answer None.
+    Backends without a process list (``running_processes``) answer None.
     """
-    call = getattr(backend, "call", None)
-    handle_of = getattr(backend, "_handle", None)
-    if call is None or handle_of is None:
+    lister = getattr(backend, "running_processes", None)
+    if lister is None:
         return None
-    procs: Any = call("nvmlDeviceGetComputeRunningProcesses", handle_of(index), gpu=index)
-    if procs is None:
-        return None
-    return sorted(int(p.pid) for p in procs)
+    procs: list[tuple[int, int | None]] | None = lister(index)
+    return None if procs is None else [pid for pid, _ in procs]
 
 
 def read_node(backend: GpuBackend, gpus: list[int] | None = None) -> list[GpuState]:

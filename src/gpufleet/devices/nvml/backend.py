@@ -448,6 +448,17 @@ class NvmlBackend:
                 out[key] = float(result.metrics[i].value) * 2**20
         return out or None
 
+    def running_processes(self, index: int) -> list[tuple[int, int | None]] | None:
+        """(pid, GPU memory bytes) of the compute processes on a GPU; None if NVML can't tell."""
+        procs = self._dev("nvmlDeviceGetComputeRunningProcesses", index)
+        if procs is None:
+            return None
+        out: list[tuple[int, int | None]] = []
+        for p in procs:
+            used = getattr(p, "usedGpuMemory", None)
+            out.append((int(p.pid), None if used is None else int(used)))
+        return sorted(out)
+
     def mig_instances(self, index: int) -> list[tuple[int, str, Any]]:
         """(GPU-instance id, profile name, MIG device handle) of each MIG instance; [] without MIG.
 
