@@ -155,3 +155,21 @@ def test_level1_runs_the_agents_health_rules() -> None:
     assert len(bad) == 1 and bad[0].status in (Status.WARN, Status.FAIL)
     # 89 C against the 87 C slowdown limit (catalog h100-sxm) -> the temperature rule fires
     assert set(bad[0].details["codes"]) & {"TEMP_NEAR_SLOWDOWN", "HW_THERMAL_SLOWDOWN"}
+
+
+def test_level1_flags_a_stray_process() -> None:
+    """A GPU that already runs a compute process fails the `processes` check (pid from NVML)."""
+    from gpufleet.devices.sim import Load, ManualClock, SimFleet, parse_fleet_spec
+    from gpufleet.validate.engine_sim import SimEngine
+    from gpufleet.validate.runner import RunOptions, run_suite
+
+    clock = ManualClock()
+    fleet = SimFleet(parse_fleet_spec("1x2xh100"), clock=clock)
+    fleet.node("sim-00").gpus[0].run(Load(util=0.3))
+    clock.advance(1)
+    report = run_suite(
+        SimEngine(fleet, clock), RunOptions(tests=select_tests(1, multi_node=False), level=1)
+    )
+    procs = {r.gpu: r for r in report.results if r.test == "processes"}
+    assert procs[0].status == Status.FAIL and "10000" in procs[0].message
+    assert procs[1].status == Status.PASS
