@@ -29,9 +29,14 @@ PY=${PY:-python3}
   echo "== benchmarks/sample_cost.py"
   [ -f benchmarks/sample_cost.py ] && timeout 120 $PY benchmarks/sample_cost.py 2>&1 | tail -20
   echo "== benchmarks/agent_overhead.py"
-  [ -f benchmarks/agent_overhead.py ] && timeout 120 $PY benchmarks/agent_overhead.py --real 2>&1 | tail -20
+  [ -f benchmarks/agent_overhead.py ] && timeout 120 $PY benchmarks/agent_overhead.py --seconds 10 2>&1 | tail -20
   echo "== benchmarks/validate_overhead.py"
   [ -f benchmarks/validate_overhead.py ] && timeout 240 $PY benchmarks/validate_overhead.py 2>&1 | tail -20
+  echo "== gpufleet validate --level 2 on the real GPU (read-only: no setting is changed)"
+  timeout 300 $PY -m gpufleet validate --level 2 --out "$OUT/validate-l2.json" --html "$OUT/validate-l2.html" 2>&1 | tail -25
+  echo "validate rc=$?"
+  echo "== gpufleet health"
+  timeout 60 $PY -m gpufleet health --json > "$OUT/health.json" 2>&1; echo "health rc=$?"
   echo "== gpufleet inventory / doctor on the real GPU"
   $PY -m gpufleet inventory --json > "$OUT/inventory.json" 2>&1; echo "inventory rc=$?"
   $PY -m gpufleet doctor 2>&1 | tail -20
