@@ -148,3 +148,54 @@ def test_fast_path_answers_like_the_route(make_service: Any) -> None:
     assert r.status_code == 401 and json.loads(bad.body) == r.json()
     # other methods still reach FastAPI (here the static mount at "/", which has no such file)
     assert client.get("/api/v1/ingest", headers=h).status_code == 404
+
+
+def test_fast_path_and_route_send_the_same_acks(
+    make_service: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An acknowledged sticky finding the agent still reports rides in ``acks`` alike from the
+    ASGI fast path, the FastAPI route (reached under a root path, which the fast path leaves
+    alone) and `handle_ingest` itself; before the acknowledgement no ``acks`` key at all."""
+    import gpufleet.control.api as api_mod
+    from gpufleet.control.actions import acknowledge_finding
+    from tests.control.conftest import fail_finding
+
+    real = handle_ingest
+    assert vars(api_mod)["handle_ingest"] is real  # the name the FastAPI route calls
+    routed: list[int] = []
+
+    async def counting(*a: Any) -> Any:
+        routed.append(1)
+        return await real(*a)
+
+    monkeypatch.setattr(api_mod, "handle_ingest", counting)
+    svc: ControlService = make_service()
+    token = svc.store.tokens.create("agent")[0]
+    app = create_app(svc)
+    fast, route = TestClient(app), TestClient(app, root_path="/gf")
+    h = {"Authorization": f"Bearer {token}"}
+    f = [fail_finding("n1")]
+
+    def body(seq: int) -> dict[str, Any]:
+        return batch("n1", seq, devices=seq == 1, findings=f, health=2)
+
+    def direct(seq: int) -> dict[str, Any]:
+        raw = json.dumps(body(seq)).encode()
+        reply = asyncio.run(handle_ingest(svc, f"Bearer {token}", None, raw))
+        out: dict[str, Any] = json.loads(reply.body)
+        return out
+
+    before = [fast.post("/api/v1/ingest", json=body(1), headers=h).json()]
+    before.append(route.post("/api/v1/ingest", json=body(2), headers=h).json())
+    assert routed == [1]  # the root-path request went through the FastAPI route
+    before.append(direct(3))
+    assert [sorted(d) for d in before] == [["agent_id", "duplicate", "seq"]] * 3
+    fid = next(iter(svc.store.nodes["n1"].findings.values())).id
+    acknowledge_finding(svc.store, fid, Principal(1, "alice", Role.OPERATOR))
+    a_fast = fast.post("/api/v1/ingest", json=body(4), headers=h).json()
+    a_route = route.post("/api/v1/ingest", json=body(5), headers=h).json()
+    a_direct = direct(6)
+    assert routed == [1, 1]
+    assert [d["seq"] for d in (a_fast, a_route, a_direct)] == [4, 5, 6]
+    assert a_fast["acks"] == a_route["acks"] == a_direct["acks"]
+    assert [(a["code"], a["who"]) for a in a_fast["acks"]] == [("XID_79", "operator:alice")]

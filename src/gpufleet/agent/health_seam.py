@@ -100,11 +100,16 @@ def builtin_evaluator(clock: Callable[[], float]) -> HealthEvaluator:
     return evaluate
 
 
-def tracker_evaluator(tracker: Any) -> HealthEvaluator:
-    """Adapt a ``gpufleet.health`` ``HealthTracker`` (``evaluate(node_input) -> HealthReport``)."""
+class TrackerEvaluator:
+    """Adapts a ``gpufleet.health`` ``HealthTracker`` (``evaluate(node_input) -> HealthReport``)
+    to a `HealthEvaluator`; ``tracker`` stays reachable (acknowledgements from the control
+    plane are applied to it)."""
 
-    def evaluate(node_input: NodeHealthInput) -> HealthOutcome:
-        report = tracker.evaluate(node_input)
+    def __init__(self, tracker: Any) -> None:
+        self.tracker = tracker
+
+    def __call__(self, node_input: NodeHealthInput) -> HealthOutcome:
+        report = self.tracker.evaluate(node_input)
         by_uuid = {g.uuid: g.index for g in node_input.gpus if g.uuid}
         verdicts: dict[int, Severity] = {}
         for key, sev in dict(getattr(report, "gpu_verdicts", {}) or {}).items():
@@ -120,7 +125,10 @@ def tracker_evaluator(tracker: Any) -> HealthEvaluator:
             cleared=tuple(getattr(report, "cleared", ()) or ()),
         )
 
-    return evaluate
+
+def tracker_evaluator(tracker: Any) -> HealthEvaluator:
+    """A `TrackerEvaluator` over ``tracker``."""
+    return TrackerEvaluator(tracker)
 
 
 def default_evaluator(

@@ -92,7 +92,7 @@ class Pusher:
         self.spool = spool
         self.clock = clock
         self.stats = PushStats()
-        self.on_ack: Callable[[Ack], None] | None = None  # jobs commands (gpufleet.agent.jobs)
+        self.on_ack: Callable[[Ack], None] | None = None  # job commands, acks (Agent.on_ack)
         self.retry_at = 0.0
         self._backoff = 1.0
         self._client = httpx.Client(
@@ -171,8 +171,8 @@ class Pusher:
             if self.on_ack is not None:
                 try:
                     self.on_ack(ack)
-                except Exception:  # a job command must not make the batch be sent again
-                    log.exception("applying the Ack's commands failed")
+                except Exception:  # what it asks must not make the batch be sent again
+                    log.exception("applying the Ack's commands or acknowledgements failed")
             return
         if code in PERMANENT:
             raise _Reject(f"HTTP {code}: {resp.text[:200]}")

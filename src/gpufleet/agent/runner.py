@@ -123,6 +123,9 @@ class Agent:
         self.pusher: Pusher | None = None
         self.state: AgentState | None = None
         self.jobs: AgentJobs | None = None  # set by enable_jobs (issue 7)
+        self.acks_applied = 0  # acknowledgements from the control plane applied to the tracker
+        self._acks_lock = threading.Lock()
+        self._pending_acks: dict[tuple[str, str], wire.WireAck] = {}
         if cfg.controller:
             if cfg.state_dir is None:  # pragma: no cover - the CLI always passes one
                 from gpufleet.errors import UsageError
@@ -137,6 +140,7 @@ class Agent:
             self.pusher = Pusher(
                 cfg.controller, cfg.token or "", self.state, spool, transport=transport, clock=clock
             )
+            self.pusher.on_ack = self.on_ack
         self.collector = AgentCollector(
             self.sampler, hostname=self.hostname, health=self.health_view, extra=self.extra_metrics
         )
@@ -184,6 +188,7 @@ class Agent:
                     )
                 )
             del self._pending_events[: max(0, len(self._pending_events) - 10_000)]
+        self._apply_acks()
         outcome = self.evaluate(build_input(s.node, inputs))
         with self._health_lock:
             self.health = outcome
@@ -303,7 +308,43 @@ class Agent:
         """Run the jobs the control plane sends in its ``Ack``s, report them in each batch."""
         self.jobs = jobs
         if self.pusher is not None:
-            self.pusher.on_ack = lambda ack: jobs.apply(ack.commands)
+            self.pusher.on_ack = self.on_ack
+
+    def on_ack(self, ack: wire.Ack) -> None:
+        """What an ``Ack`` asks (the pusher's callback, on its thread): acknowledgements are
+        queued for the sampling thread, which owns the health tracker (`_apply_acks`); job
+        commands go to the jobs runner when jobs are enabled."""
+        if ack.acks:
+            with self._acks_lock:
+                for a in ack.acks:
+                    self._pending_acks[(a.code, a.component)] = a
+        if self.jobs is not None:
+            self.jobs.apply(ack.commands)
+
+    def _apply_acks(self) -> None:
+        """Acknowledge in the health tracker the findings acknowledged on the control plane (its
+        ack log records who and why); ones no longer active are ignored. The evaluation that
+        follows drops them, and so does the next snapshot."""
+        with self._acks_lock:
+            pending, self._pending_acks = self._pending_acks, {}
+        if not pending:
+            return
+        tracker = getattr(self.evaluate, "tracker", None)
+        if tracker is None:
+            log.info("no health tracker: %d acknowledgement(s) ignored", len(pending))
+            return
+        for (code, component), a in pending.items():
+            if not any(f.sticky and f.key == (code, component) for f in tracker.active):
+                log.debug("acknowledgement of %s on %s: no longer active", code, component)
+                continue
+            try:
+                tracker.acknowledge(code, component, a.who, a.why)
+            except Exception:  # a failing ack log must not stop the health evaluation
+                self.health_errors += 1
+                log.exception("acknowledging %s on %s failed", code, component)
+                continue
+            self.acks_applied += 1
+            log.info("%s on %s acknowledged on the control plane by %s", code, component, a.who)
 
     def push_once(self) -> None:
         """Build one batch and send (or spool) it, then replay the spool; never raises."""

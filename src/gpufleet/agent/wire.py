@@ -15,6 +15,13 @@ Jobs (issue 7) ride on the same exchange, as additive optional fields (``schema_
 ``jobs`` report in each batch (its GPUs, its lease, every copy it knows), and the ``Ack`` carries
 ``commands`` (start/kill copies of jobs, each with its generation as a fence token). An agent
 that sends no ``jobs`` (``None``) runs no jobs; an ``Ack`` without ``commands`` asks nothing.
+
+Acknowledgements (additive, v1 as well): when an operator acknowledges on the control plane a
+sticky finding that the node's agent still reports, every ``Ack`` to that node carries it in
+``acks`` (code, component, who, why, at_s) until the agent's snapshot no longer holds the
+finding. The agent acknowledges it in its own health tracker (logged in its ack log; one that is
+no longer active is ignored), so its next snapshot omits the finding and the control plane
+clears it. An ``Ack`` without ``acks`` (the field is left out when empty) acknowledges nothing.
 """
 
 from __future__ import annotations
@@ -114,6 +121,17 @@ class WireCommand(_Wire):
     spec: dict[str, Any] = Field(default_factory=dict)  # a JobSpec as a mapping (start only)
 
 
+class WireAck(_Wire):
+    """An operator's acknowledgement of a sticky finding (``code`` on ``component``), made on
+    the control plane, for the node's agent to apply to its own health tracker."""
+
+    code: str = Field(min_length=1, max_length=64)
+    component: str = Field(min_length=1, max_length=96)
+    who: str = Field(min_length=1, max_length=128)  # the operator (an actor name)
+    why: str = Field(min_length=1, max_length=1000)
+    at_s: float  # when it was acknowledged (control-plane clock)
+
+
 class Batch(_Wire):
     """One push from one agent."""
 
@@ -133,9 +151,16 @@ class Batch(_Wire):
 
 
 class Ack(_Wire):
-    """The control plane's answer to a batch."""
+    """The control plane's answer to a batch.
+
+    Agents ignore fields they do not know (``extra="ignore"``), so a newer control plane can add
+    optional fields to the answer without stalling older agents; the batch side stays strict.
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
 
     agent_id: str
     seq: int
     duplicate: bool = False
     commands: list[WireCommand] = Field(default_factory=list)  # additive (v1): jobs to start/kill
+    acks: list[WireAck] = Field(default_factory=list)  # additive (v1): findings acknowledged

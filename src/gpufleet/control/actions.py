@@ -9,6 +9,7 @@ from sqlalchemy import select, update
 
 from gpufleet.control import lifecycle as lc
 from gpufleet.control.auth import Principal, Role
+from gpufleet.control.cache import agent_ack
 from gpufleet.control.lifecycle import ACTION_TARGET, Action, NodeState
 from gpufleet.control.models import (
     ControllerState,
@@ -37,7 +38,8 @@ def node_action(
     store: ControlStore, name: str, action: Action, who: Principal, reason: str = ""
 ) -> NodeCache:
     """Apply one operator action to a node (raises TransitionError when not allowed)."""
-    reason = reason or f"{action.value} by {who.actor}"
+    given = reason.strip()
+    reason = given or f"{action.value} by {who.actor}"
     with store.lock:
         nc = _node(store, name)
         after: lc.PostCommit = []
@@ -61,7 +63,7 @@ def node_action(
                     after.append(lambda: store.hook.resume(name))
             elif action is Action.ACKNOWLEDGE:
                 for fc in list(nc.findings.values()):
-                    _ack(store, s, nc, fc.id, who)
+                    _ack(store, s, nc, fc.id, who, given)
             else:
                 store._move(
                     s, nc, ACTION_TARGET[action], actor=who.actor, reason=reason, after=after
@@ -74,7 +76,12 @@ def node_action(
         return nc
 
 
-def _ack(store: ControlStore, s: Any, nc: NodeCache, finding_id: int, who: Principal) -> None:
+def _ack(
+    store: ControlStore, s: Any, nc: NodeCache, finding_id: int, who: Principal, why: str = ""
+) -> None:
+    """Acknowledge one finding. One the agent no longer reports clears now; a sticky one it
+    still reports stays active, and every ``Ack`` to the node's agent carries the
+    acknowledgement (``FindingCache.ack``) until the agent's snapshot drops it."""
     now = store.clock()
     key = next((k for k, f in nc.findings.items() if f.id == finding_id), None)
     values: dict[str, Any] = {"acknowledged_by": who.actor, "acknowledged_s": now}
@@ -84,6 +91,8 @@ def _ack(store: ControlStore, s: Any, nc: NodeCache, finding_id: int, who: Princ
         if not fc.present:
             values.update(active=False, cleared_s=now)
             del nc.findings[key]
+        else:  # the newest acknowledgement, like the row's acknowledged_by
+            fc.ack = agent_ack(key[0], key[1], fc.sticky, who.actor, now, why)
     s.execute(update(FindingRow).where(FindingRow.id == finding_id).values(**values))
     s.add(
         EventRow(
@@ -91,7 +100,7 @@ def _ack(store: ControlStore, s: Any, nc: NodeCache, finding_id: int, who: Princ
             node=nc.name,
             kind="finding_acknowledged",
             message=f"finding {finding_id} acknowledged by {who.actor}",
-            data={"finding_id": finding_id},
+            data={"finding_id": finding_id, **({"why": why} if why else {})},
         )
     )
 

@@ -8,20 +8,22 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.agent.wire import Batch
+from gpufleet.agent.wire import Batch, WireAck
 from gpufleet.control.auth import Principal
 from gpufleet.control.telemetry_store import SampleGroup
 
 
 @dataclass
 class FindingCache:
-    """What the hot path needs to know about an active finding."""
+    """What the hot path needs to know about an active finding. ``ack``: an acknowledged sticky
+    finding's acknowledgement, sent to the node's agent while it still reports the finding."""
 
     id: int
     severity: int
     sticky: bool
     present: bool = True
     acknowledged: bool = False
+    ack: WireAck | None = None
 
 
 @dataclass
@@ -69,6 +71,23 @@ class IngestItem:
     principal: Principal
     received_s: float
     arrays: list[SampleGroup] | None = None  # samples as arrays (`ingest.parse_batch`)
+
+
+def agent_ack(
+    code: str,
+    component: str,
+    sticky: bool,
+    who: str | None,
+    at_s: float | None,
+    why: str = "",
+) -> WireAck | None:
+    """The acknowledgement the node's agent gets for an acknowledged finding (None when the
+    finding is not sticky: the agent clears those by itself, it cannot acknowledge them).
+    ``why`` defaults to "acknowledged on the control plane by <who>"."""
+    if not sticky or not who:
+        return None
+    why = why.strip() or f"acknowledged on the control plane by {who}"
+    return WireAck(code=code, component=component, who=who, why=why[:1000], at_s=at_s or 0.0)
 
 
 def info_digest(info: dict[str, Any]) -> str:

@@ -79,6 +79,8 @@ async def handle_ingest(
     cmds = service.jobs.exchange(batch, store.clock()) if service.jobs is not None else []
     if cmds:  # an Ack without commands is exactly what it was before jobs existed
         out["commands"] = [c.model_dump(mode="json") for c in cmds]
+    if ack.acks:  # findings acknowledged on the control plane that the agent still reports
+        out["acks"] = [a.model_dump(mode="json") for a in ack.acks]
     return IngestReply(200, orjson.dumps(out))
 
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from gpufleet.agent.wire import Ack, WireFinding
+from gpufleet.agent.wire import Ack, WireAck, WireFinding
 from gpufleet.control import lifecycle as lc
 from gpufleet.control.cache import FindingCache, GpuCache, IngestItem, NodeCache, info_digest
 from gpufleet.control.lifecycle import NodeState
@@ -31,9 +31,20 @@ S = NodeState
 KEY_CHUNK = 400  # (agent_id, seq) pairs per lookup: under SQLite's 999 bound parameters
 
 
-def _ack(agent_id: str, seq: int, duplicate: bool) -> Ack:
+def _ack(agent_id: str, seq: int, duplicate: bool, acks: list[WireAck]) -> Ack:
     # every field given: pydantic inspects a default factory's signature on each construct
-    return Ack.model_construct(agent_id=agent_id, seq=seq, duplicate=duplicate, commands=[])
+    return Ack.model_construct(
+        agent_id=agent_id, seq=seq, duplicate=duplicate, commands=[], acks=acks
+    )
+
+
+def node_acks(nc: NodeCache | None) -> list[WireAck]:
+    """The acknowledgements the node's agent gets in its ``Ack``: sticky findings acknowledged
+    on the control plane that the agent still reports (derived from the finding rows, so they
+    survive a restart of the controller)."""
+    if nc is None or not nc.findings:
+        return []
+    return [fc.ack for fc in nc.findings.values() if fc.ack is not None and fc.present]
 
 
 def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
@@ -59,7 +70,9 @@ def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
                     b = item.batch
                     key = (b.agent_id, b.seq)
                     if key in known:
-                        acks.append(_ack(b.agent_id, b.seq, True))
+                        acks.append(
+                            _ack(b.agent_id, b.seq, True, node_acks(store.nodes.get(b.node)))
+                        )
                         store.touch(b.node, item.received_s)
                         continue
                     known.add(key)
@@ -78,7 +91,7 @@ def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
                         }
                     )
                     _apply_one(store, s, item, node_updates, events, after)
-                    acks.append(_ack(b.agent_id, b.seq, False))
+                    acks.append(_ack(b.agent_id, b.seq, False, node_acks(store.nodes[b.node])))
                     fresh.append(item)
                 if rows:
                     s.execute(insert(IngestedBatch), rows)

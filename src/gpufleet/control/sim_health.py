@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
+from gpufleet.agent.wire import WireAck
 from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.types import DeviceInfo, GpuEvent, Sample
 from gpufleet.errors import DeviceError
@@ -50,6 +51,18 @@ class SimHealth:
             except DeviceError:
                 return None
         return self.infos.get(index)
+
+    def acknowledge(self, acks: list[WireAck]) -> list[tuple[str, str]]:
+        """Apply acknowledgements made on the control plane to the tracker (logged in its ack
+        store); ones no longer active are ignored. Returns the (code, component) acknowledged."""
+        done = []
+        for a in acks:
+            key = (a.code, a.component)
+            if not any(f.sticky and f.key == key for f in self.tracker.active):
+                continue
+            self.tracker.acknowledge(a.code, a.component, a.who, a.why)
+            done.append(key)
+        return done
 
     def evaluate(
         self, now: float, backend: GpuBackend, urgent: bool = False

@@ -195,12 +195,19 @@ class NodePusher:
         self.unacked = deque((s, b) for s, b in self.unacked if s != seq)
 
     def on_ack(self, body: bytes) -> None:
-        """Run the commands an ``Ack`` carries (jobs to start/kill), when this node runs jobs."""
-        if self.jobs is None:
-            return
+        """Apply what an ``Ack`` carries: acknowledgements of findings made on the control plane
+        (to this agent's health tracker; the finding leaves the next batch) and, when this node
+        runs jobs, the commands (jobs to start/kill)."""
+        if self.jobs is None and (not self.health or b'"acks"' not in body):
+            return  # the common case, kept cheap: nothing to do
         from gpufleet.agent.wire import Ack
 
-        self.jobs.apply(Ack.model_validate_json(body).commands)
+        ack = Ack.model_validate_json(body)
+        if ack.acks and self.health:
+            for key in self._health_state().acknowledge(ack.acks):
+                self._findings.pop(key, None)
+        if self.jobs is not None:
+            self.jobs.apply(ack.commands)
 
 
 @dataclass

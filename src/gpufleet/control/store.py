@@ -20,7 +20,14 @@ from gpufleet.agent.wire import Ack
 from gpufleet.control import ingest_writes, rollups
 from gpufleet.control import lifecycle as lc
 from gpufleet.control.auth import Principal, TokenStore
-from gpufleet.control.cache import FindingCache, GpuCache, IngestItem, NodeCache, info_digest
+from gpufleet.control.cache import (
+    FindingCache,
+    GpuCache,
+    IngestItem,
+    NodeCache,
+    agent_ack,
+    info_digest,
+)
 from gpufleet.control.db import session_factory
 from gpufleet.control.lifecycle import LOSABLE, OUT_STATES, NodeState, SchedulerHook
 from gpufleet.control.models import (
@@ -50,6 +57,30 @@ __all__ = [
 
 class NotFound(LookupError):
     """A named node, finding or token does not exist (the API answers 404)."""
+
+
+def _ack_reasons(s: Session, active: list[FindingRow]) -> dict[int, str]:
+    """The reasons given when the active sticky findings were acknowledged (from their
+    ``finding_acknowledged`` events), so the agent gets the same ``why`` after a restart."""
+    acked = {f.id: f for f in active if f.sticky and f.acknowledged_s is not None}
+    if not acked:
+        return {}
+    since = min(f.acknowledged_s or 0.0 for f in acked.values())
+    q = (
+        select(EventRow.data)
+        .where(
+            EventRow.kind == "finding_acknowledged",
+            EventRow.node.in_({f.node for f in acked.values()}),
+            EventRow.at_s >= since,
+        )
+        .order_by(EventRow.id)
+    )
+    out: dict[int, str] = {}
+    for data in s.scalars(q):
+        fid = data.get("finding_id") if isinstance(data, dict) else None
+        if fid in acked:
+            out[fid] = str(data.get("why") or "")  # the newest acknowledgement wins
+    return out
 
 
 class ControlStore:
@@ -115,10 +146,24 @@ class ControlStore:
                 nc.gpus[g.index] = GpuCache(
                     g.id, g.uuid, g.model, info_digest(g.info), g.info.get("power_limit_enforced_w")
                 )
-            for f in s.scalars(select(FindingRow).where(FindingRow.active.is_(True))):
+            active = list(s.scalars(select(FindingRow).where(FindingRow.active.is_(True))))
+            whys = _ack_reasons(s, active)
+            for f in active:
                 if f.node in nodes:
                     nodes[f.node].findings[(f.code, f.component)] = FindingCache(
-                        f.id, f.severity, f.sticky, True, f.acknowledged_by is not None
+                        f.id,
+                        f.severity,
+                        f.sticky,
+                        True,
+                        f.acknowledged_by is not None,
+                        agent_ack(
+                            f.code,
+                            f.component,
+                            f.sticky,
+                            f.acknowledged_by,
+                            f.acknowledged_s,
+                            whys.get(f.id, ""),
+                        ),
                     )
             saved = s.get(ControllerState, "policy")
             if saved is not None:
