@@ -136,3 +136,77 @@ def test_without_gpu_one_line_and_exit_2(command: str) -> None:
     if command != "doctor":
         lines = [ln for ln in proc.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and "--sim" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_status_and_inventory_fit_80_columns_without_splitting_figures() -> None:
+    """At 80 columns the boxed tables used to wrap every cell: "35/38" became "35/3" + "8"."""
+    status = runner.invoke(app, ["status", "--sim", "2x2xh100", "--busy"], env={"COLUMNS": "80"})
+    assert status.exit_code == 0, status.output
+    lines = status.stdout.splitlines()
+    assert max(len(ln) for ln in lines) <= 80
+    assert any("h100-sxm" in ln and "35/38" in ln and "70/700" in ln for ln in lines)
+    inv = runner.invoke(
+        app,
+        ["inventory", "--import", str(FIXTURES / "smi" / "h200x8-v13.xml")],
+        env={"COLUMNS": "80"},
+    )
+    assert inv.exit_code == 0, inv.output
+    assert max(len(ln) for ln in inv.stdout.splitlines()) <= 80
+    assert any("580.159.04" in ln and "4x16/5x16" in ln for ln in inv.stdout.splitlines())
+    wide = runner.invoke(app, ["status", "--sim", "1x1xh100"], env={"COLUMNS": "160"})
+    assert "┏" in wide.stdout  # a wide terminal keeps the boxed table
+
+
+def test_status_lost_gpu_row_keeps_the_table_readable(tmp_path: Path) -> None:
+    f = tmp_path / "fleet.yaml"
+    f.write_text(
+        "nodes: [{name: n, model: h100, gpus: 2}]\n"
+        "faults: [{node: n, gpu: 1, kind: fallen_off_bus}]\n"
+    )
+    result = runner.invoke(app, ["status", "--sim", str(f)], env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    row0 = next(ln for ln in result.stdout.splitlines() if ln.startswith("n    0"))
+    assert "0.6/80" in row0 and "35/38" in row0  # not squeezed by the lost GPU's message
+    row1 = next(ln for ln in result.stdout.splitlines() if ln.startswith("n    1"))
+    assert "lost" in row1 and "GPU 1 on n" in row1
+
+
+def test_status_watch_json_is_json_lines_only() -> None:
+    """`status --watch --json` used to print a live table and an indented document mixed."""
+    result = runner.invoke(
+        app,
+        ["status", "--sim", "1x2xh100", "--watch", "--count", "3", "--interval", "0.1", "--json"],
+    )
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert len(lines) == 3
+    assert all(len(json.loads(ln)["nodes"][0]["gpus"]) == 2 for ln in lines)
+
+
+def test_sim_and_import_together_is_a_usage_error() -> None:
+    """--import used to be ignored silently when --sim was given too."""
+    from gpufleet.errors import UsageError
+
+    result = runner.invoke(
+        app, ["inventory", "--sim", "1x1xh100", "--import", str(H200 / "nvidia-smi-q.xml")]
+    )
+    assert isinstance(result.exception, UsageError) and result.exception.exit_code == 2
+    assert "mutually exclusive" in str(result.exception)
+
+
+def test_import_of_a_directory_says_so(tmp_path: Path) -> None:
+    result = runner.invoke(app, ["inventory", "--import", str(tmp_path)])
+    assert result.exception is not None and "is a directory" in str(result.exception)
+    assert getattr(result.exception, "exit_code", None) == 2
+
+
+def test_error_messages_keep_their_square_brackets() -> None:
+    """Rich markup ate `[tenant:]` out of `expected '[tenant:] N x PROFILE'`."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "mig", "plan", "--gpus", "8xh200", "--demand", "junk"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "expected '[tenant:] N x PROFILE'" in proc.stderr

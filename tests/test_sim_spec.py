@@ -86,3 +86,79 @@ def test_yaml_errors_name_the_field(tmp_path: Path, body: str, needle: str) -> N
 def test_missing_yaml_file() -> None:
     with pytest.raises(ConfigError, match="no such fleet file"):
         parse_fleet_spec("does-not-exist.yaml")
+
+
+@pytest.mark.parametrize(
+    ("body", "needle"),
+    [
+        # A string where a count belongs was a traceback (int('eight')).
+        ("nodes: [{model: h100, gpus: eight}]", "nodes[0].gpus: expected a whole number"),
+        ("nodes: [{model: h100, count: 0}]", "nodes[0].count: must be at least 1"),
+        ("nodes: [{model: h100, gpus: 65}]", "at most 64 GPUs"),
+        ("seed: x\nnodes: [{model: h100}]", "seed: expected a whole number"),
+        # Misspelt keys were silently ignored.
+        ("nodes: [{modle: h100}]", "nodes[0].modle: unknown field 'modle' (did you mean 'model'"),
+        ("sed: 3\nnodes: [{model: h100}]", "sed: unknown field 'sed'"),
+        (
+            "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: slow_gpu, fration: 0.5}]",
+            "faults[0].fration: unknown parameter of 'slow_gpu' 'fration'",
+        ),
+        (
+            "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: ecc_disabled, count: 1}]",
+            "takes no parameters",
+        ),
+        # Out-of-range values were accepted and simulated nonsense (or nothing).
+        (
+            "nodes: [{model: h100, name: a, gpus: 2}]\nfaults: [{node: a, gpu: 5, kind: ecc_dbe}]",
+            "faults[0].gpu: node 'a' has 2 GPU(s) (0-1), not GPU 5",
+        ),
+        (
+            "nodes: [{model: h100, name: a, gpus: 2}]\nfaults: [{gpu: 2, kind: ecc_dbe}]",
+            "faults[0].gpu",
+        ),
+        (
+            "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: slow_gpu, fraction: 85}]",
+            "faults[0].fraction: 85 is out of range (0 to 1)",
+        ),
+        (
+            "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: slow_gpu, fraction: x}]",
+            "faults[0].fraction: expected a number",
+        ),
+        (
+            "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: pcie_downgrade, gen: 9}]",
+            "faults[0].gen: 9 is out of range",
+        ),
+        (
+            "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: xid, xid: 79, at_s: -5}]",
+            "faults[0].at_s: must be at least 0",
+        ),
+        ("nodes: [{model: h100}]\nfaults: {kind: xid}", "faults: expected a list"),
+        ("nodes:\n  - {model: h100\n", "line 3, column 1: not valid YAML"),
+    ],
+)
+def test_yaml_values_are_checked_and_errors_name_the_field(
+    tmp_path: Path, body: str, needle: str
+) -> None:
+    f = tmp_path / "bad.yaml"
+    f.write_text(body)
+    with pytest.raises(ConfigError) as err:
+        parse_fleet_spec(str(f))
+    assert needle in str(err.value)
+    assert str(f) in str(err.value)
+
+
+def test_readme_fleet_file_still_parses(tmp_path: Path) -> None:
+    f = tmp_path / "fleet.yaml"
+    f.write_text(
+        "seed: 7\nnodes:\n"
+        "  - {name: gpu-a, model: h100-sxm, gpus: 8, count: 4, rack: r01}\n"
+        '  - {name: old, model: h100, gpus: 8, driver_version: "535.161.08"}\n'
+        "faults:\n"
+        "  - {node: gpu-a-02, gpu: 3, kind: xid, xid: 79, at_s: 10}\n"
+        "  - {node: gpu-a-01, gpu: 0, kind: slow_gpu, fraction: 0.85}\n"
+        "  - {node: gpu-a-00, gpu: 5, kind: pcie_downgrade, gen: 4}\n"
+        "  - {node: gpu-a-03, kind: slow_link, fraction: 0.5, peer: old, duration_s: 30}\n"
+    )
+    spec = parse_fleet_spec(str(f))
+    assert len(spec.nodes) == 5 and len(spec.faults) == 4
+    assert spec.faults[3].params == {"fraction": 0.5, "peer": "old"}

@@ -59,3 +59,26 @@ def test_prometheus_config_and_rules_pass_promtool(tmp_path: Path) -> None:
     )
     assert out.returncode == 0, out.stdout + out.stderr
     assert "SUCCESS: 7 rules found" in out.stdout
+
+
+def test_bad_urls_targets_and_paths_are_usage_errors(tmp_path: Path) -> None:
+    """These used to be written into the unit/config as given (or, for --rules-out into a
+    missing directory, end in a traceback)."""
+    from gpufleet.errors import GpufleetError
+
+    cases = [
+        (["agent-systemd", "--controller", "cp:8443"], "expected a URL"),
+        (["agent-systemd", "--controller", "http://cp:99999"], "expected a URL"),
+        (["agent-systemd", "--listen", "9400"], "expected HOST:PORT"),
+        (["prometheus", "--target", "node1"], "expected HOST:PORT"),
+        (["prometheus", "--target", "node1:99999"], "expected HOST:PORT"),
+        (["prometheus", "--rules-out", str(tmp_path / "no" / "r.yml")], "cannot write"),
+    ]
+    for args, needle in cases:
+        res = runner.invoke(app, ["config", *args])
+        assert isinstance(res.exception, GpufleetError), (args, res.output)
+        assert res.exception.exit_code == 2 and needle in str(res.exception), args
+    ok = runner.invoke(app, ["config", "prometheus", "--target", "[::1]:9400"])
+    assert ok.exit_code == 0, ok.output
+    ok = runner.invoke(app, ["config", "agent-systemd", "--listen", ":9400"])
+    assert ok.exit_code == 0, ok.output

@@ -63,3 +63,27 @@ def test_bad_spec_is_one_clear_error(tmp_path: Path) -> None:
     r = runner.invoke(app, ["plan", str(bad)])
     assert r.exit_code != 0
     assert "h100-sxm" in str(r.exception)
+
+
+def test_unknown_candidate_error_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("candidates: [h10-sxm]\nworkloads: [{kind: gpus, gpus: 8}]\n")
+    r = runner.invoke(app, ["plan", str(bad)])
+    assert str(r.exception).startswith(f"{bad}: candidates[0]: unknown GPU model or system")
+
+
+def test_error_path_keeps_a_field_named_gpus() -> None:
+    """`gpus` is both a workload kind tag and a field; the field used to vanish from the path."""
+    from gpufleet.errors import ConfigError
+    from gpufleet.plan.spec import load_spec
+
+    training = SPEC.read_text().replace("gpus: 1024 ", "gpus: -8 ")
+    gpus_kind = "candidates: [h100]\nworkloads: [{kind: gpus, gpus: -8}]\n"
+    for text in (training, gpus_kind):
+        assert "gpus: -8" in text
+        try:
+            load_spec(text, "s.yaml")
+        except ConfigError as exc:
+            assert "workloads[0].gpus: -8" in str(exc), exc
+        else:
+            raise AssertionError("gpus: -8 was accepted")

@@ -140,6 +140,19 @@ def test_cli_exit_codes_and_files(tmp_path: Path) -> None:
     assert unknown.exception.exit_code == 2
 
 
+@pytest.mark.parametrize(
+    ("gpus", "needle"),
+    [("9", "no GPU 9 here"), ("0,8,12", "no GPU 8,12 here"), ("-1", "expected indexes")],
+)
+def test_cli_gpus_out_of_range_is_a_usage_error(gpus: str, needle: str) -> None:
+    """`--gpus 9` on 8-GPU nodes used to pass after running node-level tests only."""
+    from gpufleet.errors import UsageError
+
+    result = CliRunner().invoke(app, ["validate", "--sim", "1x8xh200", f"--gpus={gpus}"])
+    assert isinstance(result.exception, UsageError), result.output
+    assert result.exception.exit_code == 2 and needle in str(result.exception)
+
+
 def test_level1_runs_the_agents_health_rules() -> None:
     """Thermal slowdown is no level-1 check of its own: the agent's health rules catch it."""
     from gpufleet.devices.sim import Fault, FaultKind

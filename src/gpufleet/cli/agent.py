@@ -40,7 +40,10 @@ def register(app: typer.Typer) -> None:
         slow_interval: float = typer.Option(30.0, "--slow-interval", help="Slow tier, seconds."),
         push_interval: float = typer.Option(5.0, "--push-interval", help="Push period, seconds."),
         duration: float = typer.Option(
-            0.0, "--duration", help="Stop after this many seconds (0: run until stopped)."
+            0.0,
+            "--duration",
+            min=0,
+            help="Stop after this many seconds (0: run until stopped).",
         ),
         log_level: str = typer.Option("info", "--log-level", help="debug, info, warning, error."),
         run_jobs: bool = typer.Option(
@@ -102,7 +105,7 @@ def register(app: typer.Typer) -> None:
             "agent_id": agent.state.agent_id if agent.state else None,
         }
         if json_out:
-            emit_json({"event": "started", **started})
+            emit_json({"event": "started", **started}, line=True)  # JSON Lines: one per event
         else:
             console.print(
                 f"gpufleet agent on {started['node']}: {started['gpus']} GPUs, "
@@ -116,7 +119,7 @@ def register(app: typer.Typer) -> None:
             agent.close()
             fleet.close()
         if json_out:
-            emit_json({"event": "stopped", "rounds": agent.sampler.ticks})
+            emit_json({"event": "stopped", "rounds": agent.sampler.ticks}, line=True)
 
 
 def _agent_jobs(fleet: object, backend: object, state_dir: Path, lease_s: float) -> Any:

@@ -8,7 +8,7 @@ import sys
 import typer
 
 from gpufleet import __version__
-from gpufleet.cli.output import err_console
+from gpufleet.cli.output import print_error
 from gpufleet.errors import GpufleetError
 
 app = typer.Typer(
@@ -64,10 +64,7 @@ def main() -> None:
     try:
         app()
     except GpufleetError as exc:
-        hint = f"; {exc.hint}" if exc.hint else ""
-        err_console.print(
-            f"[bold red]error:[/] {exc.message}{hint}", highlight=False, soft_wrap=True
-        )
+        print_error(exc.message, exc.hint)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

@@ -8,7 +8,7 @@ import typer
 from rich.table import Table
 
 from gpufleet.catalog import GpuModel, MigGeometry, XidEntry, load_catalog
-from gpufleet.cli.output import console, emit_json, err_console, fmt
+from gpufleet.cli.output import console, emit_json, fit, fmt, print_error
 from gpufleet.errors import GpufleetError, UnknownNameError, UsageError
 
 catalog_app = typer.Typer(
@@ -57,8 +57,7 @@ def _fail(exc: GpufleetError) -> NoReturn:
 
     Exiting here (rather than raising) keeps the exit code under Typer's standalone runner too.
     """
-    hint = f"; {exc.hint}" if exc.hint else ""
-    err_console.print(f"[bold red]error:[/] {exc.message}{hint}", highlight=False, soft_wrap=True)
+    print_error(exc.message, exc.hint)
     raise typer.Exit(exc.exit_code)
 
 
@@ -99,7 +98,11 @@ def gpus(json_out: bool = JSON_OPTION) -> None:
         return
     table = Table(title="GPU models (dense TFLOP/s)")
     for col in ("key", "name", "memory", "BW GB/s", "BF16", "FP8", "W", "link"):
-        table.add_column(col, justify="right" if col in ("BW GB/s", "BF16", "FP8", "W") else "left")
+        table.add_column(
+            col,
+            justify="right" if col in ("BW GB/s", "BF16", "FP8", "W") else "left",
+            no_wrap=col not in ("name", "memory", "link"),  # the key is what you type next
+        )
     for g in models:
         table.add_row(
             g.key,
@@ -111,7 +114,7 @@ def gpus(json_out: bool = JSON_OPTION) -> None:
             fmt(g.max_power_w, digits=0),
             _link(g),
         )
-    console.print(table)
+    console.print(fit(table))
 
 
 def _figures(g: GpuModel) -> list[dict[str, Any]]:
@@ -171,7 +174,7 @@ def gpu(
         )
         return
     table = Table(title=f"{g.key}: {g.marketing_name}")
-    table.add_column("figure")
+    table.add_column("figure", no_wrap=True)
     table.add_column("value", justify="right")
     table.add_column("source", overflow="fold")
     for f in figures:
@@ -182,7 +185,7 @@ def gpu(
     if g.efficiency:
         for prec, value in g.efficiency.tflops.items():
             table.add_row(f"measured {prec}", f"{value:g} TFLOP/s", g.efficiency.source)
-    console.print(table)
+    console.print(fit(table))
 
 
 @catalog_app.command("systems")
@@ -195,7 +198,7 @@ def systems(json_out: bool = JSON_OPTION) -> None:
         return
     table = Table(title="Systems")
     for col in ("key", "name", "GPUs", "max kW", "U", "compute NICs", "storage NICs", "source"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("key", "max kW", "U"))
     for s in items:
         table.add_row(
             s.key,
@@ -207,7 +210,7 @@ def systems(json_out: bool = JSON_OPTION) -> None:
             f"{s.storage_nics}x {s.storage_nic_gbps}G" if s.storage_nics else "-",
             s.source,
         )
-    console.print(table)
+    console.print(fit(table))
 
 
 def _geometry(name: str) -> tuple[GpuModel, MigGeometry]:
@@ -239,7 +242,7 @@ def mig(
         return
     table = Table(title=f"MIG profiles: {gpu_model.key} ({geom.memory_slices} memory slices)")
     for col in ("profile", "id", "compute", "memory slices", "MiB", "SMs", "max", "placements"):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("profile", "MiB", "placements"))
     for p in geom.profiles:
         starts = ",".join(str(s) for s in p.placements)
         table.add_row(
@@ -252,7 +255,7 @@ def mig(
             str(p.max_instances),
             f"{{{starts}}}:{p.placement_size}",
         )
-    console.print(table)
+    console.print(fit(table))
     console.print(f"source: {geom.source}", highlight=False)
 
 
@@ -280,7 +283,7 @@ def xid(
         return
     table = Table(title="XID codes" if code is None else f"XID {code}")
     for col in ("code", "name", "severity", "action", "app", "meaning / notes"):
-        table.add_column(col, overflow="fold")
+        table.add_column(col, overflow="fold", no_wrap=col in ("code", "severity", "action"))
     for x in entries:
         table.add_row(
             str(x.code),
@@ -290,7 +293,7 @@ def xid(
             "yes" if x.application_level else "",
             x.meaning if code is None else f"{x.meaning}\n{x.notes}\nsource: {x.source}",
         )
-    console.print(table)
+    console.print(fit(table))
 
 
 def register(app: typer.Typer) -> None:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import typer
 
-from gpufleet.cli.common import JsonOption
+from gpufleet.cli.common import JsonOption, http_url
 from gpufleet.cli.output import emit_json
 
 
@@ -60,6 +60,14 @@ def agent_unit(
     return "\n".join(lines)
 
 
+def _listen(value: str) -> str:
+    """The agent's own ``--listen`` check, so the unit never holds a value it rejects."""
+    from gpufleet.agent.server import parse_listen
+
+    parse_listen(value)
+    return value
+
+
 def register_config(config_app: typer.Typer) -> None:
     """Attach `gpufleet config agent-systemd`."""
 
@@ -78,8 +86,8 @@ def register_config(config_app: typer.Typer) -> None:
         """Print a systemd unit for the node agent (install as gpufleet-agent.service)."""
         text = agent_unit(
             exec_path=exec_path,
-            listen=listen,
-            controller=controller,
+            listen=_listen(listen),
+            controller=None if controller is None else http_url(controller, "--controller"),
             token_file=token_file,
             state_dir=state_dir,
             user=user,

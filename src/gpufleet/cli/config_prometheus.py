@@ -7,9 +7,9 @@ from pathlib import Path
 import typer
 import yaml
 
-from gpufleet.cli.common import JsonOption
+from gpufleet.cli.common import JsonOption, host_port
 from gpufleet.cli.output import emit_json
-from gpufleet.errors import UsageError
+from gpufleet.errors import ConfigError, UsageError
 
 # Alert rules over the agents' metrics. Thresholds: XID codes and actions come from the catalog
 # at runtime on the agent; these rules alert on the agent's verdicts and a few raw signals.
@@ -115,11 +115,14 @@ def register_config(config_app: typer.Typer) -> None:
         """Print a Prometheus scrape config for the agents (and example alert rules)."""
         if interval < 1:
             raise UsageError("--interval must be at least 1 second")
-        targets = list(target or ["localhost:9400"])
+        targets = [host_port(t, "--target") for t in target or ["localhost:9400"]]
         rules_name = rules_out.name if rules_out else "gpufleet-rules.yml"
         config = scrape_config(targets, interval, rules_name)
         if rules_out is not None:
-            rules_out.write_text(yaml.safe_dump(rules_doc(), sort_keys=False), encoding="utf-8")
+            try:
+                rules_out.write_text(yaml.safe_dump(rules_doc(), sort_keys=False), encoding="utf-8")
+            except OSError as exc:
+                raise ConfigError(f"{rules_out}: cannot write: {exc.strerror or exc}") from exc
         if json_out:
             emit_json({"config": config, "rules": rules_doc()})
             return

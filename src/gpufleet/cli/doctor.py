@@ -6,7 +6,7 @@ import typer
 from rich.table import Table
 
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption
-from gpufleet.cli.output import console, emit_json, to_jsonable
+from gpufleet.cli.output import console, emit_json, fit, to_jsonable
 from gpufleet.devices.discovery import open_fleet
 from gpufleet.devices.doctor import Check, DoctorReport, check_backend, check_environment
 from gpufleet.errors import NoDeviceError
@@ -16,7 +16,9 @@ _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red"}
 
 def doctor(sim: str | None = SimOption, seed: int = SeedOption, as_json: bool = JsonOption) -> None:
     """NVML present and loadable, driver/library match, functions not found, permissions,
-    persistence mode and ECC; each problem with a hint. Exit 0 ok, 1 warnings or failures."""
+    persistence mode and ECC; each problem with a hint.
+
+    Exit 0 ok, 1 warnings or failures, 2 no GPU (no NVML, no device)."""
     env = check_environment(simulated=bool(sim))
     reports: list[DoctorReport] = []
     try:
@@ -51,7 +53,7 @@ def doctor(sim: str | None = SimOption, seed: int = SeedOption, as_json: bool = 
     else:
         table = Table(title=f"gpufleet doctor: {overall}")
         for col in ("node", "check", "status", "detail", "hint"):
-            table.add_column(col, overflow="fold")
+            table.add_column(col, overflow="fold", no_wrap=col in ("node", "status"))
         for c in env:
             table.add_row(
                 "(host)", c.name, f"[{_STYLE[c.status]}]{c.status}[/]", c.detail, c.hint or ""
@@ -61,7 +63,7 @@ def doctor(sim: str | None = SimOption, seed: int = SeedOption, as_json: bool = 
                 table.add_row(
                     r.node, c.name, f"[{_STYLE[c.status]}]{c.status}[/]", c.detail, c.hint or ""
                 )
-        console.print(table)
+        console.print(fit(table))
     if overall != "ok":
         raise typer.Exit(2 if fleet is None else 1)
 

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption
-from gpufleet.cli.output import console, emit_json, err_console
+from gpufleet.cli.output import console, emit_json, err_console, fit, print_error
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.health import slurm
 from gpufleet.health.acks import (
@@ -84,7 +85,8 @@ def _render(report: HealthReport) -> None:
     if report.findings:
         table = Table()
         for col in ("severity", "gpu", "component", "code", "message", "action", "sticky"):
-            table.add_column(col, overflow="fold", no_wrap=col in ("code", "severity"))
+            # The code and component are what `health ack CODE COMPONENT` takes: never split.
+            table.add_column(col, overflow="fold", no_wrap=col not in ("message", "component"))
         for f in report.findings:
             c = _COLOURS.get(f.severity, "magenta")
             table.add_row(
@@ -96,9 +98,9 @@ def _render(report: HealthReport) -> None:
                 f.action.value,
                 "yes" if f.sticky else "",
             )
-        console.print(table)
+        console.print(fit(table))
     for err in report.errors:
-        err_console.print(f"[yellow]rule error:[/] {err}")
+        err_console.print(f"[yellow]rule error:[/] {escape(str(err))}")
 
 
 def _store(state_dir: Path | None, persistent: bool) -> AckStore:
@@ -154,8 +156,7 @@ def health(
     except GpufleetError as exc:
         if not exit_code:
             raise
-        hint = f"; {exc.hint}" if exc.hint else ""
-        err_console.print(f"[bold red]error:[/] {exc.message}{hint}", highlight=False)
+        print_error(exc.message, exc.hint)
         raise typer.Exit(int(Severity.UNKNOWN)) from exc
     verdict = _overall(reports)
     if as_json:

@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from gpufleet.cli.common import ImportOption, JsonOption, SeedOption, SimOption, paths
-from gpufleet.cli.output import console, emit_json, fmt, to_jsonable
+from gpufleet.cli.output import console, emit_json, fit, fmt, to_jsonable
 from gpufleet.devices.discovery import Fleet, node_inventory, open_fleet
 from gpufleet.devices.drift import DriftItem, find_drift
 from gpufleet.devices.types import NodeInventory
@@ -62,19 +62,20 @@ def _print(nodes: list[NodeInventory], drift: list[DriftItem], notes: list[str])
         "driver",
         "VBIOS",
         "memory",
-        "PCIe (cur/max)",
+        "PCIe now/max",
         "ECC",
         "MIG",
         "persist",
     ):
-        table.add_column(col)
+        table.add_column(col, no_wrap=col in ("node", "gpu", "memory"), overflow="fold")
     for n in nodes:
         for g in n.gpus:
             mem = (
                 None if g.memory_total_bytes is None else f"{g.memory_total_bytes / 2**30:.0f} GiB"
             )
-            cur = f"Gen{fmt(g.pcie_gen_current)}x{fmt(g.pcie_width_current)}"
-            link = f"{cur} / Gen{fmt(g.pcie_gen_max)}x{fmt(g.pcie_width_max)}"
+            # "5x16/5x16": generation x lanes, current / max (compact for 80 columns)
+            cur = f"{fmt(g.pcie_gen_current)}x{fmt(g.pcie_width_current)}"
+            link = f"{cur}/{fmt(g.pcie_gen_max)}x{fmt(g.pcie_width_max)}"
             low = (g.pcie_gen_current or 0) < (g.pcie_gen_max or 0) or (
                 g.pcie_width_current or 0
             ) < (g.pcie_width_max or 0)
@@ -90,7 +91,7 @@ def _print(nodes: list[NodeInventory], drift: list[DriftItem], notes: list[str])
                 _onoff(g.mig_current),
                 _onoff(g.persistence_mode),
             )
-    console.print(table)
+    console.print(fit(table))
     if drift:
         console.print(f"[bold yellow]drift ({len(drift)}):[/]")
         for d in drift:

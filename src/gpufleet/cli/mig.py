@@ -9,7 +9,7 @@ import typer
 import yaml
 
 from gpufleet.cli.common import JsonOption
-from gpufleet.cli.output import console, emit_json
+from gpufleet.cli.output import console, emit_json, fit
 from gpufleet.errors import ConfigError, UsageError
 
 mig_app = typer.Typer(help="Plan MIG layouts and GPU sharing.", no_args_is_help=True)
@@ -125,7 +125,7 @@ def plan_cmd(
             }
         )
         return
-    console.print(emit.plan_table(exact))
+    console.print(fit(emit.plan_table(exact)))
     rows = [("", "exact", "first-fit")]
     for k in (
         "placed_instances",

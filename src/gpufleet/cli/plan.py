@@ -10,7 +10,7 @@ import typer
 from rich.table import Table
 
 from gpufleet.cli.output import console, emit_json, fmt
-from gpufleet.errors import ConfigError, UsageError
+from gpufleet.errors import ConfigError, UnknownNameError, UsageError
 
 EXAMPLE = "training-1024.yaml"
 
@@ -148,7 +148,13 @@ def plan_command(
     from gpufleet.plan.report_html import render_html
     from gpufleet.plan.spec import load_spec
 
-    result = plan(load_spec(text, str(spec)))
+    parsed = load_spec(text, str(spec))
+    try:
+        result = plan(parsed)
+    except UnknownNameError as exc:  # a candidate the catalog lacks: name the file too
+        exc.message = f"{spec}: {exc.message}"
+        exc.args = (exc.message,)
+        raise
     best = result.best
     assert best is not None
     outputs: list[tuple[Path | None, Callable[[], str]]] = [

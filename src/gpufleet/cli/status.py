@@ -11,7 +11,7 @@ from rich.live import Live
 from rich.table import Table
 
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption
-from gpufleet.cli.output import console, emit_json, fmt, to_jsonable
+from gpufleet.cli.output import console, emit_json, fit, fmt, to_jsonable
 from gpufleet.devices.discovery import Fleet, open_fleet
 from gpufleet.devices.types import DeviceInfo, Sample, decode_clock_reasons
 from gpufleet.errors import DeviceError, GpuLostError
@@ -64,27 +64,24 @@ def _remap(s: Sample) -> str:
 
 
 def render(rows: list[GpuStatus]) -> Table:
-    table = Table(title=f"{len(rows)} GPU(s) at {time.strftime('%H:%M:%S')}")
+    table = Table(
+        title=f"{len(rows)} GPU(s) at {time.strftime('%H:%M:%S')}",
+        caption="GiB used/total, temp GPU/memory C, W draw/limit, MHz SM/memory, "
+        "ECC volatile single/double-bit, remap correctable/uncorrectable rows",
+    )
     table.add_column("node", no_wrap=True)
-    for col in (
-        "gpu",
-        "model",
-        "util",
-        "mem GiB",
-        "temp C",
-        "power W",
-        "SM/mem MHz",
-        "clock reasons",
-        "ECC s/d",
-        "remap",
-    ):
-        table.add_column(col, overflow="fold")
+    for col in ("gpu", "model", "util", "GiB", "temp", "W", "MHz", "clock reasons", "ECC", "remap"):
+        # Figures never wrap ("35/38" split over two lines reads as 35/3 and 8); words may.
+        wraps = col in ("clock reasons", "remap")
+        table.add_column(col, overflow="fold" if wraps else "ellipsis", no_wrap=not wraps)
     for r in rows:
         model = (r.info.model or r.info.name) if r.info else "?"
         if r.sample is None:
-            table.add_row(
-                r.node, str(r.index), model, f"[bold red]{r.error or 'no data'}[/]", *[""] * 7
-            )
+            # The message goes to the one wrapping column; "util" just says what happened.
+            lost = "lost" in (r.error or "").lower()
+            flag = "[bold red]lost[/]" if lost else "[bold red]error[/]"
+            message = f"[red]{r.error or 'no data'}[/]"
+            table.add_row(r.node, str(r.index), model, flag, *[""] * 4, message, "", "")
             continue
         s = r.sample
         mem = "N/A"
@@ -107,7 +104,7 @@ def render(rows: list[GpuStatus]) -> Table:
             _ecc(s),
             _remap(s),
         )
-    return table
+    return fit(table)
 
 
 def status_document(rows: list[GpuStatus]) -> dict[str, Any]:
@@ -133,7 +130,12 @@ def status(
     sim: str | None = SimOption,
     seed: int = SeedOption,
     busy: bool = typer.Option(False, "--busy", help="With --sim: run a seeded mix of loads."),
-    watch: bool = typer.Option(False, "--watch", "-w", help="Refresh until Ctrl-C."),
+    watch: bool = typer.Option(
+        False,
+        "--watch",
+        "-w",
+        help="Refresh until Ctrl-C (with --json: one JSON document per line per refresh).",
+    ),
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
     count: int = typer.Option(0, "--count", min=0, help="With --watch: stop after N refreshes."),
     as_json: bool = JsonOption,
@@ -152,17 +154,21 @@ def status(
                 console.print(render(rows))
             return
         n = 0
+        if as_json:  # JSON Lines: no live table on stdout, one compact document per refresh
+            while True:
+                emit_json(status_document(read_status(fleet, infos)), line=True)
+                n += 1
+                if count and n >= count:
+                    break
+                time.sleep(interval)
+            return
         with Live(render(read_status(fleet, infos)), console=console, refresh_per_second=4) as live:
             while True:
                 n += 1
                 if count and n >= count:
                     break
                 time.sleep(interval)
-                rows = read_status(fleet, infos)
-                if as_json:
-                    emit_json(status_document(rows))
-                else:
-                    live.update(render(rows))
+                live.update(render(read_status(fleet, infos)))
     except KeyboardInterrupt:
         pass
     finally:

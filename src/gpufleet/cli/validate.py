@@ -24,9 +24,25 @@ def _gpus(text: str | None) -> list[int] | None:
     if not text:
         return None
     try:
-        return sorted({int(x) for x in text.split(",") if x.strip()})
+        indexes = sorted({int(x) for x in text.split(",") if x.strip()})
     except ValueError as exc:
         raise UsageError(f"--gpus {text!r}: expected indexes like 0,3") from exc
+    if not indexes or indexes[0] < 0:
+        raise UsageError(f"--gpus {text!r}: expected indexes like 0,3")
+    return indexes
+
+
+def _check_gpus(indexes: list[int] | None, backends: dict[str, Any]) -> None:
+    """An index no node has would silently validate nothing but node-level tests."""
+    if not indexes or not backends:
+        return
+    most = max(b.device_count() for b in backends.values())
+    missing = [i for i in indexes if i >= most]
+    if missing:
+        raise UsageError(
+            f"--gpus: no GPU {','.join(map(str, missing))} here",
+            hint=f"GPU indexes are 0-{most - 1}",
+        )
 
 
 def _slurm_nodes() -> list[str]:
@@ -155,6 +171,8 @@ def validate(
 
         engine = TorchEngine.open()
     multi = len(engine.backends()) > 1
+    selected = _gpus(gpus)
+    _check_gpus(selected, engine.backends())
     tests = select_tests(level, split_names(only), split_names(skip), multi_node=multi)
     stress_s = duration if duration is not None else 900.0
     if stress_s <= 0:
@@ -164,7 +182,7 @@ def validate(
         level=level,
         stress_s=stress_s,
         power_s=min(120.0, stress_s),
-        gpus=_gpus(gpus),
+        gpus=selected,
         thresholds=thr,
     )
     report = run_suite(engine, opts) if as_json else _run_with_progress(engine, opts, run_suite)

@@ -10,7 +10,7 @@ from typing import Any
 
 from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.types import DeviceInfo, NodeInventory, Sample
-from gpufleet.errors import DeviceError, GpuLostError, NoDeviceError
+from gpufleet.errors import DeviceError, GpuLostError, NoDeviceError, UsageError
 
 NO_GPU_HINT = "try a simulated fleet: --sim 1x8xh100 (or --import nvidia-smi-q.xml)"
 
@@ -58,6 +58,8 @@ def open_imports(paths: list[Path]) -> Fleet:
 
     fleet = Fleet(kind="import")
     for path in paths:
+        if path.is_dir():
+            raise UsageError(f"{path}: is a directory; expected an nvidia-smi -q -x report")
         if not path.is_file():
             raise NoDeviceError(f"{path}: no such file")
         report = parse_smi_xml(path.read_text(encoding="utf-8", errors="replace"), source=str(path))
@@ -75,7 +77,9 @@ def open_imports(paths: list[Path]) -> Fleet:
 
 
 def open_fleet(sim: str | None = None, imports: list[Path] | None = None, seed: int = 7) -> Fleet:
-    """``--sim`` wins, then ``--import``, then real NVML."""
+    """``--sim``, else ``--import``, else real NVML; both at once is a usage error."""
+    if sim and imports:
+        raise UsageError("--sim and --import are mutually exclusive: give one or the other")
     if sim:
         return open_sim(sim, seed=seed)
     if imports:

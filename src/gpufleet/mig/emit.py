@@ -119,7 +119,8 @@ def plan_table(plan: MigPlan, title: str | None = None) -> Table:
     """A Rich table: one row per GPU with MIG on (or changing), tenants per instance."""
     t = Table(title=title or f"MIG plan ({plan.method})")
     for col in ("node", "gpu", "model", "layout", "tenants", "stranded", "change"):
-        t.add_column(col)
+        # Identifiers never end in "…" at 80 columns (a tenant name is what matters here).
+        t.add_column(col, overflow="fold", no_wrap=col in ("node", "gpu", "model", "change"))
     for r in plan.gpus:
         if r.layout.empty and not r.repartition:
             continue

@@ -250,15 +250,18 @@ _ALL_MODELS: tuple[type[BaseModel], ...] = (
 
 def _path(loc: tuple[int | str, ...]) -> str:
     out = ""
-    for part in loc:
+    for i, part in enumerate(loc):
         if isinstance(part, int):
             out += f"[{part}]"
         elif (
             part in ("training", "inference", "gpus")
-            and out.startswith("workloads[")
-            and out.endswith("]")
+            and i >= 2
+            and loc[i - 2] == "workloads"
+            and isinstance(loc[i - 1], int)
         ):
-            continue  # the discriminator tag pydantic inserts
+            # the discriminator tag pydantic inserts right after workloads[N] (and only
+            # there: `gpus` is also a field of every workload kind)
+            continue
         elif part.startswith("function-") or part in ("str", "float", "int", "dict[str,float]"):
             continue
         else:
