@@ -82,3 +82,32 @@ def test_bad_urls_targets_and_paths_are_usage_errors(tmp_path: Path) -> None:
     assert ok.exit_code == 0, ok.output
     ok = runner.invoke(app, ["config", "agent-systemd", "--listen", ":9400"])
     assert ok.exit_code == 0, ok.output
+
+
+def test_agent_start_line_is_one_line_with_whole_urls(tmp_path: Path) -> None:
+    """The start line goes to journals and scripts: never wrapped at 80 columns (it used to
+    break before the controller URL when stdout was not a terminal)."""
+    from tests.control.conftest import free_port
+
+    controller = "http://127.0.0.1:1/a-long-path-to-push-the-line-past-eighty-columns"
+    res = runner.invoke(
+        app,
+        [
+            "agent",
+            "--sim",
+            "1x2xh100",
+            "--listen",
+            f"127.0.0.1:{free_port()}",
+            "--controller",
+            controller,
+            "--token",
+            "gf_x",
+            "--state-dir",
+            str(tmp_path),
+            "--duration",
+            "0.5",
+        ],
+    )
+    assert res.exit_code == 0, res.output
+    first = res.output.splitlines()[0]
+    assert first.startswith("gpufleet agent on ") and first.endswith(f"pushing to {controller}")

@@ -111,3 +111,28 @@ def test_lost_gpu_is_reported_and_others_keep_sampling() -> None:
     _ = events
     assert s.gpus[0].fast.count == 4
     s.close()
+
+
+def test_device_info_is_reread_on_the_slow_tier() -> None:
+    """A PCIe link that trains down while the agent runs (or a power limit changed by an
+    admin) shows in the identity within one slow interval; an unchanged identity is not sent
+    again (the push resends devices only when ``devices_version`` moves)."""
+    clock = ManualClock()
+    fleet, node = sim_node("1x2xh100", clock)
+    s = Sampler(node.backend(), fast_interval_s=1, slow_interval_s=30, clock=clock)
+    s.tick()
+    g1 = s.gpus[1]
+    assert g1.info is not None and g1.info.pcie_gen_current == g1.info.pcie_gen_max == 5
+    version = s.devices_version
+    for _ in range(31):  # one slow round (t = 30) with nothing changed
+        clock.advance(1)
+        s.tick()
+    assert s.devices_version == version  # re-read, equal: nothing to resend
+    fleet.inject(Fault(FaultKind.PCIE_DOWNGRADE, gpu=1, params={"gen": 4}))
+    for _ in range(30):  # the next slow round (t = 60)
+        clock.advance(1)
+        s.tick()
+    assert g1.info is not None and g1.info.pcie_gen_current == 4
+    assert s.gpus[0].info is not None and s.gpus[0].info.pcie_gen_current == 5
+    assert s.devices_version > version
+    s.close()

@@ -15,7 +15,7 @@ from fastapi.testclient import TestClient
 from gpufleet.agent.wire import MAX_BATCH_BYTES
 from gpufleet.control.api import create_app
 from gpufleet.control.service import ControlService
-from tests.control.conftest import batch, fail_finding
+from tests.control.conftest import T0, batch, fail_finding
 
 ROLES = ("admin", "operator", "viewer", "agent", "none")
 RANK = {"viewer": 1, "operator": 2, "admin": 3}
@@ -187,3 +187,23 @@ def test_tokens_never_logged(
     text = "\n".join(r.getMessage() for r in caplog.records if not r.name.startswith("httpx"))
     assert tok not in text
     assert tok[:7] in text  # the redacted stub shows which token it was
+
+
+def test_heatmap_shows_a_gpu_that_stopped_answering_as_no_data(
+    env: tuple[TestClient, dict[str, str], ControlService],
+) -> None:
+    """A GPU fallen off the bus stops sending samples while its node's others go on: the
+    heatmap must show it as no data (like the node page's "no data Ns"), not its last value."""
+    client, tokens, _ = env
+    later = batch("n1", 2, devices=False, t=T0 + 30)
+    later["samples"] = [s for s in later["samples"] if s["gpu_index"] == 0]  # GPU 1 is silent
+    assert (
+        client.post("/api/v1/ingest", json=later, headers=hdr(tokens, "agent")).status_code == 200
+    )
+    v = hdr(tokens, "viewer")
+    for metric in ("gpu_util_pct", "power_pct"):
+        hm = client.get(f"/api/v1/heatmap?metric={metric}", headers=v).json()
+        row = hm["values"][hm["nodes"].index("n1")]
+        assert row[0] is not None and row[1] is None, (metric, row)
+        other = hm["values"][hm["nodes"].index("n2")]
+        assert None not in other  # every GPU of n2 answered at its newest sample

@@ -62,6 +62,9 @@ def test_registration_then_fail_finding_drains(
         push(svc, batch(f"n{i:02d}", 10, devices=False))
     svc.tick()
     assert states(svc)["n00"] == "drained"
+    # the drain's cause stays in the node's reason (the attention list shows only that one)
+    reason = svc.store.nodes["n00"].state_reason
+    assert reason.startswith("finding XID_79") and reason.endswith("(no work left on the node)")
     # operator: repair, validate; a posted validation result decides
     actions.node_action(svc.store, "n00", Action.REPAIR, OP, "replace GPU 0")
     actions.node_action(svc.store, "n00", Action.VALIDATE, OP)

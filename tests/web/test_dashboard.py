@@ -257,3 +257,29 @@ def test_refused_token_shows_the_login_form(fleet64: LiveFleet, page: Any) -> No
     page.wait_for_selector("#login-form", state="visible")
     assert "refused" in page.inner_text("#login-msg")
     assert page.evaluate("sessionStorage.getItem('gpufleet.token')") is None
+
+
+def test_circuit_breaker_banner_says_it_once(fleet64: LiveFleet, page: Any) -> None:
+    """The open breaker's banner gives the figures once, in one sentence (it used to append
+    the server's own sentence with the same figures between two other copies of them)."""
+    summary = fleet64.api("/summary")
+    summary["remediation"].update(
+        circuit_open=True,
+        circuit_message="circuit breaker open: 8/64 nodes (12%) are out, above the 10% limit; "
+        "automatic drains are stopped",
+        out=8,
+        total=64,
+        max_out_fraction=0.1,
+    )
+    body = json.dumps(summary)
+    page.route(
+        "**/api/v1/summary",
+        lambda r: r.fulfill(status=200, content_type="application/json", body=body),
+    )
+    page.route("**/api/v1/stream", lambda r: r.abort())  # only the stubbed summary
+    page.goto(fleet64.dashboard("viewer"))
+    page.wait_for_selector("#breaker:not([hidden])")
+    text = page.inner_text("#breaker")
+    assert text.startswith("Circuit breaker OPEN: 8/64 nodes out, above the 10 % limit.")
+    assert text.count("8/64") == 1 and text.lower().count("circuit breaker") == 1
+    assert "drain by hand" in text

@@ -110,7 +110,9 @@ def register(app: typer.Typer) -> None:
             console.print(
                 f"gpufleet agent on {started['node']}: {started['gpus']} GPUs, "
                 f"http://{started['listen']}/metrics"
-                + (f", pushing to {controller}" if controller else "")
+                + (f", pushing to {controller}" if controller else ""),
+                highlight=False,
+                soft_wrap=True,  # one line in a journal, URLs unbroken
             )
         try:
             agent.run(stop, duration_s=duration or None)

@@ -275,7 +275,9 @@ def register(app: typer.Typer) -> None:
         if not json_out:
             err_console.print(
                 f"{nodes} simulated node(s) x {gpus_per_node} {model} pushing to "
-                f"{controller_url} every {push_interval:g} s (Ctrl-C stops)"
+                f"{controller_url} every {push_interval:g} s (Ctrl-C stops)",
+                highlight=False,
+                soft_wrap=True,
             )
         try:
             stats = asyncio.run(
@@ -360,7 +362,11 @@ def _serve(
         if json_out:
             emit_json({"url": url, "api": f"{url}/api/v1", "database": service.url.split("@")[-1]})
         else:
-            console.print(f"gpufleet controller listening on {url} (API {url}/api/v1/docs)")
+            console.print(  # one line: logs and scripts grep for the URL
+                f"gpufleet controller listening on {url} (API {url}/api/v1/docs)",
+                highlight=False,
+                soft_wrap=True,
+            )
 
     try:
         serve(service, host, port, on_ready=ready)

@@ -148,6 +148,11 @@ def filtered_nodes(
     return out
 
 
+# A GPU whose newest sample is this far behind its node's newest stopped answering (the node
+# page's "no data" badge uses the same figure): the heatmap shows it as no data, not its last value.
+STALE_GPU_S = 10.0
+
+
 def heatmap(store: ControlStore, nodes: list[NodeCache], metric: str) -> sc.Heatmap:
     values: list[list[float | None]] = []
     for nc in nodes:
@@ -157,14 +162,14 @@ def heatmap(store: ControlStore, nodes: list[NodeCache], metric: str) -> sc.Heat
             lost = nc.state == NodeState.LOST
             values.append([3.0 if lost else float(gh.get(i, 0)) for i in range(width)])
         elif metric == "power_pct":
-            watts = store.telemetry.latest_field(nc.name, width, "power_w")
+            watts = store.telemetry.latest_field(nc.name, width, "power_w", stale_s=STALE_GPU_S)
             row: list[float | None] = []
             for i, w in enumerate(watts):
                 lim = nc.gpus[i].power_limit_w if i in nc.gpus else None
                 row.append(100.0 * w / lim if (w is not None and lim) else None)
             values.append(row)
         else:
-            values.append(store.telemetry.latest_field(nc.name, width, metric))
+            values.append(store.telemetry.latest_field(nc.name, width, metric, stale_s=STALE_GPU_S))
     return sc.Heatmap(
         metric=metric,
         generation=store.generation,

@@ -59,6 +59,15 @@ class NotFound(LookupError):
     """A named node, finding or token does not exist (the API answers 404)."""
 
 
+def drained_reason(drain_reason: str) -> str:
+    """Why a node went draining -> drained: the drain's own reason stays in front (the
+    dashboard's attention list and `gpufleet` tables show a node's newest reason only)."""
+    drain_reason = drain_reason.strip()
+    return (
+        f"{drain_reason} (no work left on the node)" if drain_reason else "no work left on the node"
+    )
+
+
 def _ack_reasons(s: Session, active: list[FindingRow]) -> dict[int, str]:
     """The reasons given when the active sticky findings were acknowledged (from their
     ``finding_acknowledged`` events), so the agent gets the same ``why`` after a restart."""
@@ -305,7 +314,7 @@ class ControlStore:
                             S.DRAINED,
                             actor="controller",
                             after=after,
-                            reason="no work left on the node",
+                            reason=drained_reason(nc.state_reason),
                         )
                         moved.append((nc.name, S.DRAINED.value))
             self._run_after(after)

@@ -254,14 +254,22 @@ class TelemetryStore:
             t = float(ring.last_t[gpu])
         return t, {f: (v if math.isfinite(v) else None) for f, v in zip(FIELDS, vals, strict=True)}
 
-    def latest_field(self, node: str, gpus: int, name: str) -> list[float | None]:
-        """One metric's newest value for GPUs 0..gpus-1 of a node (heatmap row)."""
+    def latest_field(
+        self, node: str, gpus: int, name: str, *, stale_s: float | None = None
+    ) -> list[float | None]:
+        """One metric's newest value for GPUs 0..gpus-1 of a node (heatmap row). With
+        ``stale_s``, a GPU whose newest sample is more than that behind the node's newest one
+        (it stopped answering: fallen off the bus, hung) has no value rather than its last."""
         j = FIELD_INDEX[name]
         with self._lock:
             ring = self._rings.get(node)
             have = 0 if ring is None else min(gpus, ring.gpus)
             vals = ring.last[:have, j].tolist() if ring is not None else []
+            seen = ring.last_t[:have].tolist() if ring is not None else []
         out: list[float | None] = [v if math.isfinite(v) else None for v in vals]
+        if stale_s is not None and seen:
+            newest = max(seen)
+            out = [None if newest - t > stale_s else v for v, t in zip(out, seen, strict=True)]
         return out + [None] * (gpus - have)
 
     def series(

@@ -198,7 +198,9 @@ class Sampler:
         self.last_duration_s = 0.0
         self.duration_sum_s = 0.0
         self.last_tick_wall: float | None = None
-        self.devices_version = 0  # bumped whenever a DeviceInfo is (re)read
+        self.devices_version = (
+            0  # bumped whenever a DeviceInfo is read for the first time or changed
+        )
 
     # ----- schedule --------------------------------------------------------------------------
     def fast_due(self, now: float) -> bool:
@@ -238,9 +240,12 @@ class Sampler:
                     stalled.append(gpu.index)
                     continue
                 need_info = gpu.info is None
+                # re-read the identity on the slow tier: PCIe link width/generation, power
+                # limit, persistence, ECC and MIG modes change while the agent runs
+                refresh = slow and not need_info
                 mig = bool(fast and gpu.info is not None and gpu.info.mig_current)
                 jobs[gpu.index] = worker.submit(
-                    self._gpu_job(gpu.index, need_info, fast, slow, mig)
+                    self._gpu_job(gpu.index, need_info, fast, slow, mig, refresh_info=refresh)
                 )
         if self._event_job is None or self._event_job.done.is_set():
             self._event_job = self._event_worker.submit(self.backend.poll_events)
@@ -304,7 +309,14 @@ class Sampler:
         )
 
     def _gpu_job(
-        self, index: int, need_info: bool, fast: bool, slow: bool, mig: bool = False
+        self,
+        index: int,
+        need_info: bool,
+        fast: bool,
+        slow: bool,
+        mig: bool = False,
+        *,
+        refresh_info: bool = False,
     ) -> Callable[[], Any]:
         backend = self.backend
         gpm = self._gpm
@@ -312,6 +324,13 @@ class Sampler:
 
         def run() -> _GpuResult:
             info = backend.device_info(index) if need_info else None
+            if refresh_info:
+                try:
+                    info = backend.device_info(index)
+                except GpuLostError:
+                    raise
+                except Exception as exc:  # keep the identity we have; the samples still count
+                    log.debug("GPU %d: device info refresh failed: %s", index, exc)
             fs = backend.sample_fast(index) if fast else None
             if fs is not None and gpm is not None:
                 prof = gpm(index)
@@ -335,9 +354,9 @@ class Sampler:
         log.warning("GPU %d on %s: %s: %s", gpu.index, self.node, kind, error)
 
     def _store(self, gpu: GpuState, result: _GpuResult) -> None:
-        if result.info is not None:
+        if result.info is not None and result.info != gpu.info:
             gpu.info = result.info
-            self.devices_version += 1
+            self.devices_version += 1  # the push sends the devices again
         if result.fast is not None:
             gpu.fast.append(result.fast.timestamp_s, sample_row(result.fast, FAST_COLUMNS))
             gpu.latest_fast = result.fast

@@ -67,7 +67,8 @@ function renderHeader() {
   const banner = $("#breaker");
   if (r.circuit_open) {
     banner.hidden = false;
-    banner.textContent = `Circuit breaker OPEN: automatic drains stopped. ${r.circuit_message} (${r.out}/${r.total} nodes out, limit ${(r.max_out_fraction * 100).toFixed(0)} %)`;
+    // circuit_message repeats the same figures in a sentence of its own: say it once
+    banner.textContent = `Circuit breaker OPEN: ${r.out}/${r.total} nodes out, above the ${(r.max_out_fraction * 100).toFixed(0)} % limit. Automatic drains are stopped (see Events: remediation_blocked); operators can still drain by hand.`;
   } else {
     banner.hidden = true;
   }
