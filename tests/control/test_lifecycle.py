@@ -90,12 +90,59 @@ def test_circuit_breaker_stops_drains(make_service: Callable[..., ControlService
         push(svc, batch(f"n{i:02d}", 1))
     for i in range(5):
         push(svc, batch(f"n{i:02d}", 2, devices=False, findings=[fail_finding(f"n{i:02d}")]))
-    # out/total before each: 0/20, 1/20, 2/20 (10 %, not above) -> drain; 3/20 = 15 % -> stop
-    assert [states(svc)[f"n{i:02d}"] for i in range(5)] == (["draining"] * 3 + ["in_service"] * 2)
+    # at most max(1, floor(0.10 x 20)) = 2 out: drains at 0/20 and 1/20 out; at 2/20 a third
+    # drain would make 3 > 2 out -> blocked (the breaker opened once the second node was out)
+    assert [states(svc)[f"n{i:02d}"] for i in range(5)] == (["draining"] * 2 + ["in_service"] * 3)
     assert svc.store.breaker.open
     opened = events(svc, "circuit_breaker_open")
-    assert len(opened) == 1 and "3/20" in opened[0].message
-    assert len(events(svc, "remediation_blocked")) == 2
+    assert len(opened) == 1 and "2/20" in opened[0].message
+    assert len(events(svc, "remediation_blocked")) == 3
+
+
+def _fail_in_turn(svc: ControlService, n: int, failing: int) -> list[str]:
+    names = [f"n{i:02d}" for i in range(n)]
+    for name in names:
+        push(svc, batch(name, 1))
+    for name in names[:failing]:
+        push(svc, batch(name, 2, devices=False, findings=[fail_finding(name)]))
+    return [states(svc)[name] for name in names[:failing]]
+
+
+def test_breaker_floor_lets_a_small_fleet_drain_two(
+    make_service: Callable[..., ControlService],
+) -> None:
+    # 4 nodes: floor(0.10 x 4) = 0, min_out_nodes 2 -> at most 2 out: 2 drained, the third not
+    svc = make_service(policy=RemediationPolicy(min_out_nodes=2))
+    assert _fail_in_turn(svc, 4, 3) == ["draining", "draining", "in_service"]
+    assert svc.store.breaker.open and "2/4" in svc.store.breaker.message
+    assert len(events(svc, "remediation_blocked")) == 1
+
+
+def test_breaker_small_fleet_default_drains_one(
+    make_service: Callable[..., ControlService],
+) -> None:
+    # 4 nodes, default min_out_nodes 1: max(1, 0) = 1 out allowed (as before the floor existed)
+    svc = make_service()
+    assert _fail_in_turn(svc, 4, 2) == ["draining", "in_service"]
+
+
+def test_breaker_large_fleet_default(make_service: Callable[..., ControlService]) -> None:
+    # 30 nodes: max(1, floor(0.10 x 30)) = 3 out allowed; the fourth failing node is blocked
+    svc = make_service()
+    assert _fail_in_turn(svc, 30, 4) == ["draining"] * 3 + ["in_service"]
+    assert len(events(svc, "remediation_blocked")) == 1
+
+
+def test_allowed_out_rule() -> None:
+    from gpufleet.control.remediation import allowed_out
+
+    # max(min_out_nodes, floor(fraction x nodes)), by hand
+    assert allowed_out(4, 0.10, 1) == 1
+    assert allowed_out(4, 0.10, 2) == 2
+    assert allowed_out(30, 0.10, 1) == 3  # 0.1 x 30 is 3.0000000000000004 in floats
+    assert allowed_out(29, 0.10, 1) == 2
+    assert allowed_out(100, 0.25, 2) == 25
+    assert allowed_out(10, 0.0, 0) == 0
 
 
 def test_dry_run_records_only(make_service: Callable[..., ControlService]) -> None:

@@ -111,3 +111,42 @@ def test_controller_restart_mid_stream_loses_and_duplicates_nothing(bed: Bed) ->
             completed[iv.job_id] = completed.get(iv.job_id, 0) + 1
     assert completed == {j: 1 for j in ids}  # each job's work ran to the end exactly once
     _no_overlap(agents)
+
+
+def test_copy_gone_while_controller_down_counts_a_restart(bed: Bed) -> None:
+    """A job an agent confirmed running loses its copy while the controller is down (its node
+    reboots: the agent comes back knowing no copies). After the restart it is a restart: the
+    next copy sees GPUFLEET_RESTART_COUNT=1 (resume from the checkpoint), not 0."""
+    ctl, agents = bed()
+    wait_for(lambda: len(ctl.service.jobs.store.nodes()) == 3, 10, "agents report")  # type: ignore[union-attr]
+    body = {
+        "name": "ckpt",
+        "command": ["sim"],
+        "gpus": 1,
+        "max_restarts": 2,
+        "checkpoint_dir": "/ckpt/b",
+        "duration_s": 600,
+    }
+    jid = ctl.call("POST", "/api/v1/jobs", json=body).json()["id"]
+    first = wait_for(lambda: _copy(agents, jid), 10, "job running on an agent")
+    # "running" in the store only once an agent's report showed the copy
+    wait_for(lambda: _job(ctl, jid)["state"] == "running", 5, "agent confirmed the copy")
+    assert agents.executor.copies[first].launch.env["GPUFLEET_RESTART_COUNT"] == "0"
+    ctl.stop()
+    node = first[2]
+    agents.executor.crash(node)  # the machine dies with the copy ...
+    agents.executor.restore(node)  # ... and boots again: its agent knows no copies
+    assert _copy(agents, jid) is None
+    ctl.start()
+    second = wait_for(
+        lambda: (c := _copy(agents, jid)) is not None and c[1] > first[1] and c,
+        15,
+        "job running again after the controller restart",
+    )
+    assert agents.executor.copies[second].launch.env["GPUFLEET_RESTART_COUNT"] == "1"
+    assert agents.executor.copies[second].launch.env["GPUFLEET_CHECKPOINT_DIR"] == "/ckpt/b"
+    j = _job(ctl, jid)
+    assert j["restarts"] == 1
+    ended = [a for a in j["attempts"] if a["generation"] == first[1]]
+    assert len(ended) == 1 and ended[0]["outcome"].startswith(f"requeued: copy on {node} gone")
+    _no_overlap(agents)

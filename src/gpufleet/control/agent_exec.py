@@ -7,8 +7,10 @@ report (plus the starts not yet confirmed, as running), and a node whose last re
 than ``stale_s`` is unreachable (``NodeUnreachable``): what runs there is unknown.
 
 Commands repeat in every ``Ack`` until the report shows them done (agents treat repeats as no-ops),
-so a lost answer loses nothing. A start that the agent never shows within ``start_timeout_s`` after
-it was sent is dropped: the scheduler then sees the copy vanished and requeues the job.
+so a lost answer loses nothing. Until a report shows a started copy, ``poll`` answers it as a
+``CopyReport`` with ``confirmed=False`` and the job stays ``starting``. A start that the agent
+never shows within ``start_timeout_s`` after it was sent is dropped: the scheduler then sees the
+copy vanished and requeues the job.
 
 Reports from old batches (replayed after an outage: ``sent_at_s`` older than ``stale_s``, or a
 sequence number not above the newest) are ignored: a stale snapshot would hide newer copies.
@@ -49,6 +51,10 @@ class _PendingStart:
 
 class RemoteAgentExecutor:
     """Commands to agents through ``Ack``s; copies known from their ``jobs`` reports."""
+
+    # ``start`` only queues the command: the scheduler keeps the job ``starting`` until an
+    # agent's report shows the copy, so ``running`` in the store means "an agent confirmed it".
+    confirms_starts = True
 
     def __init__(
         self,
@@ -182,7 +188,9 @@ class RemoteAgentExecutor:
             view = self._fresh(node)
             out = dict(view.copies)
             for key in self.starts.get(node, {}):
-                out.setdefault(key, CopyReport(key[0], key[1], node, True, None, "starting"))
+                out.setdefault(
+                    key, CopyReport(key[0], key[1], node, True, None, "starting", confirmed=False)
+                )
             for key in self.kills.get(node, set()):
                 c = out.get(key)
                 if c is not None and c.running:  # asked to die: not a live copy any more

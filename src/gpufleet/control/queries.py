@@ -111,6 +111,7 @@ def summary(store: ControlStore, who: Principal, pending: int = 0) -> sc.FleetSu
             circuit_since_s=b.since_s,
             dry_run=store.policy.dry_run,
             max_out_fraction=store.policy.max_out_fraction,
+            min_out_nodes=store.policy.min_out_nodes,
             out=out,
             total=total,
         ),

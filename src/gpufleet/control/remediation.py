@@ -1,15 +1,21 @@
 """Remediation policy: which findings drain a node automatically, the circuit breaker that stops
 automatic drains when too much of the fleet is already out, and a dry-run mode.
 
-The breaker exists so that a bad rule or a flapping sensor cannot empty the cluster: when more
-than ``max_out_fraction`` of the nodes are already out (draining, drained, repair, lost, failed),
-automatic drains stop, an event and a log line say so, and the API flags it until it closes.
+The breaker exists so that a bad rule or a flapping sensor cannot empty the cluster. The rule:
+at most ``allowed = max(min_out_nodes, floor(max_out_fraction x nodes))`` nodes may be out
+(draining, drained, repair, lost, failed); an automatic drain happens only when the node it
+takes out keeps the count within that (``out + 1 <= allowed``). So the breaker is open while
+``out >= allowed``: automatic drains stop, an event and a log line say so, and the API flags it
+until it closes. ``min_out_nodes`` (default 1) is the floor for small fleets, where 10 % of a
+handful of nodes rounds down to none: on 4 nodes, ``min_out_nodes: 2`` lets a second failing node
+be drained (its jobs fail over) and blocks the third; on 30 nodes the default allows 3 out.
 """
 
 from __future__ import annotations
 
 import fnmatch
 import logging
+import math
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,8 +44,18 @@ class RemediationPolicy(BaseModel):
         0.10,
         ge=0.0,
         le=1.0,
-        description="Circuit breaker: no automatic drain while more "
-        "than this fraction of the fleet is already out.",
+        description="Circuit breaker: automatic drains may take out at most "
+        "max(min_out_nodes, floor(max_out_fraction x nodes)) nodes in all; a drain that would "
+        "make more nodes out is blocked.",
+    )
+    min_out_nodes: int = Field(
+        1,
+        ge=0,
+        description="Circuit breaker floor for small fleets: the breaker opens (automatic "
+        "drains stop) only when MORE than max(min_out_nodes, floor(max_out_fraction x nodes)) "
+        "nodes would be out, i.e. a drain happens while out + 1 <= that number. Example: "
+        "4 nodes, 10 %, min_out_nodes 2 -> 2 nodes may be out, the third failing node is not "
+        "drained.",
     )
     dry_run: bool = Field(False, description="Record what would be done; change nothing.")
     require_validation: bool = Field(
@@ -79,36 +95,43 @@ class Decision:
     reason: str
 
 
+def allowed_out(total: int, max_out_fraction: float, min_out_nodes: int) -> int:
+    """How many nodes may be out at most: max(min_out_nodes, floor(max_out_fraction x total))."""
+    # The small epsilon keeps 0.1 x 30 = 3.0000000000000004 (or 2.9999...) at 3.
+    return max(min_out_nodes, math.floor(max_out_fraction * total + 1e-9))
+
+
 class CircuitBreaker:
-    """Open while the fraction of nodes out exceeds the policy's limit."""
+    """Open while no automatic drain may happen: ``out + 1 > allowed_out(...)``."""
 
     def __init__(self) -> None:
         self.open = False
         self.since_s: float | None = None
         self.message = ""
 
-    def update(self, out: int, total: int, limit: float, now_s: float) -> bool | None:
+    def update(
+        self, out: int, total: int, limit: float, now_s: float, min_out: int = 1
+    ) -> bool | None:
         """Recompute; returns True when it just opened, False when it just closed, else None."""
-        frac = out / total if total else 0.0
-        should_open = total > 0 and frac > limit
+        allowed = allowed_out(total, limit, min_out)
+        should_open = total > 0 and out + 1 > allowed
+        text = (
+            f"circuit breaker open: {out}/{total} nodes are out and at most {allowed} may be "
+            f"(max(min_out_nodes={min_out}, floor({limit:.0%} of {total}))); automatic drains "
+            "are stopped"
+        )
         if should_open and not self.open:
             self.open, self.since_s = True, now_s
-            self.message = (
-                f"circuit breaker open: {out}/{total} nodes ({frac:.0%}) are out, above the "
-                f"{limit:.0%} limit; automatic drains are stopped"
-            )
+            self.message = text
             log.warning(self.message)
             return True
         if not should_open and self.open:
             self.open, self.since_s = False, None
-            self.message = f"circuit breaker closed: {out}/{total} nodes out"
+            self.message = f"circuit breaker closed: {out}/{total} nodes out, {allowed} allowed"
             log.warning(self.message)
             return False
         if self.open:
-            self.message = (
-                f"circuit breaker open: {out}/{total} nodes ({frac:.0%}) are out, above the "
-                f"{limit:.0%} limit; automatic drains are stopped"
-            )
+            self.message = text
         return None
 
 

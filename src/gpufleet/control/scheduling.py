@@ -101,7 +101,8 @@ class EmbeddedControl:
         )
         self.tick_s = tick_s
         # Jobs the store says run, not yet seen in a report since this controller started: the
-        # previous one may have died before their start reached the agent (see _verify).
+        # previous one may have died before their start reached the agent, or their copy may
+        # have died while it was down (see _verify).
         self.unverified = {j.id for j in self.store.jobs(ACTIVE)}
         # Lifecycle events wait for the scheduler thread: the hook is called on the ingest path
         # before the same batch's jobs report is read, and must not slow ingest down.
@@ -133,8 +134,16 @@ class EmbeddedControl:
             self.eng.tick()
 
     def _verify(self) -> None:
-        """After a restart: an active job whose nodes all report again but lack its copy never
-        started (its start died with the old controller): queue it again, no restart counted."""
+        """After a restart: an active job whose nodes all report again but lack its copy.
+
+        The store says which: a ``starting`` job was never confirmed by an agent (its start
+        died with the old controller): queue it again, no restart counted. A ``running`` job was
+        confirmed by an agent's report (``RemoteAgentExecutor.confirms_starts``), so its copy
+        ran and is gone (died with its node, or its agent restarted, while the controller was
+        down): requeue it as a restart (``GPUFLEET_RESTART_COUNT`` + 1: resume from the
+        checkpoint), or fail it when ``max_restarts`` is used up. A copy that finished while
+        the controller was down is still in the report (agents keep finished copies for
+        ``keep_finished_s``): it is seen here and the scheduler's tick records how it ended."""
         from gpufleet.schedulers.embedded import NodeUnreachable, failover
 
         now = self.service.clock()
@@ -153,7 +162,13 @@ class EmbeddedControl:
             except NodeUnreachable:
                 continue  # not all of its nodes report yet (or they are lost: node_lost decides)
             self.unverified.discard(jid)
-            if not all(seen):
+            if all(seen):
+                continue
+            if job.state is JobState.RUNNING:
+                gone = [n for n, s in zip(job.nodes, seen, strict=True) if not s]
+                why = f"copy on {gone[0]} gone while the controller was down"
+                failover.requeue(self.eng, job, now, why)
+            else:
                 failover.requeue(
                     self.eng,
                     job,

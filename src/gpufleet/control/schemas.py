@@ -145,6 +145,7 @@ class RemediationState(_Out):
     circuit_since_s: float | None
     dry_run: bool
     max_out_fraction: float
+    min_out_nodes: int = 1
     out: int
     total: int
 

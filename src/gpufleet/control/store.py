@@ -186,7 +186,13 @@ class ControlStore:
 
     def _update_breaker(self, s: Session | None) -> None:
         out, total = self.out_count()
-        changed = self.breaker.update(out, total, self.policy.max_out_fraction, self.clock())
+        changed = self.breaker.update(
+            out,
+            total,
+            self.policy.max_out_fraction,
+            self.clock(),
+            self.policy.min_out_nodes,
+        )
         if changed is not None and s is not None:
             s.add(
                 EventRow(
@@ -194,7 +200,12 @@ class ControlStore:
                     kind="circuit_breaker_open" if changed else "circuit_breaker_closed",
                     severity=2 if changed else 0,
                     message=self.breaker.message,
-                    data={"out": out, "total": total, "limit": self.policy.max_out_fraction},
+                    data={
+                        "out": out,
+                        "total": total,
+                        "limit": self.policy.max_out_fraction,
+                        "min_out_nodes": self.policy.min_out_nodes,
+                    },
                 )
             )
 

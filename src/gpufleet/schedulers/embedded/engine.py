@@ -251,7 +251,7 @@ class EmbeddedScheduler:
             return failover.requeue(self, job, now, f"node {r.node}: {why}", faulty_node=r.node)
         exited = [r for r in reps if not r.running]
         if not exited:
-            if job.state is JobState.STARTING:
+            if job.state is JobState.STARTING and all(r.confirmed for r in reps):
                 running = replace(job, state=JobState.RUNNING, started_at=now)
                 return self.transition(job, running, now)
             return job
@@ -407,6 +407,8 @@ class EmbeddedScheduler:
                     self.transition(starting, failed, now, f"failed to start: {exc}")
                 return False
             self.last_contact[node] = now
+        if getattr(self.executor, "confirms_starts", False):
+            return True  # ``running`` once an agent's report shows the copy (see ``settle``)
         running = replace(starting, state=JobState.RUNNING, started_at=now)
         return self.transition(starting, running, now) is not None
 

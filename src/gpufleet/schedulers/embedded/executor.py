@@ -59,6 +59,9 @@ class CopyReport:
     exit_code: int | None = None
     reason: str = ""
     node_fault: bool = False  # it died because of the node (a GPU fell off the bus, ...)
+    # False: not (yet) seen in a report of the node's agent; the executor only stands in for a
+    # start it has queued (``RemoteAgentExecutor``). The scheduler keeps such a job ``starting``.
+    confirmed: bool = True
 
 
 @runtime_checkable
