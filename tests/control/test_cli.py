@@ -94,3 +94,30 @@ def test_up_end_to_end(tmp_path: Path) -> None:
     rest = proc.stdout.read()
     assert rc == 0, rest
     assert "Traceback" not in rest
+
+
+def test_up_rejects_a_bad_policy_file_naming_the_field(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    policy = tmp_path / "policy.yaml"
+    policy.write_text("min_out_nodez: 2\n")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet",
+            "up",
+            "--data-dir",
+            str(tmp_path / "d"),
+            "--port",
+            "1",
+            "--policy",
+            str(policy),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2
+    assert "min_out_nodez" in proc.stderr and "Traceback" not in proc.stderr

@@ -233,11 +233,14 @@ def register(app: typer.Typer) -> None:
         seed: int = SeedOption,
         scheduler: str = SchedulerOption,
         slurm_conf: str | None = SlurmConfOption,
+        policy: Path | None = typer.Option(
+            None, "--policy", help="Remediation policy YAML (e.g. min_out_nodes, dry_run)."
+        ),
         json_out: bool = JsonOption,
     ) -> None:
         """Control plane + local agent (+ embedded scheduler hook) in one process."""
         _use_scheduler(scheduler, slurm_conf)
-        _up(sim, data_dir, db_url, host, port, seed, json_out)
+        _up(sim, data_dir, db_url, host, port, seed, json_out, policy)
 
     @app.command("sim-fleet")
     def sim_fleet(
@@ -386,12 +389,14 @@ def _up(
     port: int,
     seed: int,
     json_out: bool,
+    policy: Path | None = None,
 ) -> None:
     import httpx
 
+    from gpufleet.control.remediation import load_policy
     from gpufleet.control.up import LocalAgents, admin_token, build_service, choose_backends, serve
 
-    service = build_service(_data_dir(data_dir), _db_url(db_url))
+    service = build_service(_data_dir(data_dir), _db_url(db_url), policy=load_policy(policy))
     service.start()
     token = admin_token(service)
     agent_token, _ = service.store.tokens.create("agent", name="up-local-agents")
