@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -18,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
+from gpufleet.control.service import ControlService
 from gpufleet.errors import UsageError
 from tests.control.conftest import free_port, wait_for
 
@@ -121,3 +123,21 @@ def test_up_rejects_a_bad_policy_file_naming_the_field(tmp_path: Path) -> None:
     )
     assert proc.returncode == 2
     assert "min_out_nodez" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_up_revokes_the_tokens_of_its_earlier_runs(
+    make_service: Callable[..., ControlService],
+) -> None:
+    from gpufleet.control.up import admin_token
+
+    svc = make_service()
+    kept, _ = svc.store.tokens.create("operator", name="alice")
+    first = admin_token(svc)
+    agent, _ = svc.store.tokens.create("agent", name="up-local-agents")
+    second = admin_token(svc)
+    rows = {r.name: r for r in svc.store.tokens.list()}
+    assert rows["alice"].revoked_s is None
+    assert rows["up-local-agents"].revoked_s is not None
+    revoked = [r for r in svc.store.tokens.list() if r.name.startswith("up-") and r.revoked_s]
+    assert len(revoked) == 2  # the first admin token and the old local-agent token
+    assert first != second and kept not in (first, second) and agent

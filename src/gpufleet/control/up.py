@@ -101,9 +101,24 @@ class LocalAgents:
         self._thread.join(timeout=10)
 
 
+UP_TOKEN_PREFIX = "up-"  # tokens `gpufleet up` makes for itself; replaced at every start
+
+
+def revoke_previous_up_tokens(service: ControlService) -> int:
+    """Revoke the admin and local-agent tokens earlier `gpufleet up` runs created, so a data
+    directory does not collect valid tokens nobody holds any more. Tokens made with
+    `gpufleet token create` are left alone. Returns how many were revoked."""
+    n = 0
+    for row in service.store.tokens.list():
+        if row.revoked_s is None and (row.name or "").startswith(UP_TOKEN_PREFIX):
+            n += int(service.store.tokens.revoke(row.id))
+    return n
+
+
 def admin_token(service: ControlService) -> str:
-    """A fresh admin token for this session (printed once; earlier ones stay valid)."""
-    token, _ = service.store.tokens.create("admin", name=f"up-{int(time.time())}")
+    """A fresh admin token for this session (printed once); earlier `up` tokens are revoked."""
+    revoke_previous_up_tokens(service)
+    token, _ = service.store.tokens.create("admin", name=f"{UP_TOKEN_PREFIX}{int(time.time())}")
     return token
 
 
