@@ -1,8 +1,7 @@
 """How the agent asks for health: a small seam between the sampler and `gpufleet.health`.
 
 `HealthEvaluator` is any callable from a `NodeHealthInput` to a `HealthOutcome`. The agent uses
-the health package's ``HealthTracker`` when it is importable (`default_evaluator`), and a
-minimal built-in evaluator otherwise (GPU lost or stalled), so the agent works either way.
+the health package's ``HealthTracker`` (`default_evaluator`); tests may inject another.
 """
 
 from __future__ import annotations
@@ -13,7 +12,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gpufleet.catalog import XidAction
 from gpufleet.devices.types import GpuEvent, Sample
 from gpufleet.health.context import GpuHealthInput, GpuWindow, NodeHealthInput
 from gpufleet.health.types import Finding, Severity
@@ -68,38 +66,6 @@ def build_input(node: str, gpus: Sequence[GpuInputs]) -> NodeHealthInput:
     )
 
 
-def builtin_evaluator(clock: Callable[[], float]) -> HealthEvaluator:
-    """A stand-in when no health tracker is available: GPU lost -> fail (reboot_node)."""
-
-    def evaluate(node_input: NodeHealthInput) -> HealthOutcome:
-        now = clock()
-        findings: list[Finding] = []
-        verdicts: dict[int, Severity] = {}
-        for g in node_input.gpus:
-            sev = Severity.OK
-            if g.lost:
-                sev = Severity.FAIL
-                findings.append(
-                    Finding(
-                        rule="gpu_lost",
-                        code="GPU_LOST",
-                        severity=Severity.FAIL,
-                        component=g.uuid or f"gpu{g.index}",
-                        message=f"GPU {g.index} has fallen off the bus",
-                        action=XidAction.REBOOT_NODE,
-                        sticky=True,
-                        gpu_index=g.index,
-                        first_seen_s=now,
-                        last_seen_s=now,
-                    )
-                )
-            verdicts[g.index] = sev
-        verdict = max(verdicts.values(), default=Severity.UNKNOWN)
-        return HealthOutcome(verdict, verdicts, tuple(findings))
-
-    return evaluate
-
-
 class TrackerEvaluator:
     """Adapts a ``gpufleet.health`` ``HealthTracker`` (``evaluate(node_input) -> HealthReport``)
     to a `HealthEvaluator`; ``tracker`` stays reachable (acknowledgements from the control
@@ -135,13 +101,10 @@ def default_evaluator(
     clock: Callable[[], float], state_dir: Path | None = None, config: Any = None
 ) -> HealthEvaluator:
     """The health package's ``HealthTracker`` (acknowledgements and sticky findings kept under
-    ``state_dir`` when it is writable, else in memory); `builtin_evaluator` if it is absent."""
-    try:
-        from gpufleet.health.acks import FileAckStore, MemoryAckStore
-        from gpufleet.health.tracker import HealthTracker
-    except ImportError:  # pragma: no cover - the health package ships with gpufleet
-        log.info("gpufleet.health.tracker not available: built-in health checks only")
-        return builtin_evaluator(clock)
+    ``state_dir`` when it is writable, else in memory)."""
+    from gpufleet.health.acks import FileAckStore, MemoryAckStore
+    from gpufleet.health.tracker import HealthTracker
+
     store: Any = MemoryAckStore()
     if state_dir is not None:
         try:

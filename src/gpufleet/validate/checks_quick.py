@@ -6,8 +6,6 @@ never change a setting. ``cuda_usable`` is the engine's answer to "can CUDA run 
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -184,11 +182,6 @@ def check_gpu(st: GpuState, thr: Thresholds, tests: set[str]) -> list[TestResult
     if "health_rules" in tests:
         out.append(_health_rules(st))
     return out
-
-
-def health_rules_installed() -> bool:
-    """The agent's health rules ship with gpufleet (``gpufleet.health``)."""
-    return importlib.util.find_spec("gpufleet.health") is not None
 
 
 def _health_rules(st: GpuState) -> TestResult:

@@ -121,9 +121,6 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
 
     # ----- level 1 -------------------------------------------------------------------------
     gpu_l1 = {n for n in wanted if TESTS[n].level == 1 and TESTS[n].scope == "gpu"}
-    if "health_rules" in gpu_l1 and not checks_quick.health_rules_installed():
-        gpu_l1.discard("health_rules")
-        report.notes.append("health_rules: skipped, gpufleet.health.rules is not installed")
     for node, sts in states.items():
         if "software" in wanted:
             progress("software", node, None, "")

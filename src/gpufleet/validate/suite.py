@@ -46,7 +46,7 @@ for _t in (
     TestDef("pcie_link", 1, "gpu", "PCIe link at max generation and width"),
     TestDef("mig_mode", 1, "gpu", "MIG mode as expected"),
     TestDef("processes", 1, "gpu", "no stray processes on the GPU"),
-    TestDef("health_rules", 1, "gpu", "the agent's health rules, when installed"),
+    TestDef("health_rules", 1, "gpu", "the agent's health rules (gpufleet.health)"),
     TestDef("pcie_bandwidth", 2, "gpu", "pinned host-to-device and device-to-host bandwidth"),
     TestDef("hbm_bandwidth", 2, "gpu", "device memory copy bandwidth (read + write)"),
     TestDef("memory", 2, "gpu", "write and verify patterns over >= 90 % of free memory"),
