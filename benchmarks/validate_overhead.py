@@ -44,7 +44,7 @@ def gpu_ratios() -> None:
 
 def sim_level1(nodes: int = 128) -> None:
     from gpufleet.devices.sim import ManualClock, SimFleet, parse_fleet_spec
-    from gpufleet.validate.engine_sim import SimEngine
+    from gpufleet.simvalidate import SimEngine
     from gpufleet.validate.runner import RunOptions, run_suite
     from gpufleet.validate.suite import select_tests
 

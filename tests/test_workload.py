@@ -1,10 +1,12 @@
-"""The simulator's workload model against the H200 measurements and nccl-tests arithmetic."""
+"""The performance model (catalog) and the simulator's workload times against the H200
+measurements and nccl-tests arithmetic."""
 
 from __future__ import annotations
 
 import pytest
 
 from gpufleet.catalog import load_catalog
+from gpufleet.catalog import performance as perf
 from gpufleet.devices.sim import workload as w
 
 
@@ -44,16 +46,16 @@ def test_missing_precision_raises() -> None:
 
 def test_pcie_scales_with_gen_and_width() -> None:
     m = load_catalog().gpu("h200-sxm")
-    assert w.pcie_gbps(m) == pytest.approx(55.5)
-    assert w.pcie_gbps(m, gen=4) == pytest.approx(55.5 * 1.969 / 3.938)
-    assert w.pcie_gbps(m, width=8) == pytest.approx(55.5 / 2)
+    assert perf.pcie_gbps(m) == pytest.approx(55.5)
+    assert perf.pcie_gbps(m, gen=4) == pytest.approx(55.5 * 1.969 / 3.938)
+    assert perf.pcie_gbps(m, width=8) == pytest.approx(55.5 / 2)
 
 
 def test_hbm_copy_uses_measured_or_derived() -> None:
     h200 = load_catalog().gpu("h200-sxm")
     h100 = load_catalog().gpu("h100-sxm")
-    assert w.hbm_copy_gbps(h200) == pytest.approx(4229.9)
-    assert w.hbm_copy_gbps(h100) == pytest.approx(3350 * 4229.9 / 4800)
+    assert perf.hbm_copy_gbps(h200) == pytest.approx(4229.9)
+    assert perf.hbm_copy_gbps(h100) == pytest.approx(3350 * 4229.9 / 4800)
     nbytes = 4 * 2**30
     assert w.copy_seconds(h200, nbytes) == pytest.approx(2 * nbytes / 4229.9e9, rel=0.01)
 
@@ -72,7 +74,7 @@ def test_collective_bus_factors_for_8_ranks(op: str, factor: float) -> None:
     busbw = 360.0
     nbytes = 8 * 2**30
     t = w.collective_seconds(op, nbytes, 8, busbw)
-    algbw = nbytes / (t - w.COLLECTIVE_LATENCY_S) / 1e9
+    algbw = nbytes / (t - 20e-6) / 1e9  # performance.yaml: collective latency 20 us
     assert algbw * factor == pytest.approx(busbw, rel=1e-9)
 
 

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpufleet.devices.sim import Fault, FaultKind, ManualClock, SimFleet, parse_fleet_spec
-from gpufleet.validate.engine_sim import SimEngine
+from gpufleet.simvalidate import SimEngine
 from gpufleet.validate.results import ValidationReport
 from gpufleet.validate.runner import RunOptions, run_suite
 from gpufleet.validate.suite import select_tests

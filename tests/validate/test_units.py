@@ -173,7 +173,7 @@ def test_level1_runs_the_agents_health_rules() -> None:
 def test_level1_flags_a_stray_process() -> None:
     """A GPU that already runs a compute process fails the `processes` check (pid from NVML)."""
     from gpufleet.devices.sim import Load, ManualClock, SimFleet, parse_fleet_spec
-    from gpufleet.validate.engine_sim import SimEngine
+    from gpufleet.simvalidate import SimEngine
     from gpufleet.validate.runner import RunOptions, run_suite
 
     clock = ManualClock()

@@ -10,7 +10,13 @@ from typing import Any, TypeVar
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from gpufleet.catalog.models import GpuModel, MigGeometry, SystemModel, XidEntry
+from gpufleet.catalog.models import (
+    GpuModel,
+    MigGeometry,
+    PerformanceModel,
+    SystemModel,
+    XidEntry,
+)
 from gpufleet.errors import CatalogError, UnknownNameError
 
 T = TypeVar("T", bound=BaseModel)
@@ -47,18 +53,51 @@ def _records(name: str, key: str, cls: type[T]) -> list[T]:
     return out
 
 
+def _performance(gpus: dict[str, GpuModel]) -> PerformanceModel:
+    name = "performance.yaml"
+    doc = _read_yaml(name)
+    item = doc.get("performance") if isinstance(doc, dict) else None
+    try:
+        perf = PerformanceModel.model_validate(item)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        loc = ".".join(str(p) for p in first["loc"])
+        raise CatalogError(f"catalog/data/{name}: performance.{loc}: {first['msg']}") from exc
+    ref = gpus.get(perf.reference.gpu)
+    eff = ref.efficiency if ref is not None else None
+    if (
+        ref is None
+        or eff is None
+        or None
+        in (
+            eff.sustained_bf16_tflops,
+            eff.sustained_sm_clock_mhz,
+            eff.hbm_copy_gbps,
+            eff.pcie_h2d_gbps,
+            ref.max_sm_clock_mhz,
+        )
+    ):
+        raise CatalogError(
+            f"catalog/data/{name}: reference.gpu {perf.reference.gpu!r} needs a model with "
+            "measured efficiency (sustained bf16 and its clock, HBM copy, PCIe) and a max clock"
+        )
+    return perf
+
+
 def _norm(name: str) -> str:
     return name.strip().lower().replace("_", "-").replace(" ", "-")
 
 
 @dataclass(frozen=True)
 class Catalog:
-    """All catalog records, indexed for lookup by key, alias, NVML name or PCI device id."""
+    """All catalog records, indexed for lookup by key, alias, NVML name or PCI device id;
+    plus the performance model (measured efficiencies)."""
 
     gpus: dict[str, GpuModel]
     systems: dict[str, SystemModel]
     mig: dict[str, MigGeometry]
     xids: dict[int, XidEntry]
+    performance: PerformanceModel
 
     def gpu(self, name: str) -> GpuModel:
         """Resolve a model by key, alias, marketing or NVML name (case-insensitive)."""
@@ -122,4 +161,4 @@ def load_catalog() -> Catalog:
     for m in mig.values():
         if m.model not in gpus:
             raise CatalogError(f"catalog/data/mig.yaml: unknown model {m.model!r}")
-    return Catalog(gpus=gpus, systems=systems, mig=mig, xids=xids)
+    return Catalog(gpus=gpus, systems=systems, mig=mig, xids=xids, performance=_performance(gpus))

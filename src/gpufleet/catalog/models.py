@@ -1,4 +1,4 @@
-"""Typed records of the catalog: GPU models, systems, MIG geometries, XID codes.
+"""Typed records of the catalog: GPU models, systems, MIG geometries, XID codes, performance.
 
 Every figure comes from a data file under ``catalog/data`` and carries a source: a record's
 ``source`` covers all its figures unless ``sources`` names a more specific one for a field.
@@ -47,6 +47,7 @@ class Efficiency(_Record):
 
     tflops: dict[str, float] = Field(default_factory=dict)
     sustained_bf16_tflops: float | None = None
+    sustained_sm_clock_mhz: float | None = None  # SM clock during that sustained load
     hbm_copy_gbps: float | None = None
     pcie_h2d_gbps: float | None = None
     pcie_d2h_gbps: float | None = None
@@ -211,3 +212,42 @@ class XidEntry(_Record):
     mnemonic: str | None = None
     nvidia_immediate_action: str | None = None  # the catalog's "Resolution Bucket (Immediate)"
     source: str
+
+
+class Figure(_Record):
+    """One number of the performance model and where it was measured or published."""
+
+    value: float
+    source: str
+
+
+class ReferenceGpu(_Record):
+    """The GPU whose measured/peak ratios apply to models without measured figures of their own."""
+
+    gpu: str
+    source: str
+
+
+class PcieLaneRates(_Record):
+    """Payload GB/s per PCIe lane, per generation."""
+
+    gbps: dict[int, float]
+    source: str
+
+
+class PerformanceModel(_Record):
+    """The measured-efficiency model: what a healthy GPU reaches, from data-sheet peaks.
+
+    A model's own ``GpuModel.efficiency`` wins; otherwise the reference GPU's achieved/peak
+    ratios are applied to its peaks. Validation's expected figures (pass lines) and the
+    simulator's workload times both come from here (``gpufleet.catalog.performance``).
+    """
+
+    reference: ReferenceGpu
+    matmul_peak: dict[str, Precision] = Field(default_factory=dict)
+    pcie_lane: PcieLaneRates
+    launch_overhead_s: Figure
+    collective_link_efficiency: Figure
+    collective_latency_s: Figure
+    network_efficiency: Figure
+    default_node_nic_gbits: Figure

@@ -137,7 +137,7 @@ def validate(
     engine: Any
     if sim:
         from gpufleet.devices.sim import ManualClock, SimFleet, parse_fleet_spec
-        from gpufleet.validate.engine_sim import SimEngine
+        from gpufleet.simvalidate import SimEngine
 
         spec = parse_fleet_spec(sim, seed=seed)
         if host_list:

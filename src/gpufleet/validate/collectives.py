@@ -8,7 +8,7 @@ nccl-tests prints them (``-b 8 -e 8G -f 2``).
 
 from __future__ import annotations
 
-from gpufleet.devices.sim.workload import COLLECTIVES, bus_factor
+from gpufleet.catalog.performance import COLLECTIVES, bus_factor
 from gpufleet.validate.results import CollectiveRow
 
 MIN_SIZE = 8

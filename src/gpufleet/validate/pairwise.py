@@ -125,7 +125,8 @@ PEER_LIMITS = th.TestLimits(pass_fraction=0.5, warn_fraction=0.6)
 
 def expected_pair_gbps(model: GpuModel, ranks_per_node: int) -> float:
     """Node-to-node GB/s with ``ranks_per_node`` GPUs each on its own rail: the NICs in use
-    (min(ranks, NICs) of the system's compute NICs) x line rate x NETWORK_EFFICIENCY."""
+    (min(ranks, NICs) of the system's compute NICs) x line rate x the catalog's network
+    efficiency."""
     systems = load_catalog().systems_for(model.key)
     nics = systems[0].compute_nics if systems else 8
     full = th.node_network_gbps(model)

@@ -1,8 +1,9 @@
 """Pass thresholds per GPU model: the catalog's peak x an expected efficiency.
 
-Expected efficiencies were measured on an H200 (``tests/fixtures/nvidia-h200/load_trace.json``:
-bf16 matmul 0.80 of peak, HBM copy 0.88 of the data-sheet bandwidth, PCIe Gen5 x16 55.5 GB/s
-pinned); models with their own measured figures (``GpuModel.efficiency``) use those. A figure
+Expected figures come from the catalog's performance model (``gpufleet.catalog.performance``,
+data in ``catalog/data/performance.yaml`` and each model's measured ``efficiency``, every figure
+with its source): e.g. on an H200 bf16 matmul 0.80 of peak, HBM copy 0.88 of the data-sheet
+bandwidth, PCIe Gen5 x16 55.5 GB/s pinned (``tests/fixtures/nvidia-h200/load_trace.json``). A figure
 passes at >= ``pass_fraction`` (default 0.90) of the expected value; a figure between
 ``pass_fraction`` and ``warn_fraction`` (default 0.95) passes with a warning. Both can be set per
 test in a YAML file (``--config``)::
@@ -23,8 +24,8 @@ from typing import Any
 
 import yaml
 
-from gpufleet.catalog import GpuModel, load_catalog
-from gpufleet.devices.sim import workload as wl
+from gpufleet.catalog import GpuModel
+from gpufleet.catalog import performance as perf
 from gpufleet.errors import ConfigError
 from gpufleet.validate.results import Metric, Status
 from gpufleet.validate.suite import TESTS
@@ -44,10 +45,6 @@ STRAGGLER_Z = 3.5
 # tiny and a 0.5 % difference would otherwise count.
 STRAGGLER_MIN_DEVIATION = 0.03
 MATMUL_DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp64", "fp8")
-# Assumption (not a measurement): RDMA bandwidth between two nodes reaches 90 % of the NICs'
-# line rate (ib_write_bw on ConnectX-7 NDR typically reports ~90-97 % of 400 Gb/s).
-NETWORK_EFFICIENCY = 0.90
-DEFAULT_NODE_NICS_GBITS = 8 * 400  # a DGX H100/H200: 8x ConnectX-7 400 Gb/s (catalog)
 
 
 @dataclass(frozen=True)
@@ -161,48 +158,14 @@ def load_thresholds(path: Path | None) -> Thresholds:
     return parse_thresholds(path.read_text(encoding="utf-8"), source=str(path))
 
 
-# ----- expected values per model -------------------------------------------------------------
-def model_of(key: str | None) -> GpuModel | None:
-    return None if key is None else load_catalog().find_gpu(key)
-
-
-def expected_matmul_tflops(model: GpuModel, dtype: str) -> float | None:
-    """Short-burst matmul TFLOP/s: the measured figure, or peak x the H200's efficiency."""
-    return wl.achieved_tflops(model, dtype)
-
-
-def expected_sustained_tflops(model: GpuModel) -> float | None:
-    """bf16 TFLOP/s under a sustained load at the power cap."""
-    eff = model.efficiency
-    if eff is not None and eff.sustained_bf16_tflops:
-        return eff.sustained_bf16_tflops
-    burst = wl.achieved_tflops(model, "bf16")
-    if burst is None:
-        return None
-    from gpufleet.devices.sim.physics import MEASURED_CAPPED_CLOCK_RATIO
-
-    return burst * wl.clock_factor(MEASURED_CAPPED_CLOCK_RATIO)
-
-
-def expected_hbm_gbps(model: GpuModel) -> float:
-    return wl.hbm_copy_gbps(model)
+# ----- expected values per model (the catalog's performance model) --------------------------
+expected_matmul_tflops = perf.matmul_tflops
+expected_sustained_tflops = perf.sustained_tflops
+expected_hbm_gbps = perf.hbm_copy_gbps
+expected_collective_busbw = perf.collective_busbw_gbps
+node_network_gbps = perf.node_network_gbps
 
 
 def expected_pcie_gbps(model: GpuModel, direction: str) -> float:
     """At the model's full link (a downgraded link is what this test must catch)."""
-    return wl.pcie_gbps(model, None, None, direction)
-
-
-def expected_collective_busbw(model: GpuModel) -> float:
-    return wl.collective_busbw_gbps(model)
-
-
-def node_network_gbps(model: GpuModel) -> float:
-    """GB/s one node moves to another: its compute NICs' line rate x NETWORK_EFFICIENCY."""
-    systems = load_catalog().systems_for(model.key)
-    gbits = (
-        systems[0].compute_nics * systems[0].compute_nic_gbps
-        if systems
-        else DEFAULT_NODE_NICS_GBITS
-    )
-    return gbits / 8.0 * NETWORK_EFFICIENCY
+    return perf.pcie_gbps(model, None, None, direction)

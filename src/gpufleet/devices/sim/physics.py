@@ -9,8 +9,10 @@ Calibration (``tests/fixtures/nvidia-h200/load_trace.json``, driver 580.159.04):
 
 Model: dynamic power grows with the square of the SM clock (P = idle + D * u * i * (f/fmax)^2,
 u utilization, i the workload's intensity relative to a bf16 matmul). D is set so that a bf16
-matmul at the power limit runs at 1470/1980 of the max clock, as measured. When the demand at
-fmax exceeds the limit, the clock falls until power equals the limit (reason SW power cap).
+matmul at the power limit runs at 1470/1980 of the max clock, as measured (the catalog's
+performance model holds that ratio: ``gpufleet.catalog.performance.capped_clock_ratio``).
+When the demand at fmax exceeds the limit, the clock falls until power equals the limit
+(reason SW power cap).
 Power follows a first-order lag (tau 0.25 s); GPU temperature two lags (75 % fast, tau 0.7 s;
 25 % slow, tau 5 s) towards 35 C + R (P - idle); memory temperature one lag (tau 10 s).
 """
@@ -20,7 +22,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-MEASURED_CAPPED_CLOCK_RATIO = 1470.0 / 1980.0  # H200 bf16 burn at 700 W (load_trace.json)
+from gpufleet.catalog import performance as perf
+
 CAP_HOLD_RATIO = 0.987  # measured: 691 W average under the 700 W cap
 IDLE_SM_CLOCK_MHZ = 345
 LINGER_S = 15.0  # clocks stay up after a load ends (trace: >12 s at 1980 MHz, ~122 W)
@@ -56,7 +59,7 @@ class PhysicsParams:
         return cls(
             idle_w=idle,
             max_sm_clock_mhz=float(max_sm_clock_mhz or 1980),
-            dyn_full_w=span / MEASURED_CAPPED_CLOCK_RATIO**2,
+            dyn_full_w=span / perf.capped_clock_ratio() ** 2,
             r_c_per_w=BURN_TEMP_RISE_C / span,
             r_mem_c_per_w=BURN_MEM_TEMP_RISE_C / span,
             linger_w=LINGER_POWER_FRACTION * max_power_w,

@@ -1,4 +1,8 @@
-"""The simulator engine: diagnostics over ``gpufleet.devices.sim`` and its workload model.
+"""The simulator engine: validate's diagnostics over ``gpufleet.devices.sim`` (simulated time).
+
+This module joins the two and sits below both: ``gpufleet.validate`` knows nothing of the
+simulator (its pass lines come from the catalog's performance model, which the simulator's
+workload times read too), and ``gpufleet.devices`` knows nothing of validate.
 
 Time is simulated: the fleet runs on a ``ManualClock`` that this engine advances by the workload
 model's durations, so a level-3 run with a 15-minute stress takes seconds of wall time. Every
@@ -17,6 +21,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 
+from gpufleet.catalog import performance as perf
 from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.sim import physics as ph
 from gpufleet.devices.sim import workload as wl
@@ -156,7 +161,7 @@ class SimEngine:
             figures: dict[str, tuple[float, bool, float]] = {}
             skipped = []
             for dtype in th.MATMUL_DTYPES:
-                if wl.achieved_tflops(t.model, dtype) is None:
+                if perf.matmul_tflops(t.model, dtype) is None:
                     skipped.append(dtype)
                     continue
                 n = MATMUL_N
@@ -224,10 +229,10 @@ class SimEngine:
                     0
                 ],
             )
-            base = (wl.achieved_tflops(t.model, "bf16") or 0.0) * g.slow_fraction()
+            base = (perf.matmul_tflops(t.model, "bf16") or 0.0) * g.slow_fraction()
             base *= self._noise(t.node, t.gpu, "stress")
-            burst = base * wl.clock_factor(burst_ratio)
-            sustained = base * wl.clock_factor(clock / maxclk)
+            burst = base * perf.clock_factor(burst_ratio)
+            sustained = base * perf.clock_factor(clock / maxclk)
             info = self._backends[t.node].device_info(t.gpu)
             traces_out[f"{t.node}/gpu{t.gpu}"] = tr
             out.append(judge.stress(t, burst, sustained, tr, info.power_limit_enforced_w, thr))
@@ -262,7 +267,7 @@ class SimEngine:
 
     def _collective_rows(self, n: int, busbw: float, key: str) -> tuple[list[CollectiveRow], float]:
         rows, seconds = [], 0.0
-        for op in wl.COLLECTIVES:
+        for op in perf.COLLECTIVES:
             for size in message_sizes():
                 secs = wl.collective_seconds(op, size, n, busbw) / self._noise(key, op, size)
                 rows.append(row(op, size, secs, n))
@@ -274,7 +279,7 @@ class SimEngine:
     ) -> tuple[TestResult, list[CollectiveRow]]:
         model = targets[0].model
         assert model is not None
-        busbw = wl.collective_busbw_gbps(model) * self._noise(node, "coll")
+        busbw = perf.collective_busbw_gbps(model) * self._noise(node, "coll")
         rows, seconds = self._collective_rows(len(targets), busbw, node)
         self._run_phase(targets, Load(util=0.6, intensity=0.3, kind="nccl"), seconds)
         res = judge.collectives(
@@ -291,7 +296,7 @@ class SimEngine:
         per_node = max(len(ts) for ts in by_node.values())
         nic_per_gpu = th.node_network_gbps(model) / per_node
         slowest = min(self._link_fraction(n) for n in by_node)
-        expected = min(wl.collective_busbw_gbps(model), nic_per_gpu)
+        expected = min(perf.collective_busbw_gbps(model), nic_per_gpu)
         busbw = expected * slowest * self._noise("fleet", "coll")
         rows, seconds = self._collective_rows(len(all_t), busbw, "fleet")
         self._run_phase(all_t, Load(util=0.6, intensity=0.3, kind="nccl"), seconds)
