@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.errors import ConfigError
+from gpufleet.hostlist import compress, expand
 from gpufleet.schedulers.slurm import config_gen as cg
-from gpufleet.schedulers.slurm.hostlist import compress, expand
 
 
 def test_hostlist_round_trip() -> None:

@@ -13,7 +13,6 @@ from gpufleet.cli.app import app
 from gpufleet.errors import ConfigError, UnknownNameError
 from gpufleet.validate.analysis import Observation, find_stragglers, robust_z
 from gpufleet.validate.collectives import message_sizes, row
-from gpufleet.validate.hosts import expand_hostlist
 from gpufleet.validate.report_html import render_html
 from gpufleet.validate.results import SCHEMA, Status, ValidationReport
 from gpufleet.validate.suite import select_tests
@@ -80,10 +79,6 @@ def test_select_tests_levels_only_skip() -> None:
     assert "ecc" not in select_tests(1, skip=["ecc"])
     with pytest.raises(UnknownNameError):
         select_tests(1, only=["matmull"])
-
-
-def test_hostlist() -> None:
-    assert expand_hostlist("gpu[01-03,07],login1") == ["gpu01", "gpu02", "gpu03", "gpu07", "login1"]
 
 
 def test_json_roundtrip_and_html_self_contained(tmp_path: Path) -> None:

@@ -49,9 +49,9 @@ def _slurm_nodes() -> list[str]:
     nodelist = os.environ.get("SLURM_JOB_NODELIST") or os.environ.get("SLURM_NODELIST")
     if not nodelist:
         raise UsageError("--slurm: not inside a Slurm allocation (SLURM_JOB_NODELIST unset)")
-    from gpufleet.validate.hosts import expand_hostlist
+    from gpufleet.hostlist import expand
 
-    return expand_hostlist(nodelist)
+    return expand(nodelist, unique=True)
 
 
 def _summary(report: ValidationReport) -> None:
@@ -108,7 +108,7 @@ def validate(
     ),
 ) -> None:
     """Validate GPUs: health, bandwidth, memory, matmuls, stress, collectives, stragglers."""
-    from gpufleet.validate.hosts import expand_hostlist
+    from gpufleet.hostlist import expand
     from gpufleet.validate.runner import RunOptions, run_suite
     from gpufleet.validate.suite import TESTS, select_tests, split_names
     from gpufleet.validate.thresholds import load_thresholds
@@ -132,7 +132,7 @@ def validate(
         raise typer.Exit(0)
     if nodes and slurm:
         raise UsageError("--nodes and --slurm: give one of them")
-    host_list = expand_hostlist(nodes) if nodes else _slurm_nodes() if slurm else None
+    host_list = expand(nodes, unique=True) if nodes else _slurm_nodes() if slurm else None
     thr = load_thresholds(config)
     engine: Any
     if sim:

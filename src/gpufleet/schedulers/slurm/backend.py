@@ -276,7 +276,7 @@ def _time(v: Any) -> float | None:
 
 
 def _job(j: Mapping[str, Any]) -> JobStatus:
-    from gpufleet.schedulers.slurm.hostlist import expand
+    from gpufleet.hostlist import expand
 
     slurm_state = str(j.get("job_state", "")).upper()
     state = _STATES.get(slurm_state, JobState.QUEUED)

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.errors import ConfigError
-from gpufleet.schedulers.slurm.hostlist import compress
+from gpufleet.hostlist import compress
 
 # slurm.conf settings gpufleet relies on (see the module docstring for each one's source).
 GPU_SETTINGS: dict[str, str] = {
