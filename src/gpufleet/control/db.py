@@ -4,7 +4,6 @@ by URL; schema managed by the packaged Alembic migrations (`gpufleet controller 
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +11,7 @@ from sqlalchemy import Engine, create_engine, event, inspect
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.errors import ConfigError
+from gpufleet.jsonable import to_jsonable
 
 DB_FILE = "gpufleet.db"
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -32,19 +32,9 @@ def database_url(data_dir: Path | None, db_url: str | None) -> str:
     return f"sqlite:///{data_dir / DB_FILE}"
 
 
-def _clean(obj: Any) -> Any:
-    if isinstance(obj, float):
-        return obj if math.isfinite(obj) else None
-    if isinstance(obj, dict):
-        return {str(k): _clean(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_clean(v) for v in obj]
-    return obj
-
-
 def json_serializer(obj: Any) -> str:
     """Strict JSON for JSON columns: NaN and infinities become null (PostgreSQL rejects them)."""
-    return json.dumps(_clean(obj), allow_nan=False, default=str)
+    return json.dumps(to_jsonable(obj), allow_nan=False, default=str)
 
 
 def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.errors import ConfigError
+from gpufleet.jsonable import to_jsonable
 
 SCHEMA = "gpufleet.validate/v1"
 
@@ -192,7 +193,7 @@ class ValidationReport:
         d = asdict(self)
         d = {"schema": SCHEMA, "status": self.status.value, "exit_code": self.exit_code, **d}
         d["nodes"] = {k: v.value for k, v in sorted(self.node_status().items())}
-        return _plain(d)  # type: ignore[no-any-return]
+        return to_jsonable(d)  # type: ignore[no-any-return]
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2)
@@ -233,15 +234,3 @@ class ValidationReport:
             )
         except (KeyError, TypeError, ValueError) as exc:
             raise ConfigError(f"{source}: not a gpufleet validation result: {exc}") from exc
-
-
-def _plain(obj: Any) -> Any:
-    if isinstance(obj, StrEnum):
-        return obj.value
-    if isinstance(obj, dict):
-        return {str(k): _plain(v) for k, v in obj.items()}
-    if isinstance(obj, list | tuple):
-        return [_plain(v) for v in obj]
-    if isinstance(obj, float) and obj != obj:
-        return None
-    return obj
