@@ -66,7 +66,7 @@ faults:
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
-        ("nodes: []", "non-empty 'nodes'"),
+        ("nodes: []", "nodes: expected at least 1 item"),
         ("nodes: [{gpus: 8}]", "nodes[0]"),
         ("nodes: [{model: h100}]\nfaults: [{kind: meltdown}]", "faults[0].kind"),
         ("nodes: [{model: h100}]\nfaults: [{kind: xid, node: nope}]", "faults[0].node"),
@@ -94,14 +94,14 @@ def test_missing_yaml_file() -> None:
         # A string where a count belongs was a traceback (int('eight')).
         ("nodes: [{model: h100, gpus: eight}]", "nodes[0].gpus: expected a whole number"),
         ("nodes: [{model: h100, count: 0}]", "nodes[0].count: must be at least 1"),
-        ("nodes: [{model: h100, gpus: 65}]", "at most 64 GPUs"),
+        ("nodes: [{model: h100, gpus: 65}]", "nodes[0].gpus: must be at most 64, got 65"),
         ("seed: x\nnodes: [{model: h100}]", "seed: expected a whole number"),
         # Misspelt keys were silently ignored.
         ("nodes: [{modle: h100}]", "nodes[0].modle: unknown field 'modle' (did you mean 'model'"),
         ("sed: 3\nnodes: [{model: h100}]", "sed: unknown field 'sed'"),
         (
             "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: slow_gpu, fration: 0.5}]",
-            "faults[0].fration: unknown parameter of 'slow_gpu' 'fration'",
+            "faults[0].fration: unknown field 'fration' (did you mean 'fraction'?)",
         ),
         (
             "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: ecc_disabled, count: 1}]",
@@ -118,7 +118,7 @@ def test_missing_yaml_file() -> None:
         ),
         (
             "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: slow_gpu, fraction: 85}]",
-            "faults[0].fraction: 85 is out of range (0 to 1)",
+            "faults[0].fraction: must be at most 1.0, got 85",
         ),
         (
             "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: slow_gpu, fraction: x}]",
@@ -126,14 +126,14 @@ def test_missing_yaml_file() -> None:
         ),
         (
             "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: pcie_downgrade, gen: 9}]",
-            "faults[0].gen: 9 is out of range",
+            "faults[0].gen: must be at most 6, got 9",
         ),
         (
             "nodes: [{model: h100, name: a}]\nfaults: [{node: a, kind: xid, xid: 79, at_s: -5}]",
             "faults[0].at_s: must be at least 0",
         ),
         ("nodes: [{model: h100}]\nfaults: {kind: xid}", "faults: expected a list"),
-        ("nodes:\n  - {model: h100\n", "line 3, column 1: not valid YAML"),
+        ("nodes:\n  - {model: h100\n", "line 3: not valid YAML"),
     ],
 )
 def test_yaml_values_are_checked_and_errors_name_the_field(
@@ -162,3 +162,41 @@ def test_readme_fleet_file_still_parses(tmp_path: Path) -> None:
     spec = parse_fleet_spec(str(f))
     assert len(spec.nodes) == 5 and len(spec.faults) == 4
     assert spec.faults[3].params == {"fraction": 0.5, "peer": "old"}
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # a misspelt key: did-you-mean, on the key's own line
+        (
+            "nodes:\n  - name: a\n    model: h100\n    modle: x\n",
+            ":4: nodes[0].modle: unknown field 'modle' (did you mean 'model'?)",
+        ),
+        # a wrong type
+        (
+            "seed: 3\nnodes:\n  - name: a\n    model: h100\n    gpus: eight\n",
+            ":5: nodes[0].gpus: expected a whole number, got 'eight'",
+        ),
+        (
+            "nodes:\n  - {model: h100, gpus: true}\n",
+            ":2: nodes[0].gpus: expected a whole number, got True",
+        ),
+        # a missing required field
+        ("nodes:\n  - name: a\n    gpus: 8\n", ":2: nodes[0].model: missing required field"),
+        # a fault's own parameters, checked by that kind's model
+        (
+            "nodes: [{name: a, model: h100}]\nfaults:\n  - kind: slow_gpu\n    fration: 0.5\n",
+            ":4: faults[0].fration: unknown field 'fration' (did you mean 'fraction'?)",
+        ),
+        (
+            "nodes: [{name: a, model: h100}]\nfaults:\n  - kind: slowgpu\n",
+            ":3: faults[0].kind: unknown fault kind 'slowgpu' (did you mean 'slow_gpu'?)",
+        ),
+    ],
+)
+def test_one_error_names_file_line_and_field(tmp_path: Path, body: str, expected: str) -> None:
+    f = tmp_path / "fleet.yaml"
+    f.write_text(body)
+    with pytest.raises(ConfigError) as err:
+        parse_fleet_spec(str(f))
+    assert str(err.value) == f"{f}{expected}"

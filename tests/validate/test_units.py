@@ -41,7 +41,7 @@ def test_judge_pass_warn_fail_lines() -> None:
 def test_thresholds_errors_name_the_field() -> None:
     with pytest.raises(ConfigError, match=r"tests\.matmull"):
         parse_thresholds("tests:\n  matmull: {pass_fraction: 0.8}\n", "t.yaml")
-    with pytest.raises(ConfigError, match=r"t.yaml: defaults.*pass_fractio"):
+    with pytest.raises(ConfigError, match=r"t.yaml:1: defaults.pass_fractio.*'pass_fraction'"):
         parse_thresholds("defaults: {pass_fractio: 0.8}\n", "t.yaml")
     with pytest.raises(ConfigError, match="warn_fraction"):
         parse_thresholds("defaults: {pass_fraction: 0.9, warn_fraction: 0.5}\n")

@@ -330,20 +330,13 @@ def _use_scheduler(scheduler: str, slurm_conf: str | None) -> None:
 
 
 def _load_faults(path: Path, names: set[str]) -> tuple:  # type: ignore[type-arg]
-    import yaml
-
-    from gpufleet.devices.sim.spec import _parse_fault
+    from gpufleet.devices.sim.spec import parse_faults_yaml
 
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not YAML: {exc}") from exc
-    items = data.get("faults") if isinstance(data, dict) else data
-    if not isinstance(items, list):
-        raise ConfigError(f"{path}: expected a list of faults (or a mapping with 'faults')")
-    return tuple(_parse_fault(it, f"{path}: faults[{i}]", names) for i, it in enumerate(items))
+    return parse_faults_yaml(text, str(path), names)
 
 
 def _serve(

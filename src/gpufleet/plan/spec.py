@@ -3,19 +3,19 @@
 Figures that are not plain counts carry their unit in the value (``rack_power: "40 kW"``) or in the
 field name (``target_days``, ``horizon_years``). ``load_spec`` turns any problem into one
 :class:`~gpufleet.errors.ParseError` naming the field path (``constraints.rack_power: '40 kV' is
-not a power``) and, for misspelt keys, a did-you-mean.
+not a power``), its line when the spec came as text, and, for misspelt keys, a did-you-mean
+(``gpufleet.yamldoc``, shared with every other YAML file gpufleet reads).
 """
 
 from __future__ import annotations
 
-import difflib
 from typing import Annotated, Any, Literal
 
-import yaml
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, model_validator
 
 from gpufleet.errors import ParseError
 from gpufleet.plan.units import parse_quantity
+from gpufleet.yamldoc import Document, read_yaml, validate
 
 __all__ = [
     "BYTES_PER_VALUE",
@@ -235,81 +235,12 @@ class PlanSpec(_Spec):
     storage: StorageSpec = StorageSpec()
 
 
-_ALL_MODELS: tuple[type[BaseModel], ...] = (
-    ModelShape,
-    TrainingWorkload,
-    InferenceWorkload,
-    GpuCountWorkload,
-    Circuit,
-    Constraints,
-    Prices,
-    StorageSpec,
-    PlanSpec,
-)
-
-
-def _path(loc: tuple[int | str, ...]) -> str:
-    out = ""
-    for i, part in enumerate(loc):
-        if isinstance(part, int):
-            out += f"[{part}]"
-        elif (
-            part in ("training", "inference", "gpus")
-            and i >= 2
-            and loc[i - 2] == "workloads"
-            and isinstance(loc[i - 1], int)
-        ):
-            # the discriminator tag pydantic inserts right after workloads[N] (and only
-            # there: `gpus` is also a field of every workload kind)
-            continue
-        elif part.startswith("function-") or part in ("str", "float", "int", "dict[str,float]"):
-            continue
-        else:
-            out += f".{part}" if out else part
-    return out or "(top level)"
-
-
-def _problem(err: dict[str, Any]) -> str:
-    kind = err.get("type", "")
-    msg = str(err.get("msg", "invalid"))
-    if kind == "extra_forbidden":
-        key = str(err["loc"][-1])
-        fields = sorted({f for m in _ALL_MODELS for f in m.model_fields})
-        close = difflib.get_close_matches(key, fields, 1)
-        return "unknown field" + (f" (did you mean {close[0]!r}?)" if close else "")
-    if kind == "union_tag_invalid" or kind == "union_tag_not_found":
-        return "kind must be one of 'training', 'inference', 'gpus'"
-    for prefix in ("Value error, ", "Assertion failed, "):
-        if msg.startswith(prefix):
-            msg = msg[len(prefix) :]
-    return msg
+_WORKLOAD_TAGS = {"workloads": ("training", "inference", "gpus")}
 
 
 def load_spec(source: str | dict[str, Any], name: str = "spec") -> PlanSpec:
     """Validate a spec given as YAML text or an already-parsed mapping; no file I/O here."""
-    if isinstance(source, str):
-        try:
-            doc = yaml.safe_load(source)
-        except yaml.YAMLError as exc:
-            mark = getattr(exc, "problem_mark", None)
-            where = f"line {mark.line + 1}" if mark is not None else "YAML"
-            raise ParseError(
-                name, where, f"not valid YAML: {getattr(exc, 'problem', exc)}"
-            ) from exc
-    else:
-        doc = source
-    if not isinstance(doc, dict):
+    doc = read_yaml(source, name) if isinstance(source, str) else Document(source, name)
+    if not isinstance(doc.data, dict):
         raise ParseError(name, "(top level)", "expected a mapping with candidates and workloads")
-    try:
-        return PlanSpec.model_validate(doc)
-    except ValidationError as exc:
-        errors = exc.errors()
-        # A union of a money and a mapping reports both branches; prefer the unit message.
-        first = max(errors, key=lambda e: ("is not " in str(e.get("msg")), len(e["loc"])))
-        problem = _problem(dict(first))
-        if "input" in first and first.get("type") not in ("extra_forbidden", "missing"):
-            given = first["input"]
-            if not isinstance(given, dict | list) and repr(given) not in problem:
-                problem = f"{given!r}: {problem}"
-        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
-        raise ParseError(name, _path(tuple(first["loc"])), problem + more) from exc
+    return validate(PlanSpec, doc, union_tags=_WORKLOAD_TAGS)

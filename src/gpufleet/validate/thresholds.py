@@ -20,15 +20,16 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Annotated
 
-import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.catalog import GpuModel
 from gpufleet.catalog import performance as perf
-from gpufleet.errors import ConfigError
+from gpufleet.errors import ConfigError, UnknownNameError
 from gpufleet.validate.results import Metric, Status
 from gpufleet.validate.suite import TESTS
+from gpufleet.yamldoc import Document, field_error, read_yaml, validate
 
 DEFAULT_PASS_FRACTION = 0.90
 DEFAULT_WARN_FRACTION = 0.95
@@ -89,64 +90,66 @@ class Thresholds:
         return Metric(name, value, unit, expected, pass_min, status)
 
 
-_LIMIT_KEYS = {"pass_fraction", "warn_fraction", "min_power_fraction"}
+Fraction = Annotated[float, Field(strict=True, gt=0.0, le=1.5)]
 
 
-def _limits(base: TestLimits, item: Any, where: str) -> TestLimits:
-    if not isinstance(item, dict):
-        raise ConfigError(f"{where}: expected a mapping of {sorted(_LIMIT_KEYS)}")
-    unknown = set(item) - _LIMIT_KEYS
-    if unknown:
-        raise ConfigError(f"{where}: unknown key(s) {sorted(unknown)}; known {sorted(_LIMIT_KEYS)}")
-    try:
-        vals = {k: float(v) for k, v in item.items()}
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{where}: values must be numbers ({exc})") from exc
-    for k, v in vals.items():
-        if not 0.0 < v <= 1.5:
-            raise ConfigError(f"{where}.{k}: {v} is not a fraction in (0, 1.5]")
-    out = replace(base, **vals)
+class _Doc(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class LimitsDoc(_Doc):
+    """Pass and warn lines as written in a thresholds file (unset: inherited)."""
+
+    pass_fraction: Fraction | None = None
+    warn_fraction: Fraction | None = None
+    min_power_fraction: Fraction | None = None
+
+
+class ThresholdsDoc(_Doc):
+    """A thresholds file (format in the module doc)."""
+
+    defaults: LimitsDoc | None = None
+    tests: dict[str, LimitsDoc | None] | None = None
+    expect_mig: Annotated[bool, Field(strict=True)] | None = False
+    straggler_z: Annotated[float, Field(strict=True, gt=0.0)] = STRAGGLER_Z
+    retired_pages_limit: Annotated[int, Field(strict=True, ge=0)] = RETIRED_PAGES_LIMIT
+
+
+def _limits(
+    base: TestLimits, item: LimitsDoc | None, doc: Document, loc: tuple[str, ...]
+) -> TestLimits:
+    out = replace(base, **item.model_dump(exclude_none=True)) if item else base
     if out.warn_fraction < out.pass_fraction:
-        raise ConfigError(f"{where}: warn_fraction must be >= pass_fraction")
+        raise field_error(
+            doc,
+            (*loc, "warn_fraction"),
+            f"warn_fraction {out.warn_fraction} must be >= pass_fraction {out.pass_fraction}",
+        )
     return out
 
 
 def parse_thresholds(text: str, source: str = "<thresholds>") -> Thresholds:
-    """Parse a thresholds YAML document; errors name the file and the field."""
-    try:
-        doc = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{source}: not valid YAML: {exc}") from exc
-    if not isinstance(doc, dict):
-        raise ConfigError(f"{source}: expected a mapping")
-    known = {"defaults", "tests", "expect_mig", "straggler_z", "retired_pages_limit"}
-    unknown = set(doc) - known
-    if unknown:
-        raise ConfigError(f"{source}: unknown key(s) {sorted(unknown)}; known {sorted(known)}")
-    default = _limits(TestLimits(), doc.get("defaults") or {}, f"{source}: defaults")
+    """Parse a thresholds YAML document; errors name the file, line and field."""
+    doc = read_yaml(text, source)
+    if doc.data is None:
+        doc.data = {}
+    if not isinstance(doc.data, dict):
+        raise field_error(doc, (), "expected a mapping (defaults, tests, expect_mig, ...)")
+    parsed = validate(ThresholdsDoc, doc)
+    default = _limits(TestLimits(), parsed.defaults, doc, ("defaults",))
     per: dict[str, TestLimits] = {}
-    tests = doc.get("tests") or {}
-    if not isinstance(tests, dict):
-        raise ConfigError(f"{source}: tests: expected a mapping of test name to limits")
-    for name, item in tests.items():
+    for name, item in (parsed.tests or {}).items():
         if name not in TESTS:
-            from gpufleet.errors import UnknownNameError
-
-            err = UnknownNameError("test", str(name), list(TESTS))
-            raise ConfigError(f"{source}: tests.{name}: {err.message}", hint=err.hint)
-        per[str(name)] = _limits(default, item, f"{source}: tests.{name}")
-    mig = doc.get("expect_mig", False)
-    if mig is not None and not isinstance(mig, bool):
-        raise ConfigError(f"{source}: expect_mig: expected true, false or null")
-    try:
-        z = float(doc.get("straggler_z", STRAGGLER_Z))
-        pages = int(doc.get("retired_pages_limit", RETIRED_PAGES_LIMIT))
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{source}: straggler_z/retired_pages_limit: {exc}") from exc
-    if z <= 0:
-        raise ConfigError(f"{source}: straggler_z must be positive")
+            err = UnknownNameError("test", name, list(TESTS))
+            hint = f" ({err.hint})" if err.hint else ""
+            raise field_error(doc, ("tests", name), err.message + hint)
+        per[name] = _limits(default, item, doc, ("tests", name))
     return Thresholds(
-        default=default, per_test=per, expect_mig=mig, straggler_z=z, retired_pages_limit=pages
+        default=default,
+        per_test=per,
+        expect_mig=parsed.expect_mig,
+        straggler_z=parsed.straggler_z,
+        retired_pages_limit=parsed.retired_pages_limit,
     )
 
 

@@ -14,92 +14,96 @@ YAML fleet file::
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-import yaml
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from gpufleet.catalog import load_catalog
 from gpufleet.devices.sim.faults import Fault, FaultKind
 from gpufleet.errors import ConfigError, UnknownNameError
+from gpufleet.yamldoc import Document, field_error, read_yaml, validate
 
 _SHORT = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(?:(\d+)\s*x\s*)?([A-Za-z][\w.\-]*)\s*$", re.IGNORECASE)
-_FAULT_KEYS = {"node", "gpu", "kind", "at_s", "duration_s"}
-_NODE_KEYS = (
-    "name",
-    "model",
-    "gpus",
-    "count",
-    "rack",
-    "driver_version",
-    "vbios_version",
-    "mig_enabled",
-    "mig_layout",
-)
-_TOP_KEYS = ("seed", "nodes", "faults")
+MAX_GPUS_PER_NODE = 64
+Count = Annotated[int, Field(strict=True, ge=1)]
+Seconds = Annotated[float, Field(strict=True, ge=0)]
+
+
+class _FileModel(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class NodeEntry(_FileModel):
+    """One ``nodes`` entry of a fleet file (``count`` nodes named ``name-00``, ...)."""
+
+    model: str
+    name: str | None = None
+    gpus: Annotated[int, Field(strict=True, ge=1, le=MAX_GPUS_PER_NODE)] = 8
+    count: Count = 1
+    rack: str | None = None
+    driver_version: str | None = None
+    vbios_version: str | None = None
+    mig_enabled: Annotated[bool, Field(strict=True)] = False
+    mig_layout: list[str] = Field(default_factory=list)
+
+
+class FaultEntry(_FileModel):
+    """One ``faults`` entry; the parameters of its kind are checked by that kind's model."""
+
+    model_config = ConfigDict(frozen=True, extra="allow")
+    kind: str
+    node: str | None = None
+    gpu: Annotated[int, Field(strict=True, ge=0)] | None = None
+    at_s: Seconds = 0.0
+    duration_s: Seconds | None = None
+
+
+class FaultsFile(_FileModel):
+    """A faults file: ``faults:`` with a list of faults (a bare list is read as that)."""
+
+    faults: list[FaultEntry]
+
+
+class FleetFile(_FileModel):
+    """A YAML fleet file (format in the module doc)."""
+
+    nodes: list[NodeEntry] = Field(min_length=1)
+    seed: Annotated[int, Field(strict=True, ge=0)] = 7
+    faults: list[FaultEntry] = Field(default_factory=list)
+
+
+def _number(lo: float, hi: float) -> Any:
+    return (Annotated[float, Field(strict=True, ge=lo, le=hi)] | None, None)
+
+
+def _whole(lo: int, hi: int) -> Any:
+    return (Annotated[int, Field(strict=True, ge=lo, le=hi)] | None, None)
+
+
 # The parameters each fault kind reads, with their type and range (the simulator reads no
 # others, so a misspelt one would silently do nothing).
-_NUMBER = (int, float)
-_FAULT_PARAMS: dict[FaultKind, dict[str, tuple[type | tuple[type, ...], float, float]]] = {
-    FaultKind.XID: {"xid": (int, 1, 65535)},
-    FaultKind.ECC_SBE: {"count": (int, 0, 1e9), "rate_per_min": (_NUMBER, 0, 1e9)},
-    FaultKind.ECC_DBE: {"count": (int, 0, 1e9)},
-    FaultKind.RETIRED_PAGES: {"sbe": (int, 0, 1e6), "dbe": (int, 0, 1e6)},
-    FaultKind.PCIE_DOWNGRADE: {"gen": (int, 1, 6), "width": (int, 1, 32)},
-    FaultKind.PCIE_REPLAYS: {"rate_per_min": (_NUMBER, 0, 1e9)},
-    FaultKind.SLOW_GPU: {"fraction": (_NUMBER, 0, 1)},
-    FaultKind.HUNG_CALL: {"seconds": (_NUMBER, 0, 86400)},
-    FaultKind.MEMORY_ERRORS: {"count": (int, 0, 1e6)},
-    FaultKind.SLOW_LINK: {"fraction": (_NUMBER, 0, 1), "peer": (str, 0, 0)},
-    FaultKind.NVLINK_ERRORS: {"rate_per_min": (_NUMBER, 0, 1e9)},
+_FAULT_PARAMS: dict[FaultKind, dict[str, Any]] = {
+    FaultKind.XID: {"xid": _whole(1, 65535)},
+    FaultKind.ECC_SBE: {"count": _whole(0, 10**9), "rate_per_min": _number(0, 1e9)},
+    FaultKind.ECC_DBE: {"count": _whole(0, 10**9)},
+    FaultKind.RETIRED_PAGES: {"sbe": _whole(0, 10**6), "dbe": _whole(0, 10**6)},
+    FaultKind.PCIE_DOWNGRADE: {"gen": _whole(1, 6), "width": _whole(1, 32)},
+    FaultKind.PCIE_REPLAYS: {"rate_per_min": _number(0, 1e9)},
+    FaultKind.SLOW_GPU: {"fraction": _number(0, 1)},
+    FaultKind.HUNG_CALL: {"seconds": _number(0, 86400)},
+    FaultKind.MEMORY_ERRORS: {"count": _whole(0, 10**6)},
+    FaultKind.SLOW_LINK: {"fraction": _number(0, 1), "peer": (str | None, None)},
+    FaultKind.NVLINK_ERRORS: {"rate_per_min": _number(0, 1e9)},
 }
-
-
-def _unknown_keys(item: dict[str, Any], known: tuple[str, ...], where: str, sep: str = ".") -> None:
-    """Reject a misspelt key (it would otherwise be ignored) with a did-you-mean."""
-    for key in item:
-        if str(key) not in known:
-            err = UnknownNameError("field", str(key), sorted(known))
-            raise ConfigError(f"{where}{sep}{key}: {err.message}", hint=err.hint)
-
-
-def _int(value: Any, where: str, minimum: int = 0) -> int:
-    """An integer field (YAML ints, not floats or strings) at least ``minimum``."""
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise ConfigError(f"{where}: expected a whole number, got {value!r}")
-    if value < minimum:
-        raise ConfigError(f"{where}: must be at least {minimum}, got {value}")
-    return value
-
-
-def _seconds(value: Any, where: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ConfigError(f"{where}: expected a number of seconds, got {value!r}")
-    if value < 0:
-        raise ConfigError(f"{where}: must be at least 0, got {value}")
-    return float(value)
-
-
-def _check_params(kind: FaultKind, params: dict[str, Any], where: str) -> None:
-    allowed = _FAULT_PARAMS.get(kind, {})
-    for key, value in params.items():
-        if key not in allowed:
-            if not allowed:
-                raise ConfigError(f"{where}.{key}: fault kind {kind.value!r} takes no parameters")
-            err = UnknownNameError(f"parameter of {kind.value!r}", str(key), sorted(allowed))
-            raise ConfigError(f"{where}.{key}: {err.message}", hint=err.hint)
-        types, lo, hi = allowed[key]
-        if types is str:
-            if not isinstance(value, str):
-                raise ConfigError(f"{where}.{key}: expected a name, got {value!r}")
-            continue
-        if isinstance(value, bool) or not isinstance(value, types):
-            what = "a whole number" if types is int else "a number"
-            raise ConfigError(f"{where}.{key}: expected {what}, got {value!r}")
-        assert isinstance(value, int | float)  # checked above; for the type checker
-        if not lo <= value <= hi:
-            raise ConfigError(f"{where}.{key}: {value} is out of range ({lo:g} to {hi:g})")
+_PARAM_MODELS: dict[FaultKind, type[BaseModel]] = {
+    kind: create_model(
+        f"{kind.name.title()}Params", __base__=_FileModel, **_FAULT_PARAMS.get(kind, {})
+    )
+    for kind in FaultKind
+}
 
 
 @dataclass(frozen=True)
@@ -136,6 +140,13 @@ def _model_key(name: str, where: str) -> str:
         raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from exc
 
 
+def _catalog_key(doc: Document, loc: tuple[int | str, ...], name: str) -> str:
+    try:
+        return load_catalog().gpu(name).key
+    except UnknownNameError as exc:
+        raise field_error(doc, loc, exc.message + (f" ({exc.hint})" if exc.hint else "")) from exc
+
+
 def parse_short_spec(text: str, seed: int = 7, prefix: str = "sim") -> FleetSpec:
     """``NODESxGPUSxMODEL``, ``GPUSxMODEL`` (one node) or ``MODEL`` (one node of 8)."""
     m = _SHORT.match(text)
@@ -158,98 +169,93 @@ def parse_short_spec(text: str, seed: int = 7, prefix: str = "sim") -> FleetSpec
     return FleetSpec(nodes=specs, seed=seed)
 
 
-def _parse_fault(
-    item: Any, where: str, node_names: set[str], gpus_per_node: dict[str, int] | None = None
+def _fault(
+    doc: Document, i: int, entry: FaultEntry, gpus_per_node: Mapping[str, int | None]
 ) -> Fault:
-    """One fault of a fleet file; ``gpus_per_node`` (when known) bounds its ``gpu`` index."""
-    if not isinstance(item, dict):
-        raise ConfigError(f"{where}: expected a mapping with at least 'kind'")
-    kind_text = str(item.get("kind", ""))
+    """One checked fault: a known kind, an existing node and GPU, the kind's own parameters
+    (``gpus_per_node``: None where a node's GPU count is not known)."""
+    loc: tuple[int | str, ...] = ("faults", i)
     try:
-        kind = FaultKind(kind_text)
+        kind = FaultKind(entry.kind)
     except ValueError as exc:
-        err = UnknownNameError("fault kind", kind_text, [k.value for k in FaultKind])
-        raise ConfigError(f"{where}.kind: {err.message}", hint=err.hint) from exc
-    node = item.get("node")
-    if node is not None and str(node) not in node_names:
-        err = UnknownNameError("node", str(node), sorted(node_names))
-        raise ConfigError(f"{where}.node: {err.message}", hint=err.hint)
-    params = {str(k): v for k, v in item.items() if k not in _FAULT_KEYS}
-    _check_params(kind, params, where)
-    gpu = None if item.get("gpu") is None else _int(item["gpu"], f"{where}.gpu")
-    if gpu is not None and gpus_per_node:
-        targets = [str(node)] if node is not None else sorted(gpus_per_node)
-        for name in targets:
-            if gpu >= gpus_per_node[name]:
-                raise ConfigError(
-                    f"{where}.gpu: node {name!r} has {gpus_per_node[name]} GPU(s) "
-                    f"(0-{gpus_per_node[name] - 1}), not GPU {gpu}"
+        err = UnknownNameError("fault kind", entry.kind, [k.value for k in FaultKind])
+        raise field_error(doc, (*loc, "kind"), f"{err.message} ({err.hint})") from exc
+    if entry.node is not None and entry.node not in gpus_per_node:
+        err = UnknownNameError("node", entry.node, sorted(gpus_per_node))
+        hint = f" ({err.hint})" if err.hint else ""
+        raise field_error(doc, (*loc, "node"), err.message + hint)
+    params = dict(entry.model_extra or {})
+    if params and not _FAULT_PARAMS.get(kind):
+        key = next(iter(params))
+        raise field_error(doc, (*loc, key), f"fault kind {kind.value!r} takes no parameters")
+    checked = (
+        validate(_PARAM_MODELS[kind], doc, prefix=loc, exclude=FaultEntry.model_fields)
+        if params
+        else None
+    )
+    if checked is not None:
+        params = checked.model_dump(exclude_none=True)
+    if entry.gpu is not None:
+        for name in [entry.node] if entry.node is not None else sorted(gpus_per_node):
+            count = gpus_per_node[name]
+            if count is not None and entry.gpu >= count:
+                raise field_error(
+                    doc,
+                    (*loc, "gpu"),
+                    f"node {name!r} has {count} GPU(s) (0-{count - 1}), not GPU {entry.gpu}",
                 )
-    duration = item.get("duration_s")
     return Fault(
         kind=kind,
-        node=None if node is None else str(node),
-        gpu=gpu,
-        at_s=_seconds(item.get("at_s", 0.0), f"{where}.at_s"),
-        duration_s=None if duration is None else _seconds(duration, f"{where}.duration_s"),
+        node=entry.node,
+        gpu=entry.gpu,
+        at_s=float(entry.at_s),
+        duration_s=None if entry.duration_s is None else float(entry.duration_s),
         params=params,
     )
 
 
 def parse_fleet_yaml(text: str, source: str = "<fleet>") -> FleetSpec:
-    """Parse a YAML fleet file; errors name the file and the field path."""
-    try:
-        doc = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark is not None else ""
-        problem = getattr(exc, "problem", None) or exc
-        raise ConfigError(f"{source}: {where}not valid YAML ({problem})") from exc
-    if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list) or not doc["nodes"]:
-        raise ConfigError(f"{source}: expected a mapping with a non-empty 'nodes' list")
-    _unknown_keys(doc, _TOP_KEYS, source, sep=": ")
-    seed = _int(doc.get("seed", 7), f"{source}: seed")
+    """Parse a YAML fleet file; errors name the file, line and field path."""
+    doc = read_yaml(text, source)
+    if not isinstance(doc.data, dict):
+        raise field_error(doc, (), "expected a mapping with a non-empty 'nodes' list")
+    fleet = validate(FleetFile, doc)
     nodes: list[NodeSpec] = []
-    for i, item in enumerate(doc["nodes"]):
-        where = f"{source}: nodes[{i}]"
-        if not isinstance(item, dict):
-            raise ConfigError(f"{where}: expected a mapping with at least 'model'")
-        _unknown_keys(item, _NODE_KEYS, where)
-        if "model" not in item:
-            raise ConfigError(f"{where}: expected a mapping with at least 'model'")
-        key = _model_key(str(item["model"]), f"{where}.model")
-        count = _int(item.get("count", 1), f"{where}.count", minimum=1)
-        base = str(item.get("name", f"sim-{key}"))
-        gpus = _int(item.get("gpus", 8), f"{where}.gpus", minimum=1)
-        if gpus > 64:
-            raise ConfigError(f"{where}.gpus: at most 64 GPUs per node, got {gpus}")
-        for c in range(count):
-            name = base if count == 1 else f"{base}-{c:02d}"
+    for i, item in enumerate(fleet.nodes):
+        key = _catalog_key(doc, ("nodes", i, "model"), item.model)
+        base = item.name or f"sim-{key}"
+        for c in range(item.count):
             nodes.append(
                 NodeSpec(
-                    name=name,
+                    name=base if item.count == 1 else f"{base}-{c:02d}",
                     model=key,
-                    gpus=gpus,
-                    rack=item.get("rack"),
-                    driver_version=item.get("driver_version"),
-                    vbios_version=item.get("vbios_version"),
-                    mig_enabled=bool(item.get("mig_enabled", False) or item.get("mig_layout")),
-                    mig_layout=tuple(str(p) for p in item.get("mig_layout") or ()),
+                    gpus=item.gpus,
+                    rack=item.rack,
+                    driver_version=item.driver_version,
+                    vbios_version=item.vbios_version,
+                    mig_enabled=item.mig_enabled or bool(item.mig_layout),
+                    mig_layout=tuple(item.mig_layout),
                 )
             )
     names = [n.name for n in nodes]
     dupes = {n for n in names if names.count(n) > 1}
     if dupes:
-        raise ConfigError(f"{source}: duplicate node names {sorted(dupes)}")
-    faults_doc = doc.get("faults") or []
-    if not isinstance(faults_doc, list):
-        raise ConfigError(f"{source}: faults: expected a list of faults")
+        raise field_error(doc, ("nodes",), f"duplicate node names {sorted(dupes)}")
     gpus_per_node = {n.name: n.gpus for n in nodes}
-    faults = tuple(
-        _parse_fault(f, f"{source}: faults[{i}]", set(names), gpus_per_node)
-        for i, f in enumerate(faults_doc)
-    )
-    return FleetSpec(nodes=tuple(nodes), seed=seed, faults=faults)
+    faults = tuple(_fault(doc, i, f, gpus_per_node) for i, f in enumerate(fleet.faults))
+    return FleetSpec(nodes=tuple(nodes), seed=fleet.seed, faults=faults)
+
+
+def parse_faults_yaml(text: str, source: str, nodes: Iterable[str]) -> tuple[Fault, ...]:
+    """A faults file (a list of faults, or a mapping with ``faults``) for the named nodes."""
+    doc = read_yaml(text, source)
+    if isinstance(doc.data, list):
+        doc.data = {"faults": doc.data}
+    if not isinstance(doc.data, dict):
+        raise field_error(doc, (), "expected a list of faults (or a mapping with 'faults')")
+    entries = validate(FaultsFile, doc).faults
+    known: dict[str, int | None] = dict.fromkeys(nodes)
+    return tuple(_fault(doc, i, f, known) for i, f in enumerate(entries))
 
 
 def parse_fleet_spec(spec: str, seed: int = 7) -> FleetSpec:
