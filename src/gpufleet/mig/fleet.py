@@ -21,13 +21,15 @@ import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import yaml
+from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.catalog import load_catalog
 from gpufleet.errors import ConfigError, ParseError, UnknownNameError
 from gpufleet.mig.layouts import Layout, layout_for_counts
+from gpufleet.yamldoc import field_error, read_yaml, validate
 
 __all__ = [
     "FleetGpu",
@@ -131,30 +133,50 @@ def fleet_from_plan(path: Path) -> list[FleetGpu]:
     return [FleetGpu(f"node-{n}", i, key) for n in range(servers) for i in range(per)]
 
 
+InstanceCount = Annotated[int, Field(strict=True, ge=0)]
+
+
+class CurrentNode(BaseModel):
+    """One node of a current-layout file: its model and each GPU's instance counts."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    model: str
+    name: str | None = None
+    gpus: list[dict[str, InstanceCount] | None]
+
+
+class CurrentFile(BaseModel):
+    """A current-layout file (format in the module doc)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+    nodes: list[CurrentNode]
+
+
 def load_current(path: Path) -> list[FleetGpu]:
-    """GPUs with today's layouts, from a current-layout file (format in the module doc)."""
-    doc = _read_doc(path)
-    nodes = doc.get("nodes") if isinstance(doc, dict) else None
-    if not isinstance(nodes, list):
-        raise ParseError(str(path), "nodes", "expected a list of nodes with name, model, gpus")
+    """GPUs with today's layouts, from a current-layout file (YAML, or JSON as YAML reads it)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    doc = read_yaml(text, str(path))
+    if not isinstance(doc.data, dict):
+        raise field_error(doc, (), "expected a mapping with a nodes list (name, model, gpus)")
+    current = validate(CurrentFile, doc)
     out: list[FleetGpu] = []
-    for n, node in enumerate(nodes):
-        where = f"{path}: nodes[{n}]"
-        if not isinstance(node, dict) or not isinstance(node.get("gpus"), list):
-            raise ParseError(str(path), f"nodes[{n}]", "needs name, model and a gpus list")
-        key = _model_key(str(node.get("model", "")), f"{where}.model")
-        name = str(node.get("name", f"node-{n}"))
-        for g, counts in enumerate(node["gpus"]):
-            if counts is None:
-                counts = {}
-            if not isinstance(counts, dict) or not all(
-                isinstance(v, int) and v >= 0 for v in counts.values()
-            ):
-                raise ParseError(str(path), f"nodes[{n}].gpus[{g}]", "expected {profile: count}")
+    for n, node in enumerate(current.nodes):
+        try:
+            key = load_catalog().gpu(node.model).key
+        except UnknownNameError as exc:
+            raise field_error(doc, ("nodes", n, "model"), str(exc)) from exc
+        name = node.name or f"node-{n}"
+        for g, counts in enumerate(node.gpus):
             try:
-                layout = layout_for_counts(key, counts, f"{where}.gpus[{g}]")
+                layout = layout_for_counts(key, counts or {}, "layout")
             except UnknownNameError as exc:
-                raise ConfigError(f"{where}.gpus[{g}]: {exc.message}", hint=exc.hint) from exc
+                raise field_error(doc, ("nodes", n, "gpus", g), str(exc)) from exc
+            except ConfigError as exc:
+                problem = exc.message.removeprefix("layout: ")
+                raise field_error(doc, ("nodes", n, "gpus", g), problem) from exc
             out.append(FleetGpu(name, g, key, layout))
     return out
 

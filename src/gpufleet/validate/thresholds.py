@@ -141,8 +141,7 @@ def parse_thresholds(text: str, source: str = "<thresholds>") -> Thresholds:
     for name, item in (parsed.tests or {}).items():
         if name not in TESTS:
             err = UnknownNameError("test", name, list(TESTS))
-            hint = f" ({err.hint})" if err.hint else ""
-            raise field_error(doc, ("tests", name), err.message + hint)
+            raise field_error(doc, ("tests", name), str(err))
         per[name] = _limits(default, item, doc, ("tests", name))
     return Thresholds(
         default=default,

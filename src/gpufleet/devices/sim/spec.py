@@ -144,7 +144,7 @@ def _catalog_key(doc: Document, loc: tuple[int | str, ...], name: str) -> str:
     try:
         return load_catalog().gpu(name).key
     except UnknownNameError as exc:
-        raise field_error(doc, loc, exc.message + (f" ({exc.hint})" if exc.hint else "")) from exc
+        raise field_error(doc, loc, str(exc)) from exc
 
 
 def parse_short_spec(text: str, seed: int = 7, prefix: str = "sim") -> FleetSpec:
@@ -179,11 +179,10 @@ def _fault(
         kind = FaultKind(entry.kind)
     except ValueError as exc:
         err = UnknownNameError("fault kind", entry.kind, [k.value for k in FaultKind])
-        raise field_error(doc, (*loc, "kind"), f"{err.message} ({err.hint})") from exc
+        raise field_error(doc, (*loc, "kind"), str(err)) from exc
     if entry.node is not None and entry.node not in gpus_per_node:
         err = UnknownNameError("node", entry.node, sorted(gpus_per_node))
-        hint = f" ({err.hint})" if err.hint else ""
-        raise field_error(doc, (*loc, "node"), err.message + hint)
+        raise field_error(doc, (*loc, "node"), str(err))
     params = dict(entry.model_extra or {})
     if params and not _FAULT_PARAMS.get(kind):
         key = next(iter(params))
