@@ -8,6 +8,7 @@ import pytest
 
 from gpufleet.devices.sim import FaultKind, SimFleet, parse_fleet_spec
 from gpufleet.errors import ConfigError
+from tests.file_errors import assert_file_error
 
 
 @pytest.mark.parametrize(
@@ -195,8 +196,4 @@ def test_readme_fleet_file_still_parses(tmp_path: Path) -> None:
     ],
 )
 def test_one_error_names_file_line_and_field(tmp_path: Path, body: str, expected: str) -> None:
-    f = tmp_path / "fleet.yaml"
-    f.write_text(body)
-    with pytest.raises(ConfigError) as err:
-        parse_fleet_spec(str(f))
-    assert str(err.value) == f"{f}{expected}"
+    assert_file_error(tmp_path / "fleet.yaml", body, lambda f: parse_fleet_spec(str(f)), expected)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.errors import ConfigError
 from gpufleet.mig.fleet import load_current
+from tests.file_errors import assert_file_error
 
 
 @pytest.mark.parametrize(
@@ -42,11 +42,7 @@ from gpufleet.mig.fleet import load_current
     ],
 )
 def test_one_error_names_file_line_and_field(tmp_path: Path, body: str, expected: str) -> None:
-    f = tmp_path / "layout.yaml"
-    f.write_text(body)
-    with pytest.raises(ConfigError) as err:
-        load_current(f)
-    assert str(err.value).startswith(f"{f}{expected}")
+    assert_file_error(tmp_path / "layout.yaml", body, load_current, expected)
 
 
 def test_json_written_by_a_tool_reads_too(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import pytest
 
 from gpufleet.errors import ConfigError
 from gpufleet.validate.thresholds import load_thresholds, parse_thresholds
+from tests.file_errors import assert_file_error
 
 
 @pytest.mark.parametrize(
@@ -42,11 +43,7 @@ from gpufleet.validate.thresholds import load_thresholds, parse_thresholds
     ],
 )
 def test_one_error_names_file_line_and_field(tmp_path: Path, body: str, expected: str) -> None:
-    f = tmp_path / "thr.yaml"
-    f.write_text(body)
-    with pytest.raises(ConfigError) as err:
-        load_thresholds(f)
-    assert str(err.value).startswith(f"{f}{expected}")
+    assert_file_error(tmp_path / "thr.yaml", body, load_thresholds, expected)
 
 
 def test_nothing_is_required_unset_lines_inherit() -> None:
