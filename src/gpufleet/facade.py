@@ -48,20 +48,20 @@ def open_nvml() -> Fleet:
     return open_local_nvml()
 
 
-def open_sim(spec: str, *, seed: int = 7, manual_clock: bool = True) -> Fleet:
+def open_sim(spec: str | Path, *, seed: int = 7, manual_clock: bool = True) -> Fleet:
     """A simulated fleet that speaks NVML, e.g. ``open_sim("2x8xh100")``.
 
-    ``spec`` is the CLI's ``--sim`` text (``NODESxGPUSxMODEL``, ``+``-separated mixes, faults
-    after ``:``); ``seed`` makes faults and noise repeatable. With ``manual_clock`` (the default)
-    simulated time only moves when a call advances it (``check_health`` and ``run_validation``
-    do), so a 3-second health window costs no wall time; ``manual_clock=False`` follows the wall
-    clock.
+    ``spec`` is the CLI's ``--sim`` value: ``NODESxGPUSxMODEL`` or the path of a YAML fleet
+    file (nodes, racks, injected faults); ``seed`` makes noise and faults repeatable. With
+    ``manual_clock`` (the default) simulated time only moves when a call advances it
+    (``check_health`` and ``run_validation`` do), so a 3-second health window costs no wall
+    time; ``manual_clock=False`` follows the wall clock.
     """
     from gpufleet.devices.discovery import Fleet
     from gpufleet.devices.sim import ManualClock, SimFleet, parse_fleet_spec
 
     clock = ManualClock() if manual_clock else None
-    sim = SimFleet(parse_fleet_spec(spec, seed=seed), clock=clock)
+    sim = SimFleet(parse_fleet_spec(str(spec), seed=seed), clock=clock)
     return Fleet(kind="sim", backends=list(sim.backends()), sim=sim)
 
 
@@ -195,7 +195,7 @@ def plan_mig(gpus: str, demand: str, *, time_limit_s: float = 60.0) -> MigPlan:
     """Pack MIG instances onto GPUs (``gpufleet mig plan --gpus ... --demand ...``).
 
     ``gpus`` is ``[NODES x] GPUS x MODEL`` (e.g. ``"2x8xh100"``); ``demand`` is
-    ``PROFILE:COUNT, ...`` (e.g. ``"3g.40gb:4, 1g.10gb:10"``). The plan is exact (an ILP
+    ``[TENANT:] N x PROFILE, ...`` (e.g. ``"4x3g.40gb, 10x1g.10gb"``). The plan is exact (an ILP
     solved within ``time_limit_s``); ``.summary()`` gives placed and stranded slices.
     """
     from gpufleet.mig.demand import parse_demand
