@@ -21,13 +21,20 @@ from gpufleet.control.db import head_revision, make_engine, migrate
 from gpufleet.control.models import Base
 from gpufleet.schedulers.embedded.store import metadata as scheduler_metadata
 
-MODELS = [Base.metadata, scheduler_metadata]
+
+def models() -> sa.MetaData:
+    """One MetaData holding the control plane's tables and the embedded scheduler's."""
+    combined = sa.MetaData()
+    for metadata in (Base.metadata, scheduler_metadata):
+        for table in metadata.tables.values():
+            table.to_metadata(combined)
+    return combined
 
 
 def _differences(engine: sa.Engine) -> list[Any]:
     with engine.connect() as conn:
         ctx = MigrationContext.configure(conn, opts={"compare_type": True})
-        return list(compare_metadata(ctx, MODELS))
+        return list(compare_metadata(ctx, models()))
 
 
 def _check(engine: sa.Engine) -> None:
@@ -66,13 +73,11 @@ def test_comparison_sees_a_model_change(tmp_path: Path) -> None:
     engine = make_engine(f"sqlite:///{tmp_path / 'fleet.db'}")
     try:
         migrate(engine)
-        extra = sa.MetaData()
-        for table in Base.metadata.tables.values():
-            table.to_metadata(extra)
+        extra = models()
         extra.tables["nodes"].append_column(sa.Column("firmware_channel", sa.String(32)))
         with engine.connect() as conn:
             ctx = MigrationContext.configure(conn)
-            diff = compare_metadata(ctx, [extra, scheduler_metadata])
+            diff = compare_metadata(ctx, extra)
         added = [d for d in diff if d[0] == "add_column"]
         assert [(d[2], d[3].name) for d in added] == [("nodes", "firmware_channel")]
     finally:
