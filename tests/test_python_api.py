@@ -162,3 +162,15 @@ def test_docs_examples_run(controller: tuple[str, str], monkeypatch: pytest.Monk
 def test_python_blocks_finds_each_block() -> None:
     md = "text\n```python\na = 1\n```\n```\nnot python\n```\n```python\nb = 2\n```\n"
     assert python_blocks(md) == ["a = 1\n", "b = 2\n"]
+
+
+def test_up_gives_simulated_nodes_racks_through_the_client(controller: tuple[str, str]) -> None:
+    """`gpufleet up` labels simulated nodes with racks (r00, ...) using `Client.set_node`."""
+    url, token = controller
+    with Client(url, token) as ctl:
+        deadline = time.monotonic() + 30
+        racks = [n.rack for n in ctl.nodes()]
+        while racks != ["r00", "r00"] and time.monotonic() < deadline:
+            time.sleep(0.3)
+            racks = [n.rack for n in ctl.nodes()]
+    assert racks == ["r00", "r00"]
