@@ -32,7 +32,7 @@ ABOVE_DEVICES = frozenset(
         "web",
         "testing",
         "cli",
-        "api",
+        "facade",
         "client",
     }
 )
@@ -65,11 +65,11 @@ RULES: dict[str, Rule] = {
     "devices": Rule("the device layer knows nothing of services above it", never=ABOVE_DEVICES),
     "control": Rule(
         "the control plane holds no CLI, no simulator and no client of itself",
-        never=frozenset({"cli", "devices.sim", "client", "api"}),
+        never=frozenset({"cli", "devices.sim", "client", "facade"}),
     ),
     "agent": Rule(
         "the node agent talks to the control plane over the wire, never by importing it",
-        never=frozenset({"control", "client", "api"}),
+        never=frozenset({"control", "client", "facade"}),
     ),
     "validate": Rule(
         "pass lines come from the catalog, not from the simulator they judge",
@@ -251,3 +251,17 @@ def test_cycle_finder_reports_a_cycle() -> None:
     imp = Import(SRC / "x.py", 1, "a", "b")
     assert find_cycle({"a": {"b": imp}, "b": {"c": imp}, "c": {"a": imp}}) == ["a", "b", "c", "a"]
     assert find_cycle({"a": {"b": imp}, "b": {}, "c": {"b": imp}}) is None
+
+
+def test_architecture_doc_lists_every_rule() -> None:
+    """docs/architecture.md states the same rules as RULES (a rule added here is documented)."""
+    doc = (SRC.parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    rules_section = doc.split("## Rules the layer test enforces", 1)[1].split("\n## ", 1)[0]
+    for key, rule in RULES.items():
+        if key == "*":
+            assert "every package (but `__main__`)" in rules_section
+            continue
+        row = next((ln for ln in rules_section.splitlines() if ln.startswith(f"| `{key}` |")), "")
+        assert row, f"docs/architecture.md has no row for rule {key!r}"
+        for name in sorted(rule.never | (rule.only or frozenset())):
+            assert f"`{name}`" in row, f"rule {key!r}: {name} missing from the doc's row"
