@@ -66,10 +66,6 @@ class GpuLostError(DeviceError):
     """The GPU fell off the bus (NVML_ERROR_GPU_IS_LOST); every further call on it fails."""
 
 
-class DeviceTimeoutError(DeviceError):
-    """A device call did not return within its time budget (a hung driver call)."""
-
-
 class ParseError(ConfigError):
     """An input document (nvidia-smi XML/CSV, spec file) could not be parsed.
 

@@ -384,8 +384,6 @@ def _up(
     json_out: bool,
     policy: Path | None = None,
 ) -> None:
-    import httpx
-
     from gpufleet.control.remediation import load_policy
     from gpufleet.control.up import LocalAgents, admin_token, build_service, choose_backends, serve
 
@@ -405,7 +403,7 @@ def _up(
     def ready() -> None:
         agents.start()
         if simfleet is not None:
-            _assign_racks(url, token, [n.name for n in sim_nodes(simfleet)], httpx)
+            _assign_racks(url, token, [n.name for n in sim_nodes(simfleet)])
         info = {
             "url": url,
             "dashboard": f"{url}/#token={token}",
@@ -447,30 +445,27 @@ def sim_nodes(simfleet: Any) -> list[Any]:
     return list(simfleet.spec.nodes)
 
 
-def _assign_racks(
-    url: str, token: str, names: list[str], httpx_mod: object, per_rack: int = 16
-) -> None:
+def _assign_racks(url: str, token: str, names: list[str], per_rack: int = 16) -> None:
     """Give simulated nodes racks (r00, r01, ... of ``per_rack`` nodes) once they registered."""
     import threading
     import time
 
+    from gpufleet.client import ApiError, Client
+    from gpufleet.errors import GpufleetError
+
     def work() -> None:
-        client = httpx_mod.Client(timeout=5.0)  # type: ignore[attr-defined]
         pending = {n: f"r{i // per_rack:02d}" for i, n in enumerate(names)}
         deadline = time.monotonic() + 30
-        while pending and time.monotonic() < deadline:
-            for n, rack in list(pending.items()):
-                try:
-                    r = client.patch(
-                        f"{url}/api/v1/nodes/{n}",
-                        json={"rack": rack},
-                        headers={"Authorization": f"Bearer {token}"},
-                    )
-                except Exception:  # the server is stopping
-                    return
-                if r.status_code == 200:
+        with Client(url, token, timeout_s=5.0) as client:
+            while pending and time.monotonic() < deadline:
+                for n, rack in list(pending.items()):
+                    try:
+                        client.set_node(n, rack=rack)
+                    except ApiError:  # not registered yet
+                        continue
+                    except GpufleetError:  # the server is stopping
+                        return
                     del pending[n]
-            time.sleep(0.5)
-        client.close()
+                time.sleep(0.5)
 
     threading.Thread(target=work, daemon=True).start()

@@ -16,14 +16,17 @@ import shlex
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import typer
 
 from gpufleet.cli.common import JsonOption, SeedOption
 from gpufleet.cli.output import console, emit_json, fmt
-from gpufleet.errors import GpufleetError, NoDeviceError, UsageError
+from gpufleet.errors import NoDeviceError, UsageError
 from gpufleet.schedulers.base import JobSpec
+
+if TYPE_CHECKING:
+    from gpufleet.client import Client
 
 DEFAULT_STATE_DIR = (
     Path(os.environ.get("XDG_DATA_HOME", str(Path.home() / ".local" / "share")))
@@ -56,34 +59,13 @@ NodesSimOption = typer.Option(
 )
 
 
-def _remote(
-    controller: str | None, token: str | None, method: str, path: str, body: object = None
-) -> Any:
-    """One call to the control plane's jobs API; HTTP errors become clear messages."""
-    import httpx
+def _client(controller: str, token: str | None) -> Client:
+    """The control-plane client for ``--controller``/``--token``."""
+    from gpufleet.client import Client
 
-    if not controller:
-        return None
     if not token:
         raise UsageError("--controller needs --token (or GPUFLEET_TOKEN)")
-    url = controller.rstrip("/") + "/api/v1" + path
-    try:
-        r = httpx.request(
-            method,
-            url,
-            json=body,
-            headers={"Authorization": f"Bearer {token}"},
-            timeout=30.0,
-        )
-    except httpx.HTTPError as exc:
-        raise GpufleetError(f"control plane {controller}: {exc}") from exc
-    if r.status_code >= 400:
-        try:
-            detail = r.json().get("detail", r.text)
-        except ValueError:
-            detail = r.text
-        raise UsageError(f"{method} {path}: HTTP {r.status_code}: {detail}")
-    return r.json()
+    return Client(controller, token)
 
 
 def _local_nodes(sim: str | None, seed: int) -> list[object]:
@@ -191,13 +173,13 @@ def submit(
         duration_s=duration,
     )
     if controller:
-        body = {k: v for k, v in spec.__dict__.items() if v is not None}
-        body["command"] = list(spec.command)
-        job = _remote(controller, token, "POST", "/jobs", body)
+        options = {k: v for k, v in spec.__dict__.items() if k not in ("name", "command")}
+        with _client(controller, token) as client:
+            job = client.submit(spec.name, list(spec.command), **options)
         if as_json:
-            emit_json(job)
+            emit_json(job.raw)
         else:
-            console.print(f"job {job['id']} ({job['name']}): {job['state']} {job['reason']}")
+            console.print(f"job {job.id} ({job.name}): {job.state} {job.reason}")
         return
     with local_scheduler(state_dir, sim, seed) as eng:
         job_id = eng.submit(spec)  # type: ignore[attr-defined]
@@ -220,21 +202,22 @@ def list_jobs(
     from rich.table import Table
 
     if controller:
-        doc = _remote(controller, token, "GET", "/jobs")
+        with _client(controller, token) as client:
+            remote_jobs = client.jobs()
         if as_json:
-            emit_json(doc)
+            emit_json({"jobs": [j.raw for j in remote_jobs]})
             return
         table = Table("id", "name", "tenant", "state", "nodes", "gpus", "restarts", "reason")
-        for j in doc["jobs"]:
+        for rj in remote_jobs:
             table.add_row(
-                j["id"],
-                j["name"],
-                j["tenant"],
-                j["state"],
-                ",".join(j["nodes"]) or "-",
-                str(j["gpus"]),
-                str(j["restarts"]),
-                j["reason"],
+                rj.id,
+                rj.name,
+                rj.tenant,
+                rj.state,
+                ",".join(rj.nodes) or "-",
+                str(rj.gpus),
+                str(rj.restarts),
+                rj.reason,
             )
         console.print(table)
         return
@@ -268,7 +251,8 @@ def show(
 ) -> None:
     """A job's spec, state and every attempt (where and how each copy ran)."""
     if controller:
-        d = _remote(controller, token, "GET", f"/jobs/{job_id}")
+        with _client(controller, token) as client:
+            d = client.job(job_id)
         if as_json:
             emit_json(d)
             return
@@ -311,11 +295,12 @@ def cancel(
 ) -> None:
     """Cancel a job (kills its running copies)."""
     if controller:
-        d = _remote(controller, token, "POST", f"/jobs/{job_id}/cancel")
+        with _client(controller, token) as client:
+            cancelled = client.cancel(job_id)
         if as_json:
-            emit_json(d)
+            emit_json(cancelled.raw)
         else:
-            console.print(f"job {job_id}: {d['state']}")
+            console.print(f"job {job_id}: {cancelled.state}")
         return
     with local_scheduler(state_dir) as eng:
         eng.cancel(job_id)  # type: ignore[attr-defined]
@@ -337,11 +322,12 @@ def logs(
 ) -> None:
     """Print the output of the job's latest copy."""
     if controller:
-        d = _remote(controller, token, "GET", f"/jobs/{job_id}/logs?tail={max(0, tail)}")
+        with _client(controller, token) as client:
+            text = client.logs(job_id, tail=tail)
         if as_json:
-            emit_json({"job": job_id, "log": None, "text": d["text"]})
+            emit_json({"job": job_id, "log": None, "text": text})
         else:
-            typer.echo(d["text"], nl=False)
+            typer.echo(text, nl=False)
         return
     with local_scheduler(state_dir) as eng:
         path = eng.log_path(job_id)  # type: ignore[attr-defined]

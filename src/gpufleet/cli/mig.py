@@ -71,16 +71,11 @@ def plan_cmd(
     from gpufleet.mig import demand as dm
     from gpufleet.mig import emit
     from gpufleet.mig.fleet import current_document
-    from gpufleet.mig.layouts import geometry_for
+    from gpufleet.mig.layouts import profile_names
     from gpufleet.mig.planner import plan_exact, plan_first_fit, plan_mix
 
     fleet = _fleet(gpus, inventory, plan_file, current)
-    known: list[str] = []
-    for model in sorted({g.model for g in fleet}):
-        try:
-            known.extend(p.name for p in geometry_for(model).profiles if p.name not in known)
-        except UsageError:
-            continue
+    known = profile_names(g.model for g in fleet)
     if not known:
         raise UsageError("none of these GPUs supports MIG")
     if sum(x is not None for x in (demand, demand_file, mix)) != 1:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import typer
@@ -12,38 +11,9 @@ from rich.table import Table
 
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption
 from gpufleet.cli.output import console, emit_json, fit, fmt, to_jsonable
-from gpufleet.devices.discovery import Fleet, open_fleet
+from gpufleet.devices.discovery import open_fleet
 from gpufleet.devices.types import DeviceInfo, Sample, decode_clock_reasons
-from gpufleet.errors import DeviceError, GpuLostError
-
-
-@dataclass(frozen=True)
-class GpuStatus:
-    """One row of the status table."""
-
-    node: str
-    info: DeviceInfo | None
-    sample: Sample | None
-    index: int
-    error: str | None = None
-
-
-def read_status(fleet: Fleet, infos: dict[tuple[str, int], DeviceInfo]) -> list[GpuStatus]:
-    """Sample every GPU once; a lost GPU becomes a row with its error, the others go on."""
-    rows: list[GpuStatus] = []
-    for backend in fleet.backends:
-        for i in range(backend.device_count()):
-            key = (backend.node_name, i)
-            try:
-                if key not in infos:
-                    infos[key] = backend.device_info(i)
-                rows.append(GpuStatus(backend.node_name, infos[key], backend.sample(i), i))
-            except (GpuLostError, DeviceError) as exc:
-                rows.append(GpuStatus(backend.node_name, infos.get(key), None, i, error=str(exc)))
-    for inv, samples in fleet.imported:
-        for info, sample in zip(inv.gpus, samples, strict=False):
-            rows.append(GpuStatus(inv.name, info, sample, info.index))
-    return rows
+from gpufleet.facade import GpuReading, sample
 
 
 def _ecc(s: Sample) -> str:
@@ -63,7 +33,7 @@ def _remap(s: Sample) -> str:
     return f"ok {s.remapped_rows_correctable or 0}/{s.remapped_rows_uncorrectable}"
 
 
-def render(rows: list[GpuStatus]) -> Table:
+def render(rows: list[GpuReading]) -> Table:
     table = Table(
         title=f"{len(rows)} GPU(s) at {time.strftime('%H:%M:%S')}",
         caption="GiB used/total, temp GPU/memory C, W draw/limit, MHz SM/memory, "
@@ -107,7 +77,7 @@ def render(rows: list[GpuStatus]) -> Table:
     return fit(table)
 
 
-def status_document(rows: list[GpuStatus]) -> dict[str, Any]:
+def status_document(rows: list[GpuReading]) -> dict[str, Any]:
     """The JSON shape of ``gpufleet status --json``."""
     nodes: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
@@ -147,7 +117,7 @@ def status(
     infos: dict[tuple[str, int], DeviceInfo] = {}
     try:
         if not watch:
-            rows = read_status(fleet, infos)
+            rows = sample(fleet, infos)
             if as_json:
                 emit_json(status_document(rows))
             else:
@@ -156,19 +126,19 @@ def status(
         n = 0
         if as_json:  # JSON Lines: no live table on stdout, one compact document per refresh
             while True:
-                emit_json(status_document(read_status(fleet, infos)), line=True)
+                emit_json(status_document(sample(fleet, infos)), line=True)
                 n += 1
                 if count and n >= count:
                     break
                 time.sleep(interval)
             return
-        with Live(render(read_status(fleet, infos)), console=console, refresh_per_second=4) as live:
+        with Live(render(sample(fleet, infos)), console=console, refresh_per_second=4) as live:
             while True:
                 n += 1
                 if count and n >= count:
                     break
                 time.sleep(interval)
-                live.update(render(read_status(fleet, infos)))
+                live.update(render(sample(fleet, infos)))
     except KeyboardInterrupt:
         pass
     finally:

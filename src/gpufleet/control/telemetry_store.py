@@ -294,10 +294,6 @@ class TelemetryStore:
             cols[name] = [x if math.isfinite(x) else None for x in col.tolist()]
         return t.tolist(), cols
 
-    def forget_node(self, node: str) -> None:
-        with self._lock:
-            self._rings.pop(node, None)
-
     # -- rollups ----------------------------------------------------------------------------
     def take_closed_minutes(
         self, now_s: float, lateness_s: float = 90.0, *, all_minutes: bool = False

@@ -17,6 +17,7 @@ themselves, so layouts are compared by count vector; each carries one witness pl
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 from gpufleet.catalog import load_catalog
@@ -102,6 +103,17 @@ def geometry_for(model: str) -> MigGeometry:
             hint=f"MIG models: {', '.join(with_mig)}",
         )
     return geo
+
+
+def profile_names(models: Iterable[str]) -> list[str]:
+    """Every MIG profile name the given GPU models offer (models without MIG add none)."""
+    known: list[str] = []
+    for model in sorted(set(models)):
+        try:
+            known.extend(p.name for p in geometry_for(model).profiles if p.name not in known)
+        except UsageError:
+            continue
+    return known
 
 
 def validate_placements(geo: MigGeometry, placements: list[Placement]) -> list[str]:

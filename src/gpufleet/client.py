@@ -1,0 +1,296 @@
+"""A small synchronous client of the control plane's REST API (``/api/v1``).
+
+``Client(url, token)`` covers what the CLI asks a controller: nodes, findings, lifecycle actions
+(cordon, drain, resume, ...), node attributes, and jobs (submit, list, show, cancel, logs). Every
+call sends the bearer token; an HTTP error becomes ``ApiError`` with the status and the server's
+``detail``; a connection failure becomes ``ControllerUnreachable``. Answers are typed records
+(``Node``, ``Finding``, ``Job``) that keep the whole JSON document in ``raw``.
+
+Neither the agent nor the control plane imports this module: it sits beside the CLI, above them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import httpx
+
+from gpufleet.errors import GpufleetError, UsageError
+
+#: Lifecycle actions ``POST /nodes/{name}/actions/{action}`` accepts.
+NODE_ACTIONS = (
+    "cordon",
+    "uncordon",
+    "drain",
+    "resume",
+    "repair",
+    "validate",
+    "fail",
+    "acknowledge",
+)
+
+
+class ApiError(GpufleetError):
+    """The controller answered with an HTTP error; ``status`` and ``detail`` say which."""
+
+    def __init__(self, method: str, path: str, status: int, detail: str) -> None:
+        self.method = method
+        self.path = path
+        self.status = status
+        self.detail = detail
+        super().__init__(f"{method} {path}: HTTP {status}: {detail}")
+
+
+class ControllerUnreachable(GpufleetError):
+    """No answer from the controller (connection refused, timeout, bad URL)."""
+
+
+_R = TypeVar("_R", bound="_Record")
+
+
+@dataclass(frozen=True)
+class _Record:
+    """A typed view of one JSON object; ``raw`` keeps every field the server sent."""
+
+    raw: dict[str, Any] = field(repr=False, compare=False)
+
+    @classmethod
+    def from_json(cls: type[_R], doc: Mapping[str, Any]) -> _R:
+        names = [f.name for f in fields(cls) if f.name != "raw"]
+        missing = [n for n in names if n not in doc]
+        if missing:
+            raise GpufleetError(f"controller answer lacks {', '.join(missing)} for {cls.__name__}")
+        return cls(raw=dict(doc), **{n: doc[n] for n in names})
+
+
+@dataclass(frozen=True)
+class Node(_Record):
+    """A node: lifecycle ``state``, ``health`` (0 ok, 1 warn, 2 fail, 3 unknown), counts."""
+
+    name: str
+    state: str
+    health: int
+    cordoned: bool
+    rack: str | None
+    model: str | None
+    tenant: str | None
+    gpus: int
+    state_reason: str
+    findings_active: int
+
+
+@dataclass(frozen=True)
+class Finding(_Record):
+    """A health finding on a node (``severity`` 0 ok .. 2 fail; ``action`` recommended)."""
+
+    id: int
+    node: str
+    code: str
+    component: str
+    severity: int
+    message: str
+    action: str
+    gpu_index: int | None
+    active: bool
+
+
+@dataclass(frozen=True)
+class Job(_Record):
+    """A job: ``state`` (queued, running, succeeded, failed, cancelled, ...), where it runs."""
+
+    id: str
+    name: str
+    tenant: str
+    state: str
+    nodes: list[str]
+    gpus: int
+    restarts: int
+    exit_code: int | None
+    reason: str
+
+
+class Client:
+    """A synchronous client of one controller, e.g. ``Client("http://ctl:8080", token)``.
+
+    Use it as a context manager (or call ``close()``) to release its connections. ``transport``
+    lets a caller route requests elsewhere (an in-process ASGI app, a test server).
+    """
+
+    def __init__(
+        self,
+        url: str,
+        token: str,
+        *,
+        timeout_s: float = 30.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        if not url.startswith(("http://", "https://")):
+            raise UsageError(f"controller URL {url!r}: expected http://HOST:PORT or https://...")
+        if not token:
+            raise UsageError("a controller token is needed (--token or GPUFLEET_TOKEN)")
+        self.url = url.rstrip("/")
+        self._http = httpx.Client(
+            base_url=self.url + "/api/v1",
+            headers={"Authorization": f"Bearer {token}"},
+            timeout=timeout_s,
+            transport=transport,
+        )
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Release the connection pool."""
+        self._http.close()
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: Any = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Any:
+        """One call under ``/api/v1`` (``path`` like ``/nodes``); the decoded JSON answer."""
+        query = {k: v for k, v in (params or {}).items() if v is not None}
+        try:
+            r = self._http.request(method, path, json=json, params=query)
+        except httpx.HTTPError as exc:
+            raise ControllerUnreachable(f"control plane {self.url}: {exc}") from exc
+        if r.status_code >= 400:
+            try:
+                body = r.json()
+                detail = body.get("detail", r.text) if isinstance(body, dict) else r.text
+            except ValueError:
+                detail = r.text
+            raise ApiError(method, path, r.status_code, str(detail))
+        if r.status_code == 204 or not r.content:
+            return None
+        return r.json()
+
+    # -- fleet ----------------------------------------------------------------------------------
+    def health(self) -> dict[str, str]:
+        """The controller's liveness answer (``{"status": "ok", "version": ...}``)."""
+        return dict(self.request("GET", "/health"))
+
+    def whoami(self) -> dict[str, Any]:
+        """The token's name, role and tenant."""
+        return dict(self.request("GET", "/whoami"))
+
+    def summary(self) -> dict[str, Any]:
+        """Fleet counts by state, health and model, breaker and ingest figures."""
+        return dict(self.request("GET", "/summary"))
+
+    def nodes(
+        self,
+        *,
+        state: str | None = None,
+        rack: str | None = None,
+        model: str | None = None,
+        limit: int = 1000,
+        offset: int = 0,
+    ) -> list[Node]:
+        """Nodes, optionally filtered by lifecycle state, rack or GPU model."""
+        params = {
+            "state": state,
+            "rack": rack,
+            "model": model,
+            "gpus": "false",
+            "limit": limit,
+            "offset": offset,
+        }
+        doc = self.request("GET", "/nodes", params=params)
+        return [Node.from_json(n) for n in doc["nodes"]]
+
+    def node(self, name: str) -> dict[str, Any]:
+        """One node in detail: GPUs, active findings, last validation (the JSON document)."""
+        return dict(self.request("GET", f"/nodes/{name}"))
+
+    def findings(
+        self,
+        *,
+        node: str | None = None,
+        active: bool | None = True,
+        severity: int | None = None,
+        limit: int = 500,
+    ) -> list[Finding]:
+        """Findings, newest first; ``active=None`` includes cleared ones."""
+        params = {"node": node, "severity": severity, "limit": limit}
+        if active is not None:
+            params["active"] = "true" if active else "false"
+        return [Finding.from_json(f) for f in self.request("GET", "/findings", params=params)]
+
+    # -- lifecycle ------------------------------------------------------------------------------
+    def node_action(self, name: str, action: str, reason: str = "") -> Node:
+        """Apply a lifecycle action (one of ``NODE_ACTIONS``) to a node; the node after it."""
+        if action not in NODE_ACTIONS:
+            raise UsageError(f"action {action!r}: expected one of {', '.join(NODE_ACTIONS)}")
+        body = {"reason": reason} if reason else None
+        return Node.from_json(self.request("POST", f"/nodes/{name}/actions/{action}", json=body))
+
+    def cordon(self, name: str, reason: str = "") -> Node:
+        """Stop new work landing on the node; running work stays."""
+        return self.node_action(name, "cordon", reason)
+
+    def drain(self, name: str, reason: str = "") -> Node:
+        """Cordon the node and move its work away (the scheduler drains it)."""
+        return self.node_action(name, "drain", reason)
+
+    def resume(self, name: str, reason: str = "") -> Node:
+        """Return a drained or repaired node to service."""
+        return self.node_action(name, "resume", reason)
+
+    def uncordon(self, name: str, reason: str = "") -> Node:
+        """Lift a cordon."""
+        return self.node_action(name, "uncordon", reason)
+
+    def set_node(
+        self,
+        name: str,
+        *,
+        rack: str | None = None,
+        tenant: str | None = None,
+        labels: dict[str, str] | None = None,
+    ) -> Node:
+        """Set a node's rack, tenant or labels (only the ones given)."""
+        body = {"rack": rack, "tenant": tenant, "labels": labels}
+        payload = {k: v for k, v in body.items() if v is not None}
+        return Node.from_json(self.request("PATCH", f"/nodes/{name}", json=payload))
+
+    # -- jobs -----------------------------------------------------------------------------------
+    def submit(self, name: str, command: list[str], **options: Any) -> Job:
+        """Submit a job; ``options`` are the jobs API's fields (``gpus``, ``nodes``, ``tenant``,
+        ``image``, ``gpu_model``, ``priority``, ``max_restarts``, ``env``, ``duration_s``, ...).
+        Unknown fields are refused by the controller with the field's name."""
+        body = {"name": name, "command": list(command)}
+        body.update({k: v for k, v in options.items() if v is not None})
+        return Job.from_json(self.request("POST", "/jobs", json=body))
+
+    def jobs(self, *, state: str | None = None, tenant: str | None = None) -> list[Job]:
+        """Jobs, oldest first (a tenant token sees its tenant's only)."""
+        doc = self.request("GET", "/jobs", params={"state": state, "tenant": tenant})
+        return [Job.from_json(j) for j in doc["jobs"]]
+
+    def job(self, job_id: str) -> dict[str, Any]:
+        """One job with its spec and every attempt (the JSON document)."""
+        return dict(self.request("GET", f"/jobs/{job_id}"))
+
+    def cancel(self, job_id: str) -> Job:
+        """Cancel a job (its running copies are killed)."""
+        return Job.from_json(self.request("POST", f"/jobs/{job_id}/cancel"))
+
+    def logs(self, job_id: str, *, tail: int = 0) -> str:
+        """The output of the job's newest copy (``tail``: only the last N lines)."""
+        doc = self.request("GET", f"/jobs/{job_id}/logs", params={"tail": max(0, tail)})
+        return str(doc["text"])
