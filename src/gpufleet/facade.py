@@ -149,7 +149,7 @@ def run_validation(
         raise UsageError("stress_s must be positive")
     engine: Any
     if fleet.kind == "sim":
-        from gpufleet.validate.engine_sim import SimEngine
+        from gpufleet.simvalidate import SimEngine
 
         clock = _manual_clock(fleet)
         if clock is None:
