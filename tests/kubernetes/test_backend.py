@@ -7,8 +7,7 @@ from collections.abc import Iterator
 import pytest
 
 from gpufleet.devices.types import DeviceInfo, NodeInventory
-from gpufleet.errors import UsageError
-from gpufleet.schedulers.base import SCHEDULERS, JobSpec, SchedulerBackend
+from gpufleet.schedulers.base import Feature, JobSpec, UnsupportedFeature
 from gpufleet.schedulers.kubernetes.backend import (
     TAINT_KEY,
     KubernetesError,
@@ -40,12 +39,10 @@ def sched(api: FakeApi) -> KubernetesScheduler:
     return s
 
 
-def test_registered_and_protocol(sched: KubernetesScheduler) -> None:
-    assert SCHEDULERS["kubernetes"] is KubernetesScheduler
-    assert isinstance(sched, SchedulerBackend)
-    caps = {c.name: c for c in sched.capabilities()}
-    assert not caps["submit"].supported and caps["submit"].why
-    with pytest.raises(UsageError):
+def test_no_submit_with_the_reason(sched: KubernetesScheduler) -> None:
+    caps = sched.capabilities()
+    assert not caps.supports(Feature.SUBMIT) and "kubectl" in caps.why(Feature.SUBMIT)
+    with pytest.raises(UnsupportedFeature, match="does not support submit"):
         sched.submit(JobSpec(name="x"))
 
 

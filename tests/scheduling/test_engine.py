@@ -6,18 +6,14 @@ import pytest
 
 from gpufleet.devices.sim import Fault, FaultKind
 from gpufleet.errors import UsageError
-from gpufleet.schedulers.base import SCHEDULERS, JobSpec, JobState, SchedulerBackend
-from gpufleet.schedulers.embedded import EmbeddedScheduler, JobExecutor, Launch
+from gpufleet.schedulers.base import JobSpec, JobState
+from gpufleet.schedulers.embedded import JobExecutor, Launch
 from tests.scheduling.conftest import MakeRig
 
 
-def test_registered_and_protocol(make_rig: MakeRig) -> None:
+def test_executor_protocol(make_rig: MakeRig) -> None:
     rig = make_rig()
-    eng = rig.engine()
-    assert SCHEDULERS["embedded"] is EmbeddedScheduler
-    assert isinstance(eng, SchedulerBackend) and isinstance(rig.executor, JobExecutor)
-    caps = {c.name: c for c in eng.capabilities()}
-    assert caps["failover"].supported and not caps["mig"].supported and caps["mig"].why
+    assert isinstance(rig.executor, JobExecutor) and rig.executor.confirms_starts is False
 
 
 def test_priority_and_quota(make_rig: MakeRig) -> None:

@@ -40,10 +40,10 @@ def test_submit_drain_requeue_resume_cancel(slurm_cluster: DevCluster) -> None:
     node = first.nodes[0]
 
     t0 = time.monotonic()
-    b.drain(node, "gpufleet test: XID 79")
+    b.drain(node, "test: XID 79")
     states = {n.name: n for n in b.node_states()}
     assert "drain" in states[node].state and not states[node].schedulable
-    assert states[node].reason == "gpufleet test: XID 79"
+    assert states[node].reason == "gpufleet: test: XID 79"
     b.requeue(job)
     moved = _wait_job(b, job, JobState.RUNNING, limit_s=20)
     took = time.monotonic() - t0

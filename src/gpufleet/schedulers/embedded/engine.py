@@ -3,8 +3,9 @@
 It needs nothing else: a ``JobStore`` (SQLite by default) holds every job, a ``JobExecutor``
 (the node agents, or a simulation) runs them. Nothing happens on its own: ``tick(now)`` (driven
 by the caller's clock) polls the agents, records how copies ended, fences strays and starts what
-fits. The control plane reports node lifecycle events through ``node_lost``, ``node_drained``,
-``node_resumed`` and ``node_back`` (its ``SchedulerHook`` seam).
+fits. Inside the control plane `EmbeddedBackend` (``backend``) drives it behind the one
+scheduler protocol and reports node lifecycle events through ``node_lost``, ``node_drained``,
+``node_resumed`` and ``node_back``; ``gpufleet jobs`` drives it directly on one machine.
 
 One engine should drive a store at a time (the control plane's leader, or a CLI call under the
 state directory's lock); every write is still a compare-and-set on the job's generation.
@@ -19,14 +20,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpufleet.errors import UsageError
-from gpufleet.schedulers.base import (
-    Capability,
-    JobSpec,
-    JobState,
-    JobStatus,
-    SchedNodeState,
-    register_scheduler,
-)
+from gpufleet.schedulers.base import JobSpec, JobState, JobStatus, SchedNodeState
 from gpufleet.schedulers.embedded import failover
 from gpufleet.schedulers.embedded.executor import (
     CopyReport,
@@ -54,7 +48,6 @@ class TickResult:
     finished: tuple[str, ...] = ()
 
 
-@register_scheduler("embedded")
 class EmbeddedScheduler:
     """Queue, placement, execution and failover over a durable store."""
 
@@ -83,27 +76,7 @@ class EmbeddedScheduler:
             store.set_quota(tenant, gpus)
         failover.reconcile(self, self.started_at)
 
-    # ----- protocol ------------------------------------------------------------------------
-    def capabilities(self) -> list[Capability]:
-        return [
-            Capability("submit", True),
-            Capability("cancel", True),
-            Capability("list", True),
-            Capability("node_states", True),
-            Capability("drain", True),
-            Capability("resume", True),
-            Capability("requeue", True),
-            Capability("failover", True, "requeues jobs of lost or fail-drained nodes"),
-            Capability("multi_node", True, "gpus is per node; no rendezvous beyond env vars"),
-            Capability(
-                "container_images",
-                False,
-                "the local agent runs argument lists only; use the kubernetes backend",
-            ),
-            Capability("mig", False, "placement counts whole GPUs; MIG slices are not tracked"),
-            Capability("preemption", False, "priority orders the queue; running jobs stay"),
-        ]
-
+    # ----- jobs --------------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> str:
         nodes = [r.info for r in self.store.nodes().values()]
         if not nodes:
@@ -174,7 +147,7 @@ class EmbeddedScheduler:
     def set_quota(self, tenant: str, gpus: int | None) -> None:
         self.store.set_quota(tenant, gpus)
 
-    # ----- node events (the control plane's SchedulerHook) --------------------------------
+    # ----- node events (from the control plane's lifecycle) ------------------------------
     def _node(self, node: str) -> NodeRow:
         rows = self.store.nodes()
         if node not in rows:
@@ -407,7 +380,7 @@ class EmbeddedScheduler:
                     self.transition(starting, failed, now, f"failed to start: {exc}")
                 return False
             self.last_contact[node] = now
-        if getattr(self.executor, "confirms_starts", False):
+        if self.executor.confirms_starts:
             return True  # ``running`` once an agent's report shows the copy (see ``settle``)
         running = replace(starting, state=JobState.RUNNING, started_at=now)
         return self.transition(starting, running, now) is not None
