@@ -35,7 +35,7 @@ from gpufleet.schedulers.base import (
     SchedNodeState,
     SchedulerContext,
 )
-from gpufleet.schedulers.slurm.commands import SlurmBinaries, SlurmCommands
+from gpufleet.schedulers.slurm.commands import SlurmBinaries, SlurmCommands, reason_text
 from gpufleet.schedulers.slurm.errors import SlurmError, SlurmUnknownNodeError
 
 # squeue job_state -> gpufleet state (squeue(1), "JOB STATE CODES").
@@ -84,8 +84,6 @@ _UNSCHEDULABLE = {
 
 if TYPE_CHECKING:
     from gpufleet.agent.wire import Batch, WireCommand
-
-MAX_REASON_CHARS = 200  # keep sinfo -R readable
 
 
 class SlurmBackend:
@@ -263,8 +261,7 @@ class SlurmBackend:
         running on ``node`` (with the immediate-eligibility fix)."""
         if not reason.strip():
             raise GpufleetError(f"drain {node}: Slurm needs a reason")
-        text = (self.reason_prefix + reason)[:MAX_REASON_CHARS]
-        self._node_cmd(self.cmd.drain_args(node, text), node)
+        self._node_cmd(self.cmd.drain_args(node, reason_text(self.reason_prefix + reason)), node)
         if fail:
             for job in self.list_jobs():
                 if job.state in (JobState.RUNNING, JobState.STARTING) and node in job.nodes:
