@@ -4,7 +4,7 @@ Without ``--controller`` every command works on a local embedded scheduler kept 
 directory (``--state-dir``; SQLite store plus one folder per job copy). Each call ticks the
 scheduler once: it records finished jobs and starts what fits, so no daemon is needed on one
 machine. With ``--controller URL --token T`` (or ``GPUFLEET_TOKEN``) they talk to a control
-plane's jobs API (``/api/v1/jobs``), whatever scheduler it runs (embedded, Slurm).
+plane's jobs API (``/api/v1/jobs``), whatever scheduler backend it runs (embedded, Slurm).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import shlex
 import socket
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -24,6 +24,9 @@ from gpufleet.cli.common import JsonOption, SeedOption
 from gpufleet.cli.output import console, emit_json, fmt
 from gpufleet.errors import GpufleetError, NoDeviceError, UsageError
 from gpufleet.schedulers.base import JobSpec
+
+if TYPE_CHECKING:
+    from gpufleet.schedulers.embedded import EmbeddedScheduler, NodeInfo
 
 DEFAULT_STATE_DIR = (
     Path(os.environ.get("XDG_DATA_HOME", str(Path.home() / ".local" / "share")))
@@ -86,7 +89,7 @@ def _remote(
     return r.json()
 
 
-def _local_nodes(sim: str | None, seed: int) -> list[object]:
+def _local_nodes(sim: str | None, seed: int) -> list[NodeInfo]:
     from gpufleet.devices.sim import SimFleet, parse_fleet_spec
     from gpufleet.schedulers.embedded.placement import GpuSlot, NodeInfo, nodes_from_sim
 
@@ -109,7 +112,9 @@ def _local_nodes(sim: str | None, seed: int) -> list[object]:
 
 
 @contextlib.contextmanager
-def local_scheduler(state_dir: Path, sim: str | None = None, seed: int = 7) -> Iterator[object]:
+def local_scheduler(
+    state_dir: Path, sim: str | None = None, seed: int = 7
+) -> Iterator[EmbeddedScheduler]:
     """The embedded scheduler over ``state_dir``, under an exclusive lock, ticked once."""
     from gpufleet.schedulers.embedded import EmbeddedScheduler, JobStore, LocalProcessExecutor
 
@@ -119,7 +124,7 @@ def local_scheduler(state_dir: Path, sim: str | None = None, seed: int = 7) -> I
         fcntl.flock(lock, fcntl.LOCK_EX)
         store = JobStore.open(state_dir / "sched.db")
         try:
-            nodes: list[object] = []
+            nodes: list[NodeInfo] = []
             if sim or not store.nodes():
                 try:
                     nodes = _local_nodes(sim, seed)
@@ -129,7 +134,7 @@ def local_scheduler(state_dir: Path, sim: str | None = None, seed: int = 7) -> I
                         hint="pass --sim 1x8xh100 to schedule on a simulated node",
                     ) from exc
             executor = LocalProcessExecutor(root=state_dir / "runs")
-            eng = EmbeddedScheduler(store, executor, nodes)  # type: ignore[arg-type]
+            eng = EmbeddedScheduler(store, executor, nodes)
             eng.tick()
             yield eng
         finally:
@@ -200,9 +205,9 @@ def submit(
             console.print(f"job {job['id']} ({job['name']}): {job['state']} {job['reason']}")
         return
     with local_scheduler(state_dir, sim, seed) as eng:
-        job_id = eng.submit(spec)  # type: ignore[attr-defined]
-        eng.tick()  # type: ignore[attr-defined]
-        status = eng.job(job_id).status()  # type: ignore[attr-defined]
+        job_id = eng.submit(spec)
+        eng.tick()
+        status = eng.job(job_id).status()
     if as_json:
         emit_json(status)
     else:
@@ -239,7 +244,7 @@ def list_jobs(
         console.print(table)
         return
     with local_scheduler(state_dir) as eng:
-        jobs = eng.list_jobs()  # type: ignore[attr-defined]
+        jobs = eng.list_jobs()
     if as_json:
         emit_json(jobs)
         return
@@ -282,9 +287,9 @@ def show(
             )
         return
     with local_scheduler(state_dir) as eng:
-        status = eng.job(job_id).status()  # type: ignore[attr-defined]
-        attempts = eng.attempts(job_id)  # type: ignore[attr-defined]
-        log = eng.log_path(job_id)  # type: ignore[attr-defined]
+        status = eng.job(job_id).status()
+        attempts = eng.attempts(job_id)
+        log = eng.log_path(job_id)
     if as_json:
         emit_json({"job": status, "attempts": attempts, "log": str(log) if log else None})
         return
@@ -318,8 +323,8 @@ def cancel(
             console.print(f"job {job_id}: {d['state']}")
         return
     with local_scheduler(state_dir) as eng:
-        eng.cancel(job_id)  # type: ignore[attr-defined]
-        status = eng.job(job_id).status()  # type: ignore[attr-defined]
+        eng.cancel(job_id)
+        status = eng.job(job_id).status()
     if as_json:
         emit_json(status)
     else:
@@ -344,7 +349,7 @@ def logs(
             typer.echo(d["text"], nl=False)
         return
     with local_scheduler(state_dir) as eng:
-        path = eng.log_path(job_id)  # type: ignore[attr-defined]
+        path = eng.log_path(job_id)
     text = path.read_text(encoding="utf-8", errors="replace") if path else ""
     if tail > 0:
         text = "".join(text.splitlines(keepends=True)[-tail:])
