@@ -177,9 +177,6 @@ class Capabilities:
             if asked:
                 self.require(feature, f"job {spec.name!r}: {field_name}")
 
-    def to_dict(self) -> dict[str, dict[str, object]]:
-        return {c.name: {"supported": c.supported, "why": c.why} for c in self}
-
 
 @dataclass(frozen=True)
 class NodeFacts:
