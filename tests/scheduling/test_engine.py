@@ -6,7 +6,7 @@ import pytest
 
 from gpufleet.devices.sim import Fault, FaultKind
 from gpufleet.errors import UsageError
-from gpufleet.schedulers.base import JobSpec, JobState
+from gpufleet.schedulers.base import JobSpec, JobState, UnsupportedFeature
 from gpufleet.schedulers.embedded import JobExecutor, Launch
 from tests.scheduling.conftest import MakeRig
 
@@ -14,6 +14,14 @@ from tests.scheduling.conftest import MakeRig
 def test_executor_protocol(make_rig: MakeRig) -> None:
     rig = make_rig()
     assert isinstance(rig.executor, JobExecutor) and rig.executor.confirms_starts is False
+
+
+def test_submit_refuses_what_capabilities_refuse(make_rig: MakeRig) -> None:
+    eng = make_rig().engine()
+    with pytest.raises(UnsupportedFeature) as ei:
+        eng.submit(JobSpec("img", image="nvcr.io/x:1", duration_s=1))
+    assert "image" in str(ei.value) and "kubernetes" in str(ei.value)  # the reason says where
+    assert eng.list_jobs() == []
 
 
 def test_priority_and_quota(make_rig: MakeRig) -> None:

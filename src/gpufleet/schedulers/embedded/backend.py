@@ -22,8 +22,6 @@ from gpufleet.agent.wire import Batch, WireCommand
 from gpufleet.errors import GpufleetError, UnknownNameError
 from gpufleet.schedulers.base import (
     Capabilities,
-    Capability,
-    Feature,
     JobAttempt,
     JobSpec,
     JobState,
@@ -32,7 +30,7 @@ from gpufleet.schedulers.base import (
     SchedulerContext,
 )
 from gpufleet.schedulers.embedded import failover
-from gpufleet.schedulers.embedded.engine import EmbeddedScheduler
+from gpufleet.schedulers.embedded.engine import EmbeddedScheduler, embedded_capabilities
 from gpufleet.schedulers.embedded.executor import NodeUnreachable
 from gpufleet.schedulers.embedded.placement import NodeInfo
 from gpufleet.schedulers.embedded.remote import RemoteAgentExecutor
@@ -41,34 +39,6 @@ from gpufleet.schedulers.embedded.store import JobStore, NodeRow
 log = logging.getLogger("gpufleet.schedulers.embedded")
 
 ACTIVE = (JobState.STARTING, JobState.RUNNING)
-
-
-def embedded_capabilities() -> Capabilities:
-    """What the embedded scheduler does, and what it cannot, with the reason."""
-    return Capabilities(
-        "embedded",
-        [
-            Capability(Feature.SUBMIT, True),
-            Capability(Feature.LIST_JOBS, True),
-            Capability(Feature.REQUEUE, True, "jobs of lost or fail-drained nodes move elsewhere"),
-            Capability(Feature.JOB_ATTEMPTS, True),
-            Capability(Feature.JOB_LOGS, True, "the output tail each agent sends"),
-            Capability(Feature.AGENT_JOBS, True, "jobs run by the gpufleet agents"),
-            Capability(Feature.DRAIN, True),
-            Capability(Feature.REPORTS_IDLE, True),
-            Capability(Feature.NODE_STATES, True),
-            Capability(Feature.MULTI_NODE, True, "gpus is per node; no rendezvous beyond env vars"),
-            Capability(Feature.PRIORITY, True, "orders the queue; running jobs are not preempted"),
-            Capability(Feature.MAX_RESTARTS, True),
-            Capability(Feature.MIN_GPU_MEMORY, True),
-            Capability(
-                Feature.CONTAINER_IMAGES,
-                False,
-                "the agents run argument lists only; use the kubernetes backend",
-            ),
-            Capability(Feature.MIG, False, "placement counts whole GPUs; MIG slices not tracked"),
-        ],
-    )
 
 
 class EmbeddedBackend:

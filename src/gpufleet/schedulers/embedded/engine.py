@@ -20,7 +20,15 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from gpufleet.errors import UsageError
-from gpufleet.schedulers.base import JobSpec, JobState, JobStatus, SchedNodeState
+from gpufleet.schedulers.base import (
+    Capabilities,
+    Capability,
+    Feature,
+    JobSpec,
+    JobState,
+    JobStatus,
+    SchedNodeState,
+)
 from gpufleet.schedulers.embedded import failover
 from gpufleet.schedulers.embedded.executor import (
     CopyReport,
@@ -38,6 +46,34 @@ ACTIVE = failover.ACTIVE
 WAITING = failover.WAITING
 
 Listener = Callable[[str, JobState, JobState, float], None]
+
+
+def embedded_capabilities() -> Capabilities:
+    """What the embedded scheduler does, and what it cannot, with the reason."""
+    return Capabilities(
+        "embedded",
+        [
+            Capability(Feature.SUBMIT, True),
+            Capability(Feature.LIST_JOBS, True),
+            Capability(Feature.REQUEUE, True, "jobs of lost or fail-drained nodes move elsewhere"),
+            Capability(Feature.JOB_ATTEMPTS, True),
+            Capability(Feature.JOB_LOGS, True, "the output tail each agent sends"),
+            Capability(Feature.AGENT_JOBS, True, "jobs run by the gpufleet agents"),
+            Capability(Feature.DRAIN, True),
+            Capability(Feature.REPORTS_IDLE, True),
+            Capability(Feature.NODE_STATES, True),
+            Capability(Feature.MULTI_NODE, True, "gpus is per node; no rendezvous beyond env vars"),
+            Capability(Feature.PRIORITY, True, "orders the queue; running jobs are not preempted"),
+            Capability(Feature.MAX_RESTARTS, True),
+            Capability(Feature.MIN_GPU_MEMORY, True),
+            Capability(
+                Feature.CONTAINER_IMAGES,
+                False,
+                "the agents run argument lists only; use the kubernetes backend",
+            ),
+            Capability(Feature.MIG, False, "placement counts whole GPUs; MIG slices not tracked"),
+        ],
+    )
 
 
 @dataclass(frozen=True)
@@ -78,6 +114,7 @@ class EmbeddedScheduler:
 
     # ----- jobs --------------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> str:
+        embedded_capabilities().check_spec(spec)  # image, mig_profile: refused with the reason
         nodes = [r.info for r in self.store.nodes().values()]
         if not nodes:
             raise UsageError("the embedded scheduler knows no nodes", hint="add nodes first")
