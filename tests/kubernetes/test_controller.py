@@ -51,7 +51,7 @@ def _kubeconfig(path: Path, port: int) -> Path:
     return path
 
 
-def _wait(what: str, fn: Any, limit_s: float = 30.0) -> Any:
+def _wait(what: str, fn: Any, limit_s: float = 120.0) -> Any:  # generous: a loaded machine
     deadline = time.monotonic() + limit_s
     while True:
         got = fn()
