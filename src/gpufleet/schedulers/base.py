@@ -11,6 +11,7 @@ by name in `gpufleet.schedulers.registry`.
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -263,7 +264,7 @@ class NoScheduler:
     WHY = "this controller runs no scheduler (--scheduler none)"
 
     def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []  # lifecycle calls seen, for tests
+        self.calls: deque[tuple[str, str]] = deque(maxlen=1000)  # the newest lifecycle calls
 
     def capabilities(self) -> Capabilities:
         return Capabilities(
