@@ -109,7 +109,7 @@ def controller_slurm_case(runs: int) -> dict[str, object]:
         b = SlurmBackend(slurm_conf=str(dev.slurm_conf), output_dir=str(dev.root / "jobs"))
         times = []
         for i in range(runs):
-            ctl = Controller(work / f"run{i}", scheduler="slurm", options={"backend": b}).start()
+            ctl = Controller(work / f"run{i}", scheduler=b).start()
             names = dev.node_names()
             fleet = SimFleet(FleetSpec(tuple(NodeSpec(n, "h100-sxm", 2) for n in names)))
             agents = Agents(ctl.url, ctl.token("agent"), fleet, run_jobs=False).start()
@@ -155,6 +155,7 @@ def controller_embedded_case(runs: int) -> dict[str, object]:
     from gpufleet.control.testbed import Agents, Controller, wait_for
     from gpufleet.devices.sim import SimFleet
     from gpufleet.devices.sim.spec import FleetSpec, NodeSpec
+    from gpufleet.schedulers.embedded.backend import EmbeddedBackend
 
     work = Path(tempfile.mkdtemp(prefix="gpufleet-failover-"))
     times = []
@@ -164,7 +165,8 @@ def controller_embedded_case(runs: int) -> dict[str, object]:
             fleet = SimFleet(FleetSpec(tuple(NodeSpec(f"n{k}", "h100-sxm", 2) for k in (1, 2, 3))))
             agents = Agents(ctl.url, ctl.token("agent"), fleet).start()
             try:
-                jobs = ctl.service.jobs if ctl.service else None
+                jobs = ctl.service.scheduler if ctl.service else None
+                assert isinstance(jobs, EmbeddedBackend)
                 wait_for(lambda j=jobs: len(j.store.nodes()) == 3, 15, "agents")  # type: ignore[misc]
                 body = {"name": "c", "command": ["sim"], "max_restarts": 3, "duration_s": 600}
                 jid = ctl.call("POST", "/api/v1/jobs", json=body).json()["id"]

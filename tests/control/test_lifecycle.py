@@ -10,11 +10,12 @@ from sqlalchemy import select
 
 from gpufleet.control import actions
 from gpufleet.control.auth import Principal, Role
-from gpufleet.control.lifecycle import Action, NullSchedulerHook, TransitionError
+from gpufleet.control.lifecycle import Action, TransitionError
 from gpufleet.control.models import EventRow, Transition
 from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.devices.sim import ManualClock
+from gpufleet.schedulers.base import NoScheduler
 from tests.control.conftest import T0, batch, fail_finding, push
 
 OP = Principal(7, "alice", Role.OPERATOR)
@@ -38,9 +39,9 @@ def events(svc: ControlService, kind: str) -> list[EventRow]:
 def test_registration_then_fail_finding_drains(
     make_service: Callable[..., ControlService], clock: ManualClock
 ) -> None:
-    hook = NullSchedulerHook()
     svc = make_service(min_drain_s=5.0)
-    svc.set_hook(hook)
+    hook = svc.scheduler  # no backend given: NoScheduler records the calls
+    assert isinstance(hook, NoScheduler)
     for i in range(20):
         push(svc, batch(f"n{i:02d}", 1))
     assert set(states(svc).values()) == {"in_service"}

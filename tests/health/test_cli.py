@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from gpufleet.cli import health as health_cli
 from gpufleet.cli.app import app
+from gpufleet.schedulers.slurm.commands import CommandResult, Runner
 
 runner = CliRunner()
 
@@ -76,16 +77,21 @@ def test_json_lists_verdict_findings_and_actions(tmp_path: Path) -> None:
     assert dbe["gpu_index"] == 1 and dbe["evidence"]["ecc_dbe_volatile"] == 1
 
 
+def recorder(calls: list[list[str]]) -> Runner:
+    """A Slurm runner that records each argument list and succeeds."""
+
+    def run(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> CommandResult:
+        calls.append(list(argv))
+        return CommandResult(tuple(argv), 0, "", "")
+
+    return run
+
+
 def test_slurm_drain_runs_the_exact_scontrol_arguments(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[list[str]] = []
-
-    def fake(args: Sequence[str]) -> int:
-        calls.append(list(args))
-        return 0
-
-    monkeypatch.setattr(health_cli, "RUNNER", fake)
+    monkeypatch.setattr(health_cli, "RUNNER", recorder(calls))
     spec = fleet(tmp_path, "gpu: 1, kind: row_remap_failure")
     result = runner.invoke(
         app,
@@ -99,9 +105,9 @@ def test_slurm_drain_runs_the_exact_scontrol_arguments(
         [
             "/opt/slurm/bin/scontrol",
             "update",
-            "nodename=gpu-a-01",
-            "state=drain",
-            "reason=gpufleet: ROW_REMAP_FAILURE GPU 1: row remapping failed: the GPU's memory "
+            "NodeName=gpu-a-01",
+            "State=DRAIN",
+            "Reason=gpufleet: ROW_REMAP_FAILURE GPU 1: row remapping failed: the GPU's memory "
             "cannot be repaired in the field",
         ]
     ]
@@ -109,12 +115,7 @@ def test_slurm_drain_runs_the_exact_scontrol_arguments(
 
 def test_slurm_drain_does_nothing_on_warn(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[str]] = []
-
-    def fake(args: Sequence[str]) -> int:
-        calls.append(list(args))
-        return 0
-
-    monkeypatch.setattr(health_cli, "RUNNER", fake)
+    monkeypatch.setattr(health_cli, "RUNNER", recorder(calls))
     spec = fleet(tmp_path, "gpu: 0, kind: persistence_off")
     result = runner.invoke(app, ["health", "--sim", spec, "--slurm-drain", "--exit-code"])
     assert result.exit_code == 1 and calls == []

@@ -10,10 +10,17 @@ import pytest
 from gpufleet.control.testbed import Agents, Controller
 from gpufleet.devices.sim import SimFleet
 from gpufleet.devices.sim.spec import FleetSpec, NodeSpec
+from gpufleet.schedulers.embedded.backend import EmbeddedBackend
 
 
 def fleet_of(names: list[str], gpus: int = 2, model: str = "h100-sxm") -> SimFleet:
     return SimFleet(FleetSpec(tuple(NodeSpec(n, model, gpus) for n in names)))
+
+
+def embedded(ctl: Controller) -> EmbeddedBackend:
+    """The started controller's embedded scheduler."""
+    assert ctl.service is not None and isinstance(ctl.service.scheduler, EmbeddedBackend)
+    return ctl.service.scheduler
 
 
 @pytest.fixture

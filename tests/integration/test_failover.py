@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from gpufleet.control.testbed import Agents, Controller, wait_for
+from tests.integration.conftest import embedded
 
 Bed = Callable[..., tuple[Controller, Agents]]
 TARGET_S = 10.0  # issue 7: under 10 s from the fault to the job running on another node
@@ -39,7 +40,7 @@ def _no_overlap(agents: Agents) -> None:
 
 def test_xid79_moves_the_job_to_another_node_fast(bed: Bed) -> None:
     ctl, agents = bed()
-    wait_for(lambda: len(ctl.service.jobs.store.nodes()) == 3, 10, "agents report")  # type: ignore[union-attr]
+    wait_for(lambda: len(embedded(ctl).store.nodes()) == 3, 10, "agents report")
     body = {
         "name": "ckpt",
         "command": ["sim"],
@@ -83,7 +84,7 @@ def test_xid79_moves_the_job_to_another_node_fast(bed: Bed) -> None:
 
 def test_controller_restart_mid_stream_loses_and_duplicates_nothing(bed: Bed) -> None:
     ctl, agents = bed()
-    wait_for(lambda: len(ctl.service.jobs.store.nodes()) == 3, 10, "agents report")  # type: ignore[union-attr]
+    wait_for(lambda: len(embedded(ctl).store.nodes()) == 3, 10, "agents report")
     ids = []
     for i in range(12):
         body = {"name": f"s{i}", "command": ["sim"], "gpus": 1, "duration_s": 0.6 + 0.1 * (i % 4)}
@@ -118,7 +119,7 @@ def test_copy_gone_while_controller_down_counts_a_restart(bed: Bed) -> None:
     reboots: the agent comes back knowing no copies). After the restart it is a restart: the
     next copy sees GPUFLEET_RESTART_COUNT=1 (resume from the checkpoint), not 0."""
     ctl, agents = bed()
-    wait_for(lambda: len(ctl.service.jobs.store.nodes()) == 3, 10, "agents report")  # type: ignore[union-attr]
+    wait_for(lambda: len(embedded(ctl).store.nodes()) == 3, 10, "agents report")
     body = {
         "name": "ckpt",
         "command": ["sim"],

@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
 from gpufleet.control.testbed import Agents, Controller, wait_for
+from tests.integration.conftest import embedded
 
 LIST_KEYS = {
     "id",
@@ -37,8 +38,7 @@ def _job(ctl: Controller, job_id: str, token: str | None = None) -> dict[str, An
 
 
 def _nodes_known(ctl: Controller, n: int) -> bool:
-    assert ctl.service is not None and ctl.service.jobs is not None
-    return len(ctl.service.jobs.store.nodes()) >= n  # type: ignore[attr-defined]
+    return len(embedded(ctl).store.nodes()) >= n
 
 
 def test_submit_runs_on_an_agent_and_lists_in_the_dashboard_shape(bed: Bed) -> None:

@@ -47,7 +47,7 @@ def test_xid79_drains_and_requeues_through_the_controller(
     backend = SlurmBackend(
         slurm_conf=str(cluster.slurm_conf), output_dir=str(cluster.root / "jobs")
     )
-    ctl = Controller(tmp_path / "data", scheduler="slurm", options={"backend": backend}).start()
+    ctl = Controller(tmp_path / "data", scheduler=backend).start()
     agents = Agents(ctl.url, ctl.token("agent"), fleet_of(["gpu1", "gpu2", "gpu3"]), run_jobs=False)
     agents.start()
     try:

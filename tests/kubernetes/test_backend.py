@@ -8,13 +8,14 @@ import pytest
 
 from gpufleet.devices.types import DeviceInfo, NodeInventory
 from gpufleet.errors import UsageError
-from gpufleet.schedulers.base import SCHEDULERS, JobSpec, SchedulerBackend
+from gpufleet.schedulers.base import Feature, JobSpec, UnsupportedFeature
 from gpufleet.schedulers.kubernetes.backend import (
     TAINT_KEY,
     KubernetesError,
     KubernetesScheduler,
 )
 from kubernetes import client as k8s
+from tests.scheduling.protocol import assert_protocol
 
 from .fake_api import FakeApi
 
@@ -40,12 +41,10 @@ def sched(api: FakeApi) -> KubernetesScheduler:
     return s
 
 
-def test_registered_and_protocol(sched: KubernetesScheduler) -> None:
-    assert SCHEDULERS["kubernetes"] is KubernetesScheduler
-    assert isinstance(sched, SchedulerBackend)
-    caps = {c.name: c for c in sched.capabilities()}
-    assert not caps["submit"].supported and caps["submit"].why
-    with pytest.raises(UsageError):
+def test_no_submit_with_the_reason(sched: KubernetesScheduler) -> None:
+    caps = sched.capabilities()
+    assert not caps.supports(Feature.SUBMIT) and "kubectl" in caps.why(Feature.SUBMIT)
+    with pytest.raises(UnsupportedFeature, match="does not support submit"):
         sched.submit(JobSpec(name="x"))
 
 
@@ -149,3 +148,28 @@ def test_labels_from_inventory(api: FakeApi, sched: KubernetesScheduler) -> None
 def test_api_errors_are_translated(api: FakeApi, sched: KubernetesScheduler) -> None:
     with pytest.raises(KubernetesError, match="404"):
         sched.cordon("missing")
+
+
+def test_answers_the_one_protocol(api: FakeApi, sched: KubernetesScheduler) -> None:
+    assert_protocol(sched, "kubernetes")
+    caps = sched.capabilities()
+    assert caps.supports(Feature.DRAIN) and caps.supports(Feature.REPORTS_IDLE)
+    assert not caps.supports(Feature.REQUEUE) and caps.why(Feature.REQUEUE)
+    assert sched.job("ml/train-0").spec.gpus == 4
+    with pytest.raises(UsageError, match="namespace/name"):
+        sched.job("train-0")
+
+
+def test_is_idle_ignores_daemonsets_and_lost_node_is_drained(
+    api: FakeApi, sched: KubernetesScheduler
+) -> None:
+    assert not sched.is_idle("gpu-1")  # train-0 and train-1 use its GPUs
+    api.add_node("gpu-3")
+    api.add_pod("kube-system", "dcgm-3", "gpu-3", gpus=1, owner="DaemonSet")
+    assert sched.is_idle("gpu-3")  # the DaemonSet pod stays with its node
+    sched.node_lost("gpu-1")
+    node = api.nodes["gpu-1"]
+    assert node["spec"]["unschedulable"] is True
+    ours = [t for t in node["spec"]["taints"] if t["key"] == TAINT_KEY]
+    assert ours and ours[0]["effect"] == "NoExecute" and "lost" in ours[0]["value"]
+    assert sched.is_idle("gpu-1")  # its GPU pods were evicted

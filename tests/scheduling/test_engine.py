@@ -6,18 +6,22 @@ import pytest
 
 from gpufleet.devices.sim import Fault, FaultKind
 from gpufleet.errors import UsageError
-from gpufleet.schedulers.base import SCHEDULERS, JobSpec, JobState, SchedulerBackend
-from gpufleet.schedulers.embedded import EmbeddedScheduler, JobExecutor, Launch
+from gpufleet.schedulers.base import JobSpec, JobState, UnsupportedFeature
+from gpufleet.schedulers.embedded import JobExecutor, Launch
 from tests.scheduling.conftest import MakeRig
 
 
-def test_registered_and_protocol(make_rig: MakeRig) -> None:
+def test_executor_protocol(make_rig: MakeRig) -> None:
     rig = make_rig()
-    eng = rig.engine()
-    assert SCHEDULERS["embedded"] is EmbeddedScheduler
-    assert isinstance(eng, SchedulerBackend) and isinstance(rig.executor, JobExecutor)
-    caps = {c.name: c for c in eng.capabilities()}
-    assert caps["failover"].supported and not caps["mig"].supported and caps["mig"].why
+    assert isinstance(rig.executor, JobExecutor) and rig.executor.confirms_starts is False
+
+
+def test_submit_refuses_what_capabilities_refuse(make_rig: MakeRig) -> None:
+    eng = make_rig().engine()
+    with pytest.raises(UnsupportedFeature) as ei:
+        eng.submit(JobSpec("img", image="nvcr.io/x:1", duration_s=1))
+    assert "image" in str(ei.value) and "kubernetes" in str(ei.value)  # the reason says where
+    assert eng.list_jobs() == []
 
 
 def test_priority_and_quota(make_rig: MakeRig) -> None:

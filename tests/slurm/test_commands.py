@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 import pytest
 
 from gpufleet.errors import UnknownNameError
-from gpufleet.schedulers.base import SCHEDULERS, JobSpec, JobState, SchedulerBackend
+from gpufleet.schedulers.base import Feature, JobSpec, JobState
 from gpufleet.schedulers.slurm.backend import SlurmBackend
 from gpufleet.schedulers.slurm.commands import CommandResult, SlurmBinaries, SlurmCommands
 from gpufleet.schedulers.slurm.errors import (
@@ -41,13 +41,14 @@ def backend(runner: FakeRunner, **kw: object) -> SlurmBackend:
     return SlurmBackend(commands=cmd, **kw)  # type: ignore[arg-type]
 
 
-def test_registered_and_implements_protocol() -> None:
-    assert SCHEDULERS["slurm"] is SlurmBackend
-    b = backend(FakeRunner())
-    assert isinstance(b, SchedulerBackend)
-    caps = {c.name: c for c in b.capabilities()}
-    assert caps["drain"].supported and caps["requeue"].supported
-    assert not caps["container_image"].supported and caps["container_image"].why
+def test_capabilities_say_why_not() -> None:
+    caps = backend(FakeRunner()).capabilities()
+    assert caps.supports(Feature.DRAIN) and caps.supports(Feature.REQUEUE)
+    assert not caps.supports(Feature.CONTAINER_IMAGES) and "plugin" in caps.why(
+        Feature.CONTAINER_IMAGES
+    )
+    assert not caps.supports(Feature.JOB_LOGS)  # no output directory given
+    assert backend(FakeRunner(), output_dir="/out").capabilities().supports(Feature.JOB_LOGS)
 
 
 def test_submit_argument_list_and_env() -> None:
@@ -89,8 +90,13 @@ def test_submit_typed_gpu_and_federated_id() -> None:
     assert "--gres=gpu:h100:8" in argv and argv[-1] == "--wrap=sleep 3"
 
 
+def _sinfo(state: str) -> tuple[int, str, str]:
+    doc = {"nodes": [{"name": "gpu2", "state": state}, {"name": "gpu3", "state": "idle"}]}
+    return 0, json.dumps(doc), ""
+
+
 def test_node_and_job_commands() -> None:
-    r = FakeRunner()
+    r = FakeRunner([(0, "", ""), _sinfo("drained"), (0, "", "")])
     b = backend(r)
     b.drain("gpu2", "XID 79: GPU fell off the bus")
     b.resume("gpu2")
@@ -101,11 +107,48 @@ def test_node_and_job_commands() -> None:
             "update",
             "NodeName=gpu2",
             "State=DRAIN",
-            "Reason=XID 79: GPU fell off the bus",
+            "Reason=gpufleet: XID 79: GPU fell off the bus",
         ],
+        ["/opt/slurm/bin/sinfo", "--json"],
         ["/opt/slurm/bin/scontrol", "update", "NodeName=gpu2", "State=RESUME"],
         ["/opt/slurm/bin/scancel", "9"],
     ]
+
+
+def test_resume_leaves_a_node_slurm_never_drained() -> None:
+    r = FakeRunner([_sinfo("idle")])
+    backend(r).resume("gpu2")  # a node entering service for the first time
+    assert [c[0][0] for c in r.calls] == ["/opt/slurm/bin/sinfo"]
+    with pytest.raises(UnknownNameError):
+        backend(FakeRunner([_sinfo("idle"), _sinfo("idle")])).resume("gpu9")
+
+
+def test_fail_drain_and_lost_node_requeue_the_jobs_running_there() -> None:
+    jobs = {
+        "jobs": [
+            {"job_id": 5, "job_state": "RUNNING", "nodes": "gpu2"},
+            {"job_id": 6, "job_state": "RUNNING", "nodes": "gpu3"},
+            {"job_id": 7, "job_state": "PENDING"},
+        ]
+    }
+    pending = json.dumps({"jobs": [{"job_id": 5, "job_state": "PENDING"}]})
+    answers = [(0, "", ""), (0, json.dumps(jobs), ""), (0, "", ""), (0, pending, ""), (0, "", "")]
+    r = FakeRunner(list(answers))
+    backend(r).node_lost("gpu2")
+    argvs = [c[0][1:] for c in r.calls]
+    assert argvs[0][:3] == ["update", "NodeName=gpu2", "State=DRAIN"]
+    assert argvs[0][3] == "Reason=gpufleet: node lost (no heartbeat)"
+    assert ["requeue", "5"] in argvs and ["requeue", "6"] not in argvs
+    assert argvs[-1] == ["update", "JobId=5", "StartTime=now"]
+    plain = FakeRunner([(0, "", "")])
+    backend(plain).drain("gpu2", "maintenance")  # not a failure: jobs finish where they run
+    assert len(plain.calls) == 1
+
+
+def test_is_idle_from_squeue() -> None:
+    doc = json.dumps({"jobs": [{"job_id": 5, "job_state": "RUNNING", "nodes": "gpu[2-3]"}]})
+    b = backend(FakeRunner([(0, doc, ""), (0, doc, "")]))
+    assert not b.is_idle("gpu3") and b.is_idle("gpu1")
 
 
 def test_requeue_waits_for_pending_then_starts_now() -> None:

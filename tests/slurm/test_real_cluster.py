@@ -15,6 +15,7 @@ from gpufleet.schedulers.base import JobSpec, JobState, JobStatus
 from gpufleet.schedulers.slurm import config_gen as cg
 from gpufleet.schedulers.slurm.backend import SlurmBackend
 from gpufleet.schedulers.slurm.devcluster import DevCluster, temp_cluster
+from tests.scheduling.protocol import assert_protocol
 
 from .conftest import require_slurm
 
@@ -29,6 +30,16 @@ def _wait_job(b: SlurmBackend, job_id: str, state: JobState, limit_s: float = 20
         time.sleep(0.05)
 
 
+def _wait_schedulable(b: SlurmBackend, node: str, limit_s: float = 15) -> None:
+    deadline = time.monotonic() + limit_s
+    while True:
+        n = {x.name: x for x in b.node_states()}[node]
+        if "drain" not in n.state and n.schedulable:
+            return
+        assert time.monotonic() < deadline, f"{node} still {n.state} after resume"
+        time.sleep(0.1)
+
+
 def test_submit_drain_requeue_resume_cancel(slurm_cluster: DevCluster) -> None:
     b = SlurmBackend(
         slurm_conf=str(slurm_cluster.slurm_conf), output_dir=str(slurm_cluster.root / "jobs")
@@ -40,10 +51,10 @@ def test_submit_drain_requeue_resume_cancel(slurm_cluster: DevCluster) -> None:
     node = first.nodes[0]
 
     t0 = time.monotonic()
-    b.drain(node, "gpufleet test: XID 79")
+    b.drain(node, "test: XID 79")
     states = {n.name: n for n in b.node_states()}
     assert "drain" in states[node].state and not states[node].schedulable
-    assert states[node].reason == "gpufleet test: XID 79"
+    assert states[node].reason == "gpufleet: test: XID 79"
     b.requeue(job)
     moved = _wait_job(b, job, JobState.RUNNING, limit_s=20)
     took = time.monotonic() - t0
@@ -53,13 +64,7 @@ def test_submit_drain_requeue_resume_cancel(slurm_cluster: DevCluster) -> None:
     assert took < 10, "requeued job must run again at once, not after cred_expire (121 s)"
 
     b.resume(node)
-    deadline = time.monotonic() + 15
-    while True:
-        n = {x.name: x for x in b.node_states()}[node]
-        if "drain" not in n.state and n.schedulable:
-            break
-        assert time.monotonic() < deadline, f"{node} still {n.state} after resume"
-        time.sleep(0.1)
+    _wait_schedulable(b, node)
 
     b.cancel(job)
     assert _wait_job(b, job, JobState.CANCELLED, limit_s=10).state.final
@@ -75,6 +80,32 @@ def test_bad_node_name_is_clear(slurm_cluster: DevCluster) -> None:
     assert "gpu1" in (ei.value.hint or "")  # did-you-mean from the cluster's real nodes
     with pytest.raises(UnknownNameError):
         b.requeue("999999")
+
+
+def test_protocol_lifecycle_on_the_real_cluster(slurm_cluster: DevCluster) -> None:
+    """The lifecycle calls the control plane makes: is_idle, a fail drain that requeues what
+    ran on the node, resume; job logs from the output directory."""
+    b = SlurmBackend(
+        slurm_conf=str(slurm_cluster.slurm_conf), output_dir=str(slurm_cluster.root / "jobs")
+    )
+    assert_protocol(b, "slurm")
+    job = b.submit(JobSpec(name="proto", command=("sh", "-c", "echo hello; sleep 300"), gpus=1))
+    node = _wait_job(b, job, JobState.RUNNING).nodes[0]
+    assert not b.is_idle(node)
+    b.drain(node, "test: fail finding", fail=True)
+    moved = _wait_job(b, job, JobState.RUNNING, limit_s=20)
+    assert moved.nodes[0] != node and moved.restarts == 1
+    assert b.is_idle(node)
+    states = {n.name: n for n in b.node_states()}
+    assert not states[node].schedulable and states[node].reason == "gpufleet: test: fail finding"
+    deadline = time.monotonic() + 10
+    while "hello" not in (b.logs(job) or ""):
+        assert time.monotonic() < deadline, "job output never appeared"
+        time.sleep(0.1)
+    b.cancel(job)
+    b.resume(node)
+    b.resume(node)  # not drained any more: nothing to do, no error
+    _wait_schedulable(b, node)
 
 
 def test_sinfo_lists_typed_gpus(slurm_cluster: DevCluster) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ from gpufleet.errors import ConfigError, UsageError
 if TYPE_CHECKING:
     from gpufleet.control.auth import Principal
     from gpufleet.control.store import ControlStore
+    from gpufleet.schedulers.base import SchedulerBackend
 
 DATA_DIR_HELP = "Where the SQLite database lives (default ~/.local/share/gpufleet)."
 DB_URL_HELP = "Database URL instead of SQLite, e.g. postgresql://user@host/db (psycopg 3)."
@@ -36,10 +36,17 @@ def _db_url(value: str | None) -> str | None:
 
 DataDirOption = typer.Option(None, "--data-dir", help=DATA_DIR_HELP)
 SchedulerOption = typer.Option(
-    "embedded", "--scheduler", help="embedded (jobs run by the agents), slurm, or none."
+    "embedded",
+    "--scheduler",
+    help="embedded (jobs run by the agents), slurm, kubernetes, or none.",
 )
 SlurmConfOption = typer.Option(
     None, "--slurm-conf", help="slurm.conf for --scheduler slurm (default: Slurm's own)."
+)
+KubeconfigOption = typer.Option(
+    None,
+    "--kubeconfig",
+    help="kubeconfig for --scheduler kubernetes (default: in-cluster, then ~/.kube/config).",
 )
 DbUrlOption = typer.Option(None, "--db-url", help=DB_URL_HELP)
 
@@ -82,13 +89,14 @@ def register(app: typer.Typer) -> None:
         policy: Path | None = typer.Option(None, "--policy", help="Remediation policy YAML."),
         scheduler: str = SchedulerOption,
         slurm_conf: str | None = SlurmConfOption,
+        kubeconfig: str | None = KubeconfigOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane (the default when no subcommand is given)."""
         ctx.obj = {"data_dir": data_dir, "db_url": db_url}
         if ctx.invoked_subcommand is None:
-            _use_scheduler(scheduler, slurm_conf)
-            _serve(data_dir, db_url, host, port, policy, json_out)
+            backend = _scheduler(scheduler, slurm_conf, kubeconfig)
+            _serve(data_dir, db_url, host, port, policy, json_out, backend)
 
     @ctl.command("serve")
     def serve_cmd(
@@ -99,11 +107,12 @@ def register(app: typer.Typer) -> None:
         policy: Path | None = typer.Option(None, "--policy", help="Remediation policy YAML."),
         scheduler: str = SchedulerOption,
         slurm_conf: str | None = SlurmConfOption,
+        kubeconfig: str | None = KubeconfigOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane."""
-        _use_scheduler(scheduler, slurm_conf)
-        _serve(data_dir, db_url, host, port, policy, json_out)
+        backend = _scheduler(scheduler, slurm_conf, kubeconfig)
+        _serve(data_dir, db_url, host, port, policy, json_out, backend)
 
     @ctl.command("migrate")
     def migrate_cmd(
@@ -238,9 +247,9 @@ def register(app: typer.Typer) -> None:
         ),
         json_out: bool = JsonOption,
     ) -> None:
-        """Control plane + local agent (+ embedded scheduler hook) in one process."""
-        _use_scheduler(scheduler, slurm_conf)
-        _up(sim, data_dir, db_url, host, port, seed, json_out, policy)
+        """Control plane + local agent (+ embedded scheduler) in one process."""
+        backend = _scheduler(scheduler, slurm_conf, None)
+        _up(sim, data_dir, db_url, host, port, seed, json_out, policy, backend)
 
     @app.command("sim-fleet")
     def sim_fleet(
@@ -316,17 +325,11 @@ def register(app: typer.Typer) -> None:
             )
 
 
-def _use_scheduler(scheduler: str, slurm_conf: str | None) -> None:
-    """Register the scheduler's factory (``SCHEDULER_HOOK_FACTORY``) before the service is built."""
-    from gpufleet.control.scheduling import hook_factory
-    from gpufleet.control.up import SCHEDULER_HOOK_FACTORY
+def _scheduler(name: str, slurm_conf: str | None, kubeconfig: str | None) -> SchedulerBackend:
+    """The backend registered as ``name`` (an unknown name: a usage error naming --scheduler)."""
+    from gpufleet.schedulers.registry import SchedulerOptions, make_scheduler
 
-    options: dict[str, Any] = {}
-    if scheduler == "slurm":
-        from gpufleet.schedulers.slurm.backend import SlurmBackend
-
-        options["backend"] = SlurmBackend(slurm_conf=slurm_conf)
-    SCHEDULER_HOOK_FACTORY[:] = [hook_factory(scheduler, **options)]
+    return make_scheduler(name, SchedulerOptions(slurm_conf=slurm_conf, kubeconfig=kubeconfig))
 
 
 def _load_faults(path: Path, names: set[str]) -> tuple:  # type: ignore[type-arg]
@@ -346,11 +349,14 @@ def _serve(
     port: int,
     policy: Path | None,
     json_out: bool,
+    scheduler: SchedulerBackend,
 ) -> None:
     from gpufleet.control.remediation import load_policy
     from gpufleet.control.up import build_service, serve
 
-    service = build_service(_data_dir(data_dir), _db_url(db_url), policy=load_policy(policy))
+    service = build_service(
+        _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
+    )
     service.start()
     url = f"http://{host}:{port}"
 
@@ -369,8 +375,6 @@ def _serve(
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
-        if service.jobs is not None:
-            service.jobs.stop()
         service.stop()
 
 
@@ -382,19 +386,23 @@ def _up(
     port: int,
     seed: int,
     json_out: bool,
-    policy: Path | None = None,
+    policy: Path | None,
+    scheduler: SchedulerBackend,
 ) -> None:
     from gpufleet.control.remediation import load_policy
     from gpufleet.control.up import LocalAgents, admin_token, build_service, choose_backends, serve
+    from gpufleet.schedulers.base import Feature
 
-    service = build_service(_data_dir(data_dir), _db_url(db_url), policy=load_policy(policy))
+    service = build_service(
+        _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
+    )
     service.start()
     token = admin_token(service)
     agent_token, _ = service.store.tokens.create("agent", name="up-local-agents")
     source, backends, simfleet = choose_backends(sim, seed)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     jobs = None
-    if service.jobs is not None and service.jobs.name == "embedded":
+    if scheduler.capabilities().supports(Feature.AGENT_JOBS):
         from gpufleet.control.scheduling import agent_jobs_for
 
         jobs = agent_jobs_for(backends, simfleet, _data_dir(data_dir) / "jobs")
@@ -426,17 +434,13 @@ def _up(
             console.print(f"  admin token: {token}", highlight=False, soft_wrap=True)
             console.print("Ctrl-C stops.", highlight=False)
 
-    prev = signal.getsignal(signal.SIGTERM)
     try:
         serve(service, host, port, on_ready=ready)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
         agents.stop()
-        if service.jobs is not None:
-            service.jobs.stop()
         service.stop()
-        signal.signal(signal.SIGTERM, prev)
         if not json_out:
             err_console.print("gpufleet stopped")
 

@@ -14,7 +14,6 @@ from rich.table import Table
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption
 from gpufleet.cli.output import console, emit_json, err_console, fit, print_error
 from gpufleet.errors import ConfigError, GpufleetError
-from gpufleet.health import slurm
 from gpufleet.health.acks import (
     Acknowledgement,
     AckStore,
@@ -27,9 +26,16 @@ from gpufleet.health.collect import collect_node
 from gpufleet.health.config import load_health_config
 from gpufleet.health.tracker import HealthReport, HealthTracker
 from gpufleet.health.types import Severity
+from gpufleet.schedulers.slurm.commands import (
+    Runner,
+    SlurmBinaries,
+    SlurmCommands,
+    subprocess_runner,
+)
+from gpufleet.schedulers.slurm.local_drain import drain_if_failed
 
 # Injectable side effect: tests replace it with a recorder (see tests/health/test_cli.py).
-RUNNER: slurm.Runner = slurm.run_subprocess
+RUNNER: Runner = subprocess_runner
 
 health_app = typer.Typer(
     help="Node health: verdict, findings and recommended actions.",
@@ -147,10 +153,9 @@ def health(
             reports = _reports_local(node, duration, tracker_for)
         drained: list[list[str]] = []
         if slurm_drain:
+            cmds = SlurmCommands(binaries=SlurmBinaries(scontrol=scontrol), runner=RUNNER)
             for r in reports:
-                args = slurm.drain_if_failed(
-                    r, node=node or r.node, scontrol=scontrol, runner=RUNNER
-                )
+                args = drain_if_failed(r, node=node or r.node, commands=cmds)
                 if args:
                     drained.append(args)
     except GpufleetError as exc:

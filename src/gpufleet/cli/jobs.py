@@ -4,7 +4,7 @@ Without ``--controller`` every command works on a local embedded scheduler kept 
 directory (``--state-dir``; SQLite store plus one folder per job copy). Each call ticks the
 scheduler once: it records finished jobs and starts what fits, so no daemon is needed on one
 machine. With ``--controller URL --token T`` (or ``GPUFLEET_TOKEN``) they talk to a control
-plane's jobs API (``/api/v1/jobs``), whatever scheduler it runs (embedded, Slurm).
+plane's jobs API (``/api/v1/jobs``), whatever scheduler backend it runs (embedded, Slurm).
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from gpufleet.schedulers.base import JobSpec
 
 if TYPE_CHECKING:
     from gpufleet.client import Client
+    from gpufleet.schedulers.embedded import EmbeddedScheduler, NodeInfo
 
 DEFAULT_STATE_DIR = (
     Path(os.environ.get("XDG_DATA_HOME", str(Path.home() / ".local" / "share")))
@@ -68,7 +69,7 @@ def _client(controller: str, token: str | None) -> Client:
     return Client(controller, token)
 
 
-def _local_nodes(sim: str | None, seed: int) -> list[object]:
+def _local_nodes(sim: str | None, seed: int) -> list[NodeInfo]:
     from gpufleet.devices.sim import SimFleet, parse_fleet_spec
     from gpufleet.schedulers.embedded.placement import GpuSlot, NodeInfo, nodes_from_sim
 
@@ -91,7 +92,9 @@ def _local_nodes(sim: str | None, seed: int) -> list[object]:
 
 
 @contextlib.contextmanager
-def local_scheduler(state_dir: Path, sim: str | None = None, seed: int = 7) -> Iterator[object]:
+def local_scheduler(
+    state_dir: Path, sim: str | None = None, seed: int = 7
+) -> Iterator[EmbeddedScheduler]:
     """The embedded scheduler over ``state_dir``, under an exclusive lock, ticked once."""
     from gpufleet.schedulers.embedded import EmbeddedScheduler, JobStore, LocalProcessExecutor
 
@@ -101,7 +104,7 @@ def local_scheduler(state_dir: Path, sim: str | None = None, seed: int = 7) -> I
         fcntl.flock(lock, fcntl.LOCK_EX)
         store = JobStore.open(state_dir / "sched.db")
         try:
-            nodes: list[object] = []
+            nodes: list[NodeInfo] = []
             if sim or not store.nodes():
                 try:
                     nodes = _local_nodes(sim, seed)
@@ -111,7 +114,7 @@ def local_scheduler(state_dir: Path, sim: str | None = None, seed: int = 7) -> I
                         hint="pass --sim 1x8xh100 to schedule on a simulated node",
                     ) from exc
             executor = LocalProcessExecutor(root=state_dir / "runs")
-            eng = EmbeddedScheduler(store, executor, nodes)  # type: ignore[arg-type]
+            eng = EmbeddedScheduler(store, executor, nodes)
             eng.tick()
             yield eng
         finally:
@@ -182,9 +185,9 @@ def submit(
             console.print(f"job {job.id} ({job.name}): {job.state} {job.reason}")
         return
     with local_scheduler(state_dir, sim, seed) as eng:
-        job_id = eng.submit(spec)  # type: ignore[attr-defined]
-        eng.tick()  # type: ignore[attr-defined]
-        status = eng.job(job_id).status()  # type: ignore[attr-defined]
+        job_id = eng.submit(spec)
+        eng.tick()
+        status = eng.job(job_id).status()
     if as_json:
         emit_json(status)
     else:
@@ -222,7 +225,7 @@ def list_jobs(
         console.print(table)
         return
     with local_scheduler(state_dir) as eng:
-        jobs = eng.list_jobs()  # type: ignore[attr-defined]
+        jobs = eng.list_jobs()
     if as_json:
         emit_json(jobs)
         return
@@ -266,9 +269,9 @@ def show(
             )
         return
     with local_scheduler(state_dir) as eng:
-        status = eng.job(job_id).status()  # type: ignore[attr-defined]
-        attempts = eng.attempts(job_id)  # type: ignore[attr-defined]
-        log = eng.log_path(job_id)  # type: ignore[attr-defined]
+        status = eng.job(job_id).status()
+        attempts = eng.attempts(job_id)
+        log = eng.log_path(job_id)
     if as_json:
         emit_json({"job": status, "attempts": attempts, "log": str(log) if log else None})
         return
@@ -303,8 +306,8 @@ def cancel(
             console.print(f"job {job_id}: {cancelled.state}")
         return
     with local_scheduler(state_dir) as eng:
-        eng.cancel(job_id)  # type: ignore[attr-defined]
-        status = eng.job(job_id).status()  # type: ignore[attr-defined]
+        eng.cancel(job_id)
+        status = eng.job(job_id).status()
     if as_json:
         emit_json(status)
     else:
@@ -330,7 +333,7 @@ def logs(
             typer.echo(text, nl=False)
         return
     with local_scheduler(state_dir) as eng:
-        path = eng.log_path(job_id)  # type: ignore[attr-defined]
+        path = eng.log_path(job_id)
     text = path.read_text(encoding="utf-8", errors="replace") if path else ""
     if tail > 0:
         text = "".join(text.splitlines(keepends=True)[-tail:])

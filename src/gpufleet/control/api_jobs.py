@@ -1,4 +1,4 @@
-"""The jobs API: ``/api/v1/jobs`` on whichever scheduler the controller runs (embedded, Slurm).
+"""The jobs API: ``/api/v1/jobs`` on whichever scheduler backend the controller runs.
 
 | endpoint | role | what |
 | --- | --- | --- |
@@ -10,7 +10,8 @@
 
 A tenant-scoped token sees and touches only its tenant's jobs (others answer 404, so ids of other
 tenants' jobs are not revealed) and submits only as its tenant. Every write is audited (refused
-ones too). Without a scheduler (``--scheduler none``) these answer 503.
+ones too). What the backend cannot do answers 501 with its reason from ``capabilities()``
+(Kubernetes lists GPU pods but takes no jobs; ``--scheduler none`` has no jobs at all).
 """
 
 from collections.abc import Callable
@@ -20,11 +21,17 @@ from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.control.auth import Principal, Role
-from gpufleet.control.scheduling import JobsFacade
 from gpufleet.control.service import ControlService
 from gpufleet.control.store import NotFound
 from gpufleet.errors import GpufleetError, UsageError
-from gpufleet.schedulers.base import JobSpec, JobState, JobStatus
+from gpufleet.schedulers.base import (
+    Feature,
+    JobSpec,
+    JobState,
+    JobStatus,
+    SchedulerBackend,
+    UnsupportedFeature,
+)
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
 Name = Annotated[str, Field(min_length=1, max_length=200)]
@@ -131,17 +138,20 @@ def register(
     Viewer = Annotated[Principal, Depends(need(Role.VIEWER))]
     Operator = Annotated[Principal, Depends(need(Role.OPERATOR))]
 
-    def facade() -> JobsFacade:
-        if service.jobs is None:
-            raise HTTPException(503, "this controller runs no scheduler (--scheduler none)")
-        return service.jobs
+    def backend(feature: Feature, doing: str) -> SchedulerBackend:
+        """The scheduler, when it has ``feature`` (else 501 with the backend's reason)."""
+        try:
+            service.scheduler.capabilities().require(feature, doing)
+        except UnsupportedFeature as exc:
+            raise HTTPException(501, str(exc)) from exc
+        return service.scheduler
 
     def visible(who: Principal, j: JobStatus) -> bool:
         return who.tenant is None or j.spec.tenant == who.tenant
 
     def get_job(who: Principal, job_id: str) -> JobStatus:
         try:
-            j = facade().job(job_id)
+            j = backend(Feature.LIST_JOBS, "show a job").job(job_id)
         except UsageError as exc:
             raise NotFound(f"job {job_id!r} not found") from exc
         if not visible(who, j):
@@ -161,7 +171,7 @@ def register(
         """Jobs, oldest first (a tenant token sees its tenant's only)."""
         out = [
             job_out(j)
-            for j in facade().list_jobs()
+            for j in backend(Feature.LIST_JOBS, "list jobs").list_jobs()
             if visible(who, j)
             and (state is None or j.state is state)
             and (tenant is None or j.spec.tenant == tenant)
@@ -193,8 +203,9 @@ def register(
             env=dict(body.env),
             duration_s=body.duration_s,
         )
-        jobs = facade()
+        jobs = backend(Feature.SUBMIT, "submit a job")
         try:
+            jobs.capabilities().check_spec(spec)
             job_id = jobs.submit(spec)
         except GpufleetError as exc:
             store.audit_refusal(who, "job.submit", body.name, str(exc)[:500])
@@ -216,7 +227,16 @@ def register(
             gpu_model=s.gpu_model,
             max_restarts=s.max_restarts,
             checkpoint_dir=s.checkpoint_dir,
-            attempts=[AttemptOut(**a) for a in facade().attempts(j.id)],
+            attempts=[
+                AttemptOut(
+                    generation=a.generation,
+                    nodes=list(a.nodes),
+                    started_at_s=a.started_at_s,
+                    ended_at_s=a.ended_at_s,
+                    outcome=a.outcome,
+                )
+                for a in service.scheduler.attempts(j.id)
+            ],
         )
 
     @api.post("/jobs/{job_id}/cancel", tags=["jobs"])
@@ -227,9 +247,10 @@ def register(
         except NotFound:
             store.audit_refusal(who, "job.cancel", job_id, "not found")
             raise
-        facade().cancel(j.id)
+        jobs = backend(Feature.SUBMIT, "cancel a job")
+        jobs.cancel(j.id)
         audited(who, "job.cancel", j.id, {"state_before": j.state.value})
-        return job_out(facade().job(j.id))
+        return job_out(jobs.job(j.id))
 
     @api.get("/jobs/{job_id}/logs", tags=["jobs"])
     def jobs_logs(
@@ -237,7 +258,7 @@ def register(
     ) -> LogsOut:
         """Output of the job's newest copy (what its node's agent last sent)."""
         j = get_job(who, job_id)
-        text = facade().logs(j.id) or ""
+        text = backend(Feature.JOB_LOGS, "job logs").logs(j.id) or ""
         if tail:
             text = "".join(text.splitlines(keepends=True)[-tail:])
         return LogsOut(job=j.id, text=text)

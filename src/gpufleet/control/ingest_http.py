@@ -76,7 +76,7 @@ async def handle_ingest(
     ack = await service.ingest.submit(IngestItem(batch, who, received, parsed.arrays))
     service.ingest.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
     out: dict[str, Any] = {"agent_id": ack.agent_id, "seq": ack.seq, "duplicate": ack.duplicate}
-    cmds = service.jobs.exchange(batch, store.clock()) if service.jobs is not None else []
+    cmds = service.scheduler.exchange(batch, store.clock())
     if cmds:  # an Ack without commands is exactly what it was before jobs existed
         out["commands"] = [c.model_dump(mode="json") for c in cmds]
     if ack.acks:  # findings acknowledged on the control plane that the agent still reports

@@ -1,5 +1,6 @@
 """Node lifecycle: states, the transitions allowed between them, operator actions, and the
-`SchedulerHook` seam through which drains, resumes and losses reach a scheduler.
+calls through which drains, resumes and losses reach the scheduler backend after the commit
+(`gpufleet.control.scheduling.SchedulerEvents`).
 
 ::
 
@@ -14,12 +15,15 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING
 
 from sqlalchemy.orm import Session
 
 from gpufleet.control.models import EventRow, Node, Transition
 from gpufleet.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpufleet.control.scheduling import SchedulerEvents
 
 
 class NodeState(StrEnum):
@@ -79,47 +83,6 @@ ACTION_TARGET: dict[Action, NodeState] = {
 }
 
 
-@runtime_checkable
-class SchedulerHook(Protocol):
-    """What the lifecycle tells a scheduler (embedded, Slurm, Kubernetes). Called after the
-    transition is committed; exceptions are logged as events, never undo the transition."""
-
-    def drain(self, node: str, reason: str) -> None:
-        """Stop placing work on ``node``; running work may finish."""
-        ...
-
-    def resume(self, node: str) -> None:
-        """``node`` may take work again."""
-        ...
-
-    def lost(self, node: str) -> None:
-        """``node`` stopped reporting: requeue what ran there."""
-        ...
-
-    def is_idle(self, node: str) -> bool:
-        """True when nothing runs on ``node`` any more (draining -> drained)."""
-        ...
-
-
-class NullSchedulerHook:
-    """No scheduler attached: drains complete at once, nothing to requeue."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str]] = []
-
-    def drain(self, node: str, reason: str) -> None:
-        self.calls.append(("drain", node))
-
-    def resume(self, node: str) -> None:
-        self.calls.append(("resume", node))
-
-    def lost(self, node: str) -> None:
-        self.calls.append(("lost", node))
-
-    def is_idle(self, node: str) -> bool:
-        return True
-
-
 PostCommit = list[Callable[[], None]]
 
 
@@ -131,7 +94,7 @@ def transition(
     actor: str,
     reason: str,
     now_s: float,
-    hook: SchedulerHook,
+    hook: SchedulerEvents,
     after: PostCommit,
 ) -> Transition:
     """Move ``node`` to ``to`` (checked against ALLOWED), record it, queue the hook call."""
@@ -170,7 +133,7 @@ def _record(
     actor: str,
     reason: str,
     now_s: float,
-    hook: SchedulerHook,
+    hook: SchedulerEvents,
     after: PostCommit,
 ) -> Transition:
     if to is S.LOST:

@@ -15,17 +15,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from gpufleet.control.db import database_url, make_engine, migrate
 from gpufleet.control.ingest import IngestQueue
-from gpufleet.control.lifecycle import SchedulerHook
 from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.scheduling import SchedulerEvents, fail_drain, node_facts
 from gpufleet.control.store import ControlStore
 from gpufleet.control.telemetry_store import DEFAULT_CAPACITY, TelemetryStore
-
-if TYPE_CHECKING:
-    from gpufleet.control.scheduling import JobsFacade
+from gpufleet.schedulers.base import NoScheduler, SchedulerBackend, SchedulerContext
 
 log = logging.getLogger("gpufleet.control")
 
@@ -56,7 +53,7 @@ class ControlService:
         config: ServiceConfig,
         *,
         clock: Callable[[], float] = time.time,
-        hook: SchedulerHook | None = None,
+        scheduler: SchedulerBackend | None = None,
         auto_migrate: bool = True,
     ) -> None:
         self.config = config
@@ -65,27 +62,30 @@ class ControlService:
         self.engine = make_engine(self.url)
         if auto_migrate:
             migrate(self.engine)
+        # The scheduler backend (embedded, slurm, kubernetes; none: NoScheduler): lifecycle
+        # events reach it through `events`, the jobs API and the agents' exchange call it.
+        self.scheduler: SchedulerBackend = scheduler or NoScheduler()
+        self.events = SchedulerEvents(self.scheduler, lambda node: fail_drain(self.store, node))
         self.store = ControlStore(
             self.engine,
             clock=clock,
             policy=config.policy,
-            hook=hook,
+            hook=self.events,
             telemetry=TelemetryStore(config.ring_capacity),
             lost_after_intervals=config.lost_after_intervals,
             min_drain_s=config.min_drain_s,
         )
         self.ingest = IngestQueue(self.store, max_pending=config.max_pending)
-        self.jobs: JobsFacade | None = None  # the scheduler's jobs API (control.scheduling)
         self._last_tick: float | None = None
         self._last_slow = 0.0
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def set_hook(self, hook: SchedulerHook) -> None:
-        """Plug a scheduler in (the embedded scheduler of `gpufleet up`, Slurm, ...)."""
-        self.store.hook = hook
-
     def start(self) -> None:
+        self.scheduler.start(
+            SchedulerContext(self.engine, self.clock, lambda node: node_facts(self.store, node))
+        )
+        self.events.start()
         self.ingest.start()
         self._last_tick = self.clock()
         self._thread = threading.Thread(target=self._loop, name="gpufleet-control", daemon=True)
@@ -95,6 +95,8 @@ class ControlService:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        self.events.stop()
+        self.scheduler.stop()
         self.ingest.stop()
         try:
             self.store.flush_rollups(everything=True)

@@ -29,7 +29,7 @@ from gpufleet.control.cache import (
     info_digest,
 )
 from gpufleet.control.db import session_factory
-from gpufleet.control.lifecycle import LOSABLE, OUT_STATES, NodeState, SchedulerHook
+from gpufleet.control.lifecycle import LOSABLE, OUT_STATES, NodeState
 from gpufleet.control.models import (
     AuditEntry,
     ControllerState,
@@ -40,7 +40,9 @@ from gpufleet.control.models import (
     Rack,
 )
 from gpufleet.control.remediation import CircuitBreaker, RemediationPolicy
+from gpufleet.control.scheduling import SchedulerEvents
 from gpufleet.control.telemetry_store import TelemetryStore
+from gpufleet.schedulers.base import NoScheduler
 
 log = logging.getLogger("gpufleet.control")
 Clock = Callable[[], float]
@@ -101,7 +103,7 @@ class ControlStore:
         *,
         clock: Clock,
         policy: RemediationPolicy | None = None,
-        hook: SchedulerHook | None = None,
+        hook: SchedulerEvents | None = None,
         telemetry: TelemetryStore | None = None,
         lost_after_intervals: int = 3,
         min_drain_s: float = 10.0,
@@ -111,7 +113,7 @@ class ControlStore:
         self.sessions = session_factory(engine)
         self.clock = clock
         self.policy = policy or RemediationPolicy()
-        self.hook: SchedulerHook = hook or lc.NullSchedulerHook()
+        self.hook: SchedulerEvents = hook or SchedulerEvents(NoScheduler())
         self.telemetry = telemetry or TelemetryStore()
         self.tokens = TokenStore(self.sessions, clock)
         self.lost_after_intervals = lost_after_intervals

@@ -1,9 +1,10 @@
 """A whole gpufleet on loopback, for end-to-end tests and the failover benchmark.
 
 ``Testbed`` runs a real controller (``ControlService`` + the REST API under uvicorn, in threads)
-with a scheduler plugged in (``embedded``, ``slurm`` or ``none``), and simulated agents (one
-``NodePusher`` per node of a ``SimFleet``, pushing over HTTP like ``gpufleet sim-fleet``; with
-``run_jobs`` each runs the jobs the controller sends through ``AgentJobs`` + ``SimExecutor``).
+with a scheduler plugged in (a name from `gpufleet.schedulers.registry`, or a backend), and
+simulated agents (one ``NodePusher`` per node of a ``SimFleet``, pushing over HTTP like
+``gpufleet sim-fleet``; with ``run_jobs`` each runs the jobs the controller sends through
+``AgentJobs`` + ``SimExecutor``).
 The controller can be stopped and started again on the same database and port, which is how
 the restart tests and the chaos runs cut it mid-stream.
 """
@@ -25,6 +26,7 @@ from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.devices.sim import Fault, FaultKind, SimFleet
 from gpufleet.errors import GpufleetError
+from gpufleet.schedulers.base import SchedulerBackend
 
 
 def free_port() -> int:
@@ -116,9 +118,9 @@ class Controller:
     """A real controller on loopback; ``stop()`` and ``start()`` again keep database and port."""
 
     data_dir: Path
-    scheduler: str = "embedded"
+    scheduler: str | SchedulerBackend = "embedded"  # a name: a fresh backend at every start
     db_url: str | None = None
-    options: dict[str, Any] = field(default_factory=dict)
+    options: dict[str, Any] = field(default_factory=dict)  # SchedulerOptions fields
     port: int = field(default_factory=free_port)
     tick_s: float = 0.2
     lost_after_intervals: int = 3
@@ -135,7 +137,7 @@ class Controller:
         import uvicorn
 
         from gpufleet.control.api import create_app
-        from gpufleet.control.scheduling import install
+        from gpufleet.schedulers.registry import SchedulerOptions, make_scheduler
 
         cfg = ServiceConfig(
             data_dir=self.data_dir,
@@ -145,8 +147,12 @@ class Controller:
             lost_after_intervals=self.lost_after_intervals,
             policy=RemediationPolicy(max_out_fraction=1.0),
         )
-        self.service = svc = ControlService(cfg)
-        install(svc, self.scheduler, **self.options)
+        backend = (
+            make_scheduler(self.scheduler, SchedulerOptions(**self.options))
+            if isinstance(self.scheduler, str)
+            else self.scheduler
+        )
+        self.service = svc = ControlService(cfg, scheduler=backend)
         svc.start()
         if not self.admin:
             self.admin, _ = svc.store.tokens.create("admin", name="testbed")
@@ -174,8 +180,6 @@ class Controller:
         if self._thread is not None:
             self._thread.join(timeout=15)
         if self.service is not None:
-            if self.service.jobs is not None:
-                self.service.jobs.stop()
             self.service.stop()
         self._server = self._thread = self.service = None
 

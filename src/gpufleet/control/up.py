@@ -13,17 +13,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.control.lifecycle import SchedulerHook
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.control.simfleet import NodePusher, run_fleet
+from gpufleet.schedulers.base import SchedulerBackend
 
 log = logging.getLogger("gpufleet.up")
 DEFAULT_SIM = "4x8xh100-sxm"
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "gpufleet"
-
-# The embedded scheduler (scheduling issue) registers a factory here: it receives the
-# service and returns the hook the lifecycle calls on drain/resume/lost.
-SCHEDULER_HOOK_FACTORY: list[Callable[[ControlService], SchedulerHook]] = []
 
 
 @dataclass
@@ -144,9 +140,13 @@ def serve(service: ControlService, host: str, port: int, *, on_ready: Callable[[
     server.run()
 
 
-def build_service(data_dir: Path | None, db_url: str | None, **kw: object) -> ControlService:
+def build_service(
+    data_dir: Path | None,
+    db_url: str | None,
+    *,
+    scheduler: SchedulerBackend | None = None,
+    **kw: object,
+) -> ControlService:
+    """The controller with ``scheduler`` (from `gpufleet.schedulers.registry`) plugged in."""
     cfg = ServiceConfig(data_dir=data_dir, db_url=db_url, **kw)  # type: ignore[arg-type]
-    service = ControlService(cfg)
-    for factory in SCHEDULER_HOOK_FACTORY:
-        service.set_hook(factory(service))
-    return service
+    return ControlService(cfg, scheduler=scheduler)

@@ -3,8 +3,9 @@
 It needs nothing else: a ``JobStore`` (SQLite by default) holds every job, a ``JobExecutor``
 (the node agents, or a simulation) runs them. Nothing happens on its own: ``tick(now)`` (driven
 by the caller's clock) polls the agents, records how copies ended, fences strays and starts what
-fits. The control plane reports node lifecycle events through ``node_lost``, ``node_drained``,
-``node_resumed`` and ``node_back`` (its ``SchedulerHook`` seam).
+fits. Inside the control plane `EmbeddedBackend` (``backend``) drives it behind the one
+scheduler protocol and reports node lifecycle events through ``node_lost``, ``node_drained``,
+``node_resumed`` and ``node_back``; ``gpufleet jobs`` drives it directly on one machine.
 
 One engine should drive a store at a time (the control plane's leader, or a CLI call under the
 state directory's lock); every write is still a compare-and-set on the job's generation.
@@ -20,12 +21,13 @@ from pathlib import Path
 
 from gpufleet.errors import UsageError
 from gpufleet.schedulers.base import (
+    Capabilities,
     Capability,
+    Feature,
     JobSpec,
     JobState,
     JobStatus,
     SchedNodeState,
-    register_scheduler,
 )
 from gpufleet.schedulers.embedded import failover
 from gpufleet.schedulers.embedded.executor import (
@@ -46,6 +48,34 @@ WAITING = failover.WAITING
 Listener = Callable[[str, JobState, JobState, float], None]
 
 
+def embedded_capabilities() -> Capabilities:
+    """What the embedded scheduler does, and what it cannot, with the reason."""
+    return Capabilities(
+        "embedded",
+        [
+            Capability(Feature.SUBMIT, True),
+            Capability(Feature.LIST_JOBS, True),
+            Capability(Feature.REQUEUE, True, "jobs of lost or fail-drained nodes move elsewhere"),
+            Capability(Feature.JOB_ATTEMPTS, True),
+            Capability(Feature.JOB_LOGS, True, "the output tail each agent sends"),
+            Capability(Feature.AGENT_JOBS, True, "jobs run by the gpufleet agents"),
+            Capability(Feature.DRAIN, True),
+            Capability(Feature.REPORTS_IDLE, True),
+            Capability(Feature.NODE_STATES, True),
+            Capability(Feature.MULTI_NODE, True, "gpus is per node; no rendezvous beyond env vars"),
+            Capability(Feature.PRIORITY, True, "orders the queue; running jobs are not preempted"),
+            Capability(Feature.MAX_RESTARTS, True),
+            Capability(Feature.MIN_GPU_MEMORY, True),
+            Capability(
+                Feature.CONTAINER_IMAGES,
+                False,
+                "the agents run argument lists only; use the kubernetes backend",
+            ),
+            Capability(Feature.MIG, False, "placement counts whole GPUs; MIG slices not tracked"),
+        ],
+    )
+
+
 @dataclass(frozen=True)
 class TickResult:
     """What one tick did."""
@@ -54,7 +84,6 @@ class TickResult:
     finished: tuple[str, ...] = ()
 
 
-@register_scheduler("embedded")
 class EmbeddedScheduler:
     """Queue, placement, execution and failover over a durable store."""
 
@@ -83,28 +112,9 @@ class EmbeddedScheduler:
             store.set_quota(tenant, gpus)
         failover.reconcile(self, self.started_at)
 
-    # ----- protocol ------------------------------------------------------------------------
-    def capabilities(self) -> list[Capability]:
-        return [
-            Capability("submit", True),
-            Capability("cancel", True),
-            Capability("list", True),
-            Capability("node_states", True),
-            Capability("drain", True),
-            Capability("resume", True),
-            Capability("requeue", True),
-            Capability("failover", True, "requeues jobs of lost or fail-drained nodes"),
-            Capability("multi_node", True, "gpus is per node; no rendezvous beyond env vars"),
-            Capability(
-                "container_images",
-                False,
-                "the local agent runs argument lists only; use the kubernetes backend",
-            ),
-            Capability("mig", False, "placement counts whole GPUs; MIG slices are not tracked"),
-            Capability("preemption", False, "priority orders the queue; running jobs stay"),
-        ]
-
+    # ----- jobs --------------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> str:
+        embedded_capabilities().check_spec(spec)  # image, mig_profile: refused with the reason
         nodes = [r.info for r in self.store.nodes().values()]
         if not nodes:
             raise UsageError("the embedded scheduler knows no nodes", hint="add nodes first")
@@ -174,7 +184,7 @@ class EmbeddedScheduler:
     def set_quota(self, tenant: str, gpus: int | None) -> None:
         self.store.set_quota(tenant, gpus)
 
-    # ----- node events (the control plane's SchedulerHook) --------------------------------
+    # ----- node events (from the control plane's lifecycle) ------------------------------
     def _node(self, node: str) -> NodeRow:
         rows = self.store.nodes()
         if node not in rows:
@@ -407,7 +417,7 @@ class EmbeddedScheduler:
                     self.transition(starting, failed, now, f"failed to start: {exc}")
                 return False
             self.last_contact[node] = now
-        if getattr(self.executor, "confirms_starts", False):
+        if self.executor.confirms_starts:
             return True  # ``running`` once an agent's report shows the copy (see ``settle``)
         running = replace(starting, state=JobState.RUNNING, started_at=now)
         return self.transition(starting, running, now) is not None

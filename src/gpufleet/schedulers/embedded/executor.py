@@ -69,6 +69,9 @@ class JobExecutor(Protocol):
     """Starts, kills and watches copies of jobs on nodes (a node agent, or a simulation)."""
 
     lease_s: float  # an agent cut off from the scheduler this long kills its own jobs
+    # True when ``start`` only queues the start and a later report confirms it (the job stays
+    # ``starting`` until then); False when ``start`` returning means the copy runs.
+    confirms_starts: bool
 
     def start(self, launch: Launch) -> None: ...
 
@@ -113,6 +116,7 @@ class LocalProcessExecutor:
 
     root: Path
     lease_s: float = 0.0  # local: the scheduler and the processes share a machine
+    confirms_starts = False  # the process runs when ``start`` returns
     kill_grace_s: float = 5.0
     python: str = sys.executable
     popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen

@@ -60,6 +60,7 @@ class SimExecutor:
 
     fleet: SimFleet
     lease_s: float = 5.0
+    confirms_starts = False  # a simulated copy runs when ``start`` returns
     load: Load = DEFAULT_LOAD
     clock: Callable[[], float] | None = None
     copies: dict[tuple[str, int, str], _Copy] = field(default_factory=dict)

@@ -11,8 +11,10 @@ lifecycle controller delete every pod that does not tolerate it *without* consul
 while any eviction is still blocked the taint is applied as ``NoSchedule`` and the report says
 so; calling ``drain_node`` again once the pods are gone upgrades it to ``NoExecute``.
 
-Tested against a loopback HTTP server that implements the endpoints used with their real paths
-and payloads (tests/kubernetes); NOT yet run against a real cluster.
+``gpufleet controller --scheduler kubernetes [--kubeconfig PATH]`` builds it with
+:meth:`KubernetesScheduler.from_config` (a kubeconfig file, else the in-cluster service account,
+else ``~/.kube/config``). Tested against a loopback HTTP server that implements the endpoints
+used with their real paths and payloads (tests/kubernetes); NOT yet run against a real cluster.
 """
 
 from __future__ import annotations
@@ -22,17 +24,24 @@ import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.schedulers.base import (
+    Capabilities,
     Capability,
+    Feature,
+    JobAttempt,
     JobSpec,
     JobState,
     JobStatus,
     SchedNodeState,
-    register_scheduler,
+    SchedulerContext,
+    UnsupportedFeature,
 )
+
+if TYPE_CHECKING:
+    from gpufleet.agent.wire import Batch, WireCommand
 
 __all__ = ["DrainReport", "KubernetesError", "KubernetesScheduler", "label_value"]
 
@@ -73,7 +82,6 @@ class DrainReport:
     taint_effect: str | None = None
 
 
-@register_scheduler("kubernetes")
 class KubernetesScheduler:
     """Nodes and GPU pods of a Kubernetes cluster (no job submission: see capabilities)."""
 
@@ -104,39 +112,88 @@ class KubernetesScheduler:
         self._k8s = k8s
         self.core = k8s.CoreV1Api(api_client)
         self._sleep = sleep
-        self.attempts = eviction_attempts
+        self.eviction_attempts = eviction_attempts
         self.backoff_s = backoff_s
         self.max_backoff_s = max_backoff_s
         self.last_drain: DrainReport | None = None
 
+    @classmethod
+    def from_config(cls, kubeconfig: str | None = None, **kw: Any) -> KubernetesScheduler:
+        """Connect with ``kubeconfig`` (a file), else in-cluster config, else the default
+        kubeconfig; a missing or unreadable configuration is a clear error."""
+        from kubernetes import config as kconfig
+
+        if kubeconfig is not None:
+            try:
+                client = kconfig.new_client_from_config(config_file=kubeconfig)  # type: ignore[no-untyped-call]
+            except Exception as exc:  # the client raises several kinds here
+                raise KubernetesError(f"--kubeconfig {kubeconfig}: {exc}") from exc
+            return cls(client, **kw)
+        return cls(None, **kw)
+
     # -- protocol ---------------------------------------------------------------------------
 
-    def capabilities(self) -> list[Capability]:
+    def capabilities(self) -> Capabilities:
         no_jobs = (
             "gpufleet does not create Pods or Jobs on Kubernetes; use kubectl, Kueue or Volcano"
         )
-        return [
-            Capability("submit", False, no_jobs),
-            Capability("cancel", False, no_jobs),
-            Capability(
-                "requeue", False, "pods are rescheduled by their controllers after eviction"
-            ),
-            Capability("list_jobs", True, "GPU pods, read-only"),
-            Capability("node_states", True),
-            Capability("drain", True, "cordon + PDB-respecting eviction + taint"),
-            Capability("resume", True),
-            Capability("labels", True, "gpufleet.io/* node labels from the inventory"),
-            Capability("real_cluster_tested", False, "tested only against a loopback fake API"),
-        ]
+        return Capabilities(
+            self.name,
+            [
+                Capability(Feature.SUBMIT, False, no_jobs),
+                Capability(
+                    Feature.REQUEUE,
+                    False,
+                    "pods are rescheduled by their controllers after eviction",
+                ),
+                Capability(Feature.LIST_JOBS, True, "GPU pods, read-only"),
+                Capability(Feature.JOB_ATTEMPTS, False, "pods have no attempt history"),
+                Capability(Feature.JOB_LOGS, False, "use kubectl logs"),
+                Capability(Feature.AGENT_JOBS, False, "the kubelet runs the pods"),
+                Capability(Feature.DRAIN, True, "cordon + PDB-respecting eviction + taint"),
+                Capability(Feature.REPORTS_IDLE, True, "no running GPU pod left on the node"),
+                Capability(Feature.NODE_STATES, True),
+                Capability(Feature.MIG, True, "nvidia.com/mig-* resources are counted"),
+            ],
+        )
+
+    def start(self, context: SchedulerContext) -> None:
+        return None  # no background work: every call is one API request
+
+    def stop(self) -> None:
+        return None
+
+    def _no(self, feature: Feature, doing: str) -> UnsupportedFeature:
+        return UnsupportedFeature(
+            f"{doing}: the kubernetes scheduler does not support {feature.value}",
+            hint=self.capabilities().why(feature),
+        )
 
     def submit(self, spec: JobSpec) -> str:
-        raise UsageError("the kubernetes backend cannot submit jobs", hint="use kubectl apply")
+        raise self._no(Feature.SUBMIT, f"job {spec.name!r}")
 
     def cancel(self, job_id: str) -> None:
-        raise UsageError("the kubernetes backend cannot cancel jobs", hint="use kubectl delete")
+        raise self._no(Feature.SUBMIT, f"cancel {job_id}")
 
     def requeue(self, job_id: str) -> None:
-        raise UsageError("the kubernetes backend cannot requeue jobs")
+        raise self._no(Feature.REQUEUE, f"requeue {job_id}")
+
+    def job(self, job_id: str) -> JobStatus:
+        """One GPU pod by ``namespace/name``."""
+        jobs = self.list_jobs()
+        for j in jobs:
+            if j.id == job_id:
+                return j
+        raise UsageError(f"no GPU pod {job_id!r}", hint="ids are namespace/name")
+
+    def attempts(self, job_id: str) -> list[JobAttempt]:
+        return []
+
+    def logs(self, job_id: str) -> str | None:
+        return None
+
+    def exchange(self, batch: Batch, now: float) -> list[WireCommand]:
+        return []  # the kubelet runs the pods; agents only report health
 
     def list_jobs(self) -> list[JobStatus]:
         pods = self._call(self.core.list_pod_for_all_namespaces).items
@@ -205,12 +262,29 @@ class KubernetesScheduler:
             )
         return out
 
-    def drain(self, node: str, reason: str) -> None:
+    def drain(self, node: str, reason: str, *, fail: bool = False) -> None:
+        """Cordon, evict GPU pods, taint (``fail`` changes nothing: evicted pods move anyway)."""
         self.last_drain = self.drain_node(node, reason)
 
     def resume(self, node: str) -> None:
         self.untaint(node)
         self.uncordon(node)
+
+    def node_lost(self, node: str) -> None:
+        self.drain(node, "node lost (no heartbeat)", fail=True)
+
+    def is_idle(self, node: str) -> bool:
+        """No running GPU pod on ``node`` except DaemonSet and mirror pods (which stay)."""
+        try:
+            pods = self._call(
+                self.core.list_pod_for_all_namespaces, field_selector=f"spec.nodeName={node}"
+            ).items
+        except KubernetesError:
+            return False
+        return not any(
+            _gpu_count(p) and not _stays(p) and (p.status is None or p.status.phase == "Running")
+            for p in pods
+        )
 
     # -- node operations --------------------------------------------------------------------
 
@@ -260,11 +334,10 @@ class KubernetesScheduler:
         for pod in pods:
             md = pod.metadata
             ident = f"{md.namespace}/{md.name}"
-            owners = [o.kind for o in md.owner_references or []]
             phase = pod.status.phase if pod.status else None
             if not _gpu_count(pod):
                 continue
-            if "DaemonSet" in owners or "kubernetes.io/config.mirror" in (md.annotations or {}):
+            if _stays(pod):
                 rep.skipped.append(ident)
                 continue
             if phase in ("Succeeded", "Failed"):
@@ -292,7 +365,7 @@ class KubernetesScheduler:
             metadata=k8s.V1ObjectMeta(name=name, namespace=ns),
         )
         delay = self.backoff_s
-        for attempt in range(self.attempts):
+        for attempt in range(self.eviction_attempts):
             try:
                 self.core.create_namespaced_pod_eviction(name, ns, body)
                 rep.evicted.append(ident)
@@ -304,7 +377,7 @@ class KubernetesScheduler:
                 if exc.status != 429:
                     raise _translate(exc, f"evict {ident}") from exc
                 message = _message(exc)
-                if attempt + 1 == self.attempts:
+                if attempt + 1 == self.eviction_attempts:
                     rep.blocked[ident] = message
                     return
                 self._sleep(delay)
@@ -359,6 +432,13 @@ def _message(exc: Any) -> str:
 
 def _translate(exc: Any, what: str) -> KubernetesError:
     return KubernetesError(f"{what}: HTTP {exc.status}: {_message(exc)}")
+
+
+def _stays(pod: Any) -> bool:
+    """DaemonSet and static (mirror) pods are not evicted: they belong to the node."""
+    md = pod.metadata
+    owners = [o.kind for o in md.owner_references or []]
+    return "DaemonSet" in owners or "kubernetes.io/config.mirror" in (md.annotations or {})
 
 
 def _gpu_count(pod: Any) -> int:

@@ -1,8 +1,11 @@
 """`SlurmBackend`: gpufleet's scheduler protocol on a real Slurm cluster.
 
-Node lifecycle -> ``scontrol update NodeName=X State=DRAIN Reason=...`` / ``State=RESUME``;
-jobs -> ``sbatch --gres=gpu:N --requeue``, ``scancel``, ``scontrol requeue``; state from
-``sinfo --json`` and ``squeue --json`` (Slurm 22.05 has no ``scontrol --json``).
+Node lifecycle -> ``scontrol update NodeName=X State=DRAIN Reason=gpufleet: ...`` /
+``State=RESUME``; a lost node or a drain for a failure also requeues (``scontrol requeue``) every
+job running there; jobs -> ``sbatch --gres=gpu:N --requeue``, ``scancel``; state from
+``sinfo --json`` and ``squeue --json`` (Slurm 22.05 has no ``scontrol --json``). Every program
+runs through one runner (`SlurmCommands.run`); the control plane calls the lifecycle methods on
+its scheduler thread, never on the ingest path.
 
 A requeued batch job gets a begin time of now + ``cred_expire`` + 1 s when its old allocation has
 finished completing (slurm.conf(5), AuthInfo ``cred_expire``: "This also controls how long a
@@ -17,18 +20,22 @@ import json
 import re
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.errors import GpufleetError, UnknownNameError
 from gpufleet.schedulers.base import (
+    Capabilities,
     Capability,
+    Feature,
+    JobAttempt,
     JobSpec,
     JobState,
     JobStatus,
     SchedNodeState,
-    register_scheduler,
+    SchedulerContext,
 )
-from gpufleet.schedulers.slurm.commands import SlurmBinaries, SlurmCommands
+from gpufleet.schedulers.slurm.commands import SlurmBinaries, SlurmCommands, reason_text
 from gpufleet.schedulers.slurm.errors import SlurmError, SlurmUnknownNodeError
 
 # squeue job_state -> gpufleet state (squeue(1), "JOB STATE CODES").
@@ -75,7 +82,10 @@ _UNSCHEDULABLE = {
 }
 
 
-@register_scheduler("slurm")
+if TYPE_CHECKING:
+    from gpufleet.agent.wire import Batch, WireCommand
+
+
 class SlurmBackend:
     """gpufleet jobs and node lifecycle on Slurm, through Slurm's own client programs."""
 
@@ -91,6 +101,7 @@ class SlurmBackend:
         gres_type: str | None = None,
         output_dir: str | None = None,
         requeue_settle_s: float = 15.0,
+        reason_prefix: str = "gpufleet: ",
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
@@ -101,61 +112,70 @@ class SlurmBackend:
         self.gres_type = gres_type
         self.output_dir = output_dir  # job stdout/stderr; Slurm's default is the submit cwd
         self.requeue_settle_s = requeue_settle_s
+        self.reason_prefix = reason_prefix
         self._clock = clock
         self._sleep = sleep
 
-    def capabilities(self) -> list[Capability]:
+    def capabilities(self) -> Capabilities:
         """What this backend does, and what Slurm (or this backend) cannot, with the reason."""
-        return [
-            Capability("submit", True),
-            Capability("cancel", True),
-            Capability(
-                "list_jobs",
-                True,
-                "squeue --json: pending and running jobs, and finished"
-                " ones until MinJobAge (300 s by default) purges them",
-            ),
-            Capability("node_states", True),
-            Capability("drain", True),
-            Capability("resume", True),
-            Capability("requeue", True, "batch jobs only; sbatch --requeue is always set"),
-            Capability(
-                "container_image",
-                False,
-                "needs a container plugin (e.g. pyxis) this backend does not assume; use a command",
-            ),
-            Capability("mig_profile", False, "needs MIG GRES types in gres.conf; not generated"),
-            Capability(
-                "min_gpu_memory",
-                False,
-                "Slurm has no GPU-memory constraint; ask for a GPU model (gres type) instead",
-            ),
-            Capability(
-                "priority",
-                False,
-                "raising priority needs a Slurm operator; gpufleet"
-                " leaves ordering to Slurm's priority plugin",
-            ),
-            Capability(
-                "max_restarts",
-                False,
-                "Slurm has no per-job restart limit; the control"
-                " plane counts restarts (restart_cnt) and cancels past the limit",
-            ),
-        ]
+        return Capabilities(
+            self.name,
+            [
+                Capability(Feature.SUBMIT, True, "sbatch --requeue; scancel"),
+                Capability(
+                    Feature.LIST_JOBS,
+                    True,
+                    "squeue --json: pending and running jobs, and finished"
+                    " ones until MinJobAge (300 s by default) purges them",
+                ),
+                Capability(Feature.REQUEUE, True, "batch jobs only; sbatch --requeue is set"),
+                Capability(Feature.JOB_ATTEMPTS, False, "Slurm keeps a restart count only"),
+                Capability(
+                    Feature.JOB_LOGS,
+                    self.output_dir is not None,
+                    "read from the output directory"
+                    if self.output_dir
+                    else "job output stays where Slurm writes it (no output directory set)",
+                ),
+                Capability(Feature.AGENT_JOBS, False, "Slurm runs the jobs; agents report"),
+                Capability(Feature.DRAIN, True, "scontrol update State=DRAIN/RESUME"),
+                Capability(Feature.REPORTS_IDLE, True, "squeue: no running job on the node"),
+                Capability(Feature.NODE_STATES, True, "sinfo --json"),
+                Capability(Feature.MULTI_NODE, True, "sbatch --nodes"),
+                Capability(
+                    Feature.CONTAINER_IMAGES,
+                    False,
+                    "needs a container plugin (e.g. pyxis) this backend does not assume",
+                ),
+                Capability(Feature.MIG, False, "needs MIG GRES types in gres.conf; not generated"),
+                Capability(
+                    Feature.MIN_GPU_MEMORY,
+                    False,
+                    "Slurm has no GPU-memory constraint; ask for a GPU model (gres type)",
+                ),
+                Capability(
+                    Feature.PRIORITY,
+                    False,
+                    "raising priority needs a Slurm operator; gpufleet"
+                    " leaves ordering to Slurm's priority plugin",
+                ),
+                Capability(
+                    Feature.MAX_RESTARTS,
+                    False,
+                    "Slurm has no per-job restart limit; it counts restarts (restart_cnt)",
+                ),
+            ],
+        )
+
+    def start(self, context: SchedulerContext) -> None:
+        return None  # no background work: every call runs Slurm's programs
+
+    def stop(self) -> None:
+        return None
 
     # --- jobs -------------------------------------------------------------------------------
     def submit(self, spec: JobSpec) -> str:
-        for field, bad in (
-            ("image", spec.image),
-            ("mig_profile", spec.mig_profile),
-            ("min_gpu_memory_bytes", spec.min_gpu_memory_bytes),
-        ):
-            if bad:
-                raise GpufleetError(
-                    f"job {spec.name!r}: the slurm backend does not support {field}",
-                    hint="see SlurmBackend.capabilities()",
-                )
+        self.capabilities().check_spec(spec)
         gtype = self.gres_type
         if spec.gpu_model:
             from gpufleet.schedulers.slurm.config_gen import gres_type
@@ -179,10 +199,27 @@ class SlurmBackend:
 
     def job(self, job_id: str) -> JobStatus:
         """One job by id (raises an unknown-name error when Slurm does not list it)."""
-        for j in self.list_jobs():
+        jobs = self.list_jobs()
+        for j in jobs:
             if j.id == job_id:
                 return j
-        raise UnknownNameError("Slurm job", job_id, [j.id for j in self.list_jobs()])
+        raise UnknownNameError("Slurm job", job_id, [j.id for j in jobs])
+
+    def attempts(self, job_id: str) -> list[JobAttempt]:
+        return []  # Slurm keeps a restart count, not where each copy ran
+
+    def logs(self, job_id: str) -> str | None:
+        """The job's output file in ``output_dir`` (None when there is none)."""
+        if not self.output_dir:
+            return None
+        for name in (f"slurm-{job_id}.out", f"{job_id}.out"):
+            p = Path(self.output_dir) / name
+            if p.exists():
+                return p.read_text(encoding="utf-8", errors="replace")
+        return None
+
+    def exchange(self, batch: Batch, now: float) -> list[WireCommand]:
+        return []  # Slurm runs the jobs; agents only report health
 
     def requeue(self, job_id: str) -> None:
         """``scontrol requeue``, then make the job eligible at once.
@@ -219,13 +256,35 @@ class SlurmBackend:
             seen.setdefault(node.name, node)  # sinfo lists a node once per partition
         return list(seen.values())
 
-    def drain(self, node: str, reason: str) -> None:
+    def drain(self, node: str, reason: str, *, fail: bool = False) -> None:
+        """``State=DRAIN`` with ``reason_prefix + reason``; with ``fail`` also requeue every job
+        running on ``node`` (with the immediate-eligibility fix)."""
         if not reason.strip():
             raise GpufleetError(f"drain {node}: Slurm needs a reason")
-        self._node_cmd(self.cmd.drain_args(node, reason), node)
+        self._node_cmd(self.cmd.drain_args(node, reason_text(self.reason_prefix + reason)), node)
+        if fail:
+            for job in self.list_jobs():
+                if job.state in (JobState.RUNNING, JobState.STARTING) and node in job.nodes:
+                    self.requeue(job.id)
 
     def resume(self, node: str) -> None:
-        self._node_cmd(self.cmd.resume_args(node), node)
+        """``State=RESUME`` when Slurm has the node drained (a node entering service that Slurm
+        never drained is left alone)."""
+        st = next((n for n in self.node_states() if n.name == node), None)
+        if st is None:
+            raise SlurmUnknownNodeError("Slurm node", node, [n.name for n in self.node_states()])
+        if "drain" in st.state:
+            self._node_cmd(self.cmd.resume_args(node), node)
+
+    def node_lost(self, node: str) -> None:
+        self.drain(node, "node lost (no heartbeat)", fail=True)
+
+    def is_idle(self, node: str) -> bool:
+        try:
+            jobs = self.list_jobs()
+        except GpufleetError:
+            return False
+        return not any(j.state is JobState.RUNNING and node in j.nodes for j in jobs)
 
     def _node_cmd(self, argv: list[str], node: str) -> None:
         try:

@@ -1,5 +1,7 @@
 """Slurm client commands as argument lists (never a shell), with configurable binary paths and an
-injectable runner, so tests can check every argument list without a cluster.
+injectable runner, so tests can check every argument list without a cluster. Every Slurm program
+gpufleet runs (the backend, ``gpufleet health --slurm-drain``, the dev cluster) goes through
+`SlurmCommands.run`: one runner, one translation of failures into clear errors.
 
 Argument syntax from the Slurm 22.05 man pages: sbatch(1) (``--parsable`` prints ``ID[;cluster]``,
 ``--gres``, ``--requeue``, ``--wrap``), scontrol(1) (``update NodeName=... State=DRAIN
@@ -77,6 +79,14 @@ def subprocess_runner(
     except subprocess.TimeoutExpired as exc:
         raise GpufleetError(f"{shlex.join(argv)}: no answer within {timeout_s:g} s") from exc
     return CommandResult(tuple(argv), p.returncode, p.stdout, p.stderr)
+
+
+MAX_REASON_CHARS = 200  # keep sinfo -R readable
+
+
+def reason_text(text: str) -> str:
+    """A drain reason cut to ``MAX_REASON_CHARS`` (with ``...`` when cut)."""
+    return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
 def gres_arg(gpus: int, gres_type: str | None = None) -> str:

@@ -29,7 +29,7 @@ from pathlib import Path
 
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.slurm import config_gen
-from gpufleet.schedulers.slurm.commands import SlurmBinaries
+from gpufleet.schedulers.slurm.commands import SlurmBinaries, SlurmCommands
 from gpufleet.schedulers.slurm.config_gen import ClusterSpec, NodeSpec
 
 STATE_FILE = "devcluster.json"
@@ -227,21 +227,19 @@ class DevCluster:
             raise
         return self
 
+    def commands(self) -> SlurmCommands:
+        """This cluster's Slurm programs through the one runner (short timeout: local)."""
+        return SlurmCommands(binaries=self.binaries, base_env=self.env(), timeout_s=5.0)
+
     def _all_idle(self) -> bool:
         for tag, pid in self.pids.items():
             if not _alive(pid):
                 raise GpufleetError(
                     f"Slurm dev cluster: {tag} exited during start-up{self.log_tail()}"
                 )
-        p = subprocess.run(
-            [_which(self.binaries.sinfo), "-h", "-N", "-o", "%N %t"],
-            env=self.env(),
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-        if p.returncode != 0:
+        try:
+            p = self.commands().run([_which(self.binaries.sinfo), "-h", "-N", "-o", "%N %t"])
+        except GpufleetError:
             return False
         states = dict(line.split() for line in p.stdout.splitlines() if line.strip())
         return all(states.get(n) == "idle" for n in self.node_names())
@@ -251,14 +249,8 @@ class DevCluster:
         returns the tags stopped."""
         self._load_state()
         if self.pids.get("slurmctld") and _alive(self.pids["slurmctld"]):
-            with contextlib.suppress(OSError, subprocess.SubprocessError):
-                subprocess.run(  # end running jobs while slurmd can still kill their steps
-                    [_which(self.binaries.scancel), "--full", "--user=root"],
-                    env=self.env(),
-                    capture_output=True,
-                    timeout=5,
-                    check=False,
-                )
+            with contextlib.suppress(GpufleetError):  # end jobs while slurmd can kill steps
+                self.commands().run([_which(self.binaries.scancel), "--full", "--user=root"])
         order = [t for t in self.pids if t.startswith("slurmd-")] + ["slurmctld", "munged"]
         stopped = []
         for tag in order:

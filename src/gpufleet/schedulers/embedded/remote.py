@@ -1,4 +1,5 @@
-"""``RemoteAgentExecutor``: the embedded scheduler's ``JobExecutor`` over the agents' pushes.
+"""``RemoteAgentExecutor``: the embedded scheduler's ``JobExecutor`` over the agents' pushes
+(what `EmbeddedBackend` runs jobs with inside the control plane).
 
 The control plane never calls an agent: agents push batches. Each batch from an agent that runs
 jobs carries a ``jobs`` report (its GPUs, lease and copies); the answer (``Ack``) carries the
