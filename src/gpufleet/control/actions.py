@@ -141,7 +141,7 @@ def _acknowledge_finding(store: ControlStore, finding_id: int, who: Principal) -
     store._bump()
 
 
-def post_validation(store: ControlStore, payload: dict[str, Any], who: Principal) -> NodeCache:
+def post_validation(store: ControlStore, payload: dict[str, Any], who: Principal) -> NodeView:
     """A validation result (``{"node": ..., "verdict": "pass"|"warn"|"fail", ...}``) moves a
     node out of ``validating``: pass/warn -> in_service, fail -> repair. A result for a node in
     repair or registering first moves it to validating; a fail for a node in service drains it."""

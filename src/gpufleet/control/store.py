@@ -457,9 +457,21 @@ class ControlStore:
             )
         )
 
-    def audit_refusal(self, who: Principal, action: str, target: str, why: str) -> None:
+    def record_audit(
+        self,
+        who: Principal,
+        action: str,
+        target: str = "",
+        outcome: str = "ok",
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """One audit row in its own transaction, written by the writer."""
+
         def write() -> None:
             with self.sessions.begin() as s:
-                self.audit(s, who, action, target, outcome="refused", detail={"reason": why})
+                self.audit(s, who, action, target, outcome, detail)
 
         self.writer.call(write)
+
+    def audit_refusal(self, who: Principal, action: str, target: str, why: str) -> None:
+        self.record_audit(who, action, target, "refused", {"reason": why})
