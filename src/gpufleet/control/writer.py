@@ -17,6 +17,7 @@ import logging
 import queue
 import threading
 import time
+import weakref
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import Future
@@ -58,7 +59,12 @@ class Writer:
     def __init__(self, store: ControlStore, *, max_group: int = 256) -> None:
         self.store = store
         self.max_group = max_group
-        self._q: queue.SimpleQueue[_Ingest | _Command | None] = queue.SimpleQueue()
+        self._q: queue.SimpleQueue[list[_Ingest] | _Ingest | _Command | None] = queue.SimpleQueue()
+        # per event loop: batches awaiting the end of the loop's iteration (one hand-over each)
+        self._held: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, list[_Ingest]] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._held_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._count_lock = threading.Lock()
         self._queued_ingest = 0
@@ -124,8 +130,19 @@ class Writer:
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Ack] = loop.create_future()
         self._count(1)
-        self._q.put(_Ingest(item, loop, fut, None))
+        held = self._held.get(loop)
+        if held is None:
+            with self._held_lock:
+                held = self._held.setdefault(loop, [])
+        if not held:  # the first of this loop iteration: hand them over at its end, together
+            loop.call_soon(self._hand_over, held)
+        held.append(_Ingest(item, loop, fut, None))
         return await fut
+
+    def _hand_over(self, held: list[_Ingest]) -> None:
+        batch = held[:]
+        held.clear()
+        self._q.put(batch)
 
     def ingest_sync(self, item: IngestItem, timeout_s: float = 60.0) -> Ack:
         """The same from a plain thread (in-process agents, tests)."""
@@ -143,16 +160,23 @@ class Writer:
             first = self._q.get()
             if first is None:
                 return
-            work = [first]
-            while len(work) < 4 * self.max_group:
+            work: list[_Ingest | _Command] = []
+            nxt: list[_Ingest] | _Ingest | _Command = first
+            while True:
+                if isinstance(nxt, list):
+                    work.extend(nxt)
+                else:
+                    work.append(nxt)
+                if len(work) >= 4 * self.max_group:
+                    break
                 try:
-                    nxt = self._q.get_nowait()
+                    more = self._q.get_nowait()
                 except queue.Empty:
                     break
-                if nxt is None:
+                if more is None:
                     stop = True
                     break
-                work.append(nxt)
+                nxt = more
             group: list[_Ingest] = []
             for w in work:
                 if isinstance(w, _Ingest):
