@@ -17,6 +17,7 @@ from typing import Any
 
 from gpufleet.agent.wire import Batch, WireAck
 from gpufleet.control.auth import Principal
+from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.telemetry_store import SampleGroup
 
 
@@ -142,14 +143,16 @@ class Snapshot:
 
     generation: int
     nodes: Mapping[str, NodeView]
-    policy: Any  # RemediationPolicy (frozen by convention: the writer replaces it, never edits)
+    policy: RemediationPolicy  # the writer replaces the policy object, never edits it
     breaker: BreakerView
     out: int
     total: int
     stats: Mapping[str, int]
 
 
-EMPTY_SNAPSHOT = Snapshot(0, MappingProxyType({}), None, BreakerView(), 0, 0, MappingProxyType({}))
+EMPTY_SNAPSHOT = Snapshot(
+    0, MappingProxyType({}), RemediationPolicy(), BreakerView(), 0, 0, MappingProxyType({})
+)
 
 
 @dataclass(frozen=True)

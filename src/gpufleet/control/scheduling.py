@@ -68,7 +68,7 @@ class JobsFacade(Protocol):
 
 def fail_drain(service: ControlService, node: str) -> bool:
     """Is this drain for a failure (a fail finding, or the node sent to repair/failed)?"""
-    nc = service.store.nodes.get(node)
+    nc = service.store.view.nodes.get(node)  # the writer's snapshot (this runs off the writer)
     if nc is None:
         return False
     if nc.state in (NodeState.REPAIR.value, NodeState.FAILED.value):
@@ -224,7 +224,7 @@ class EmbeddedControl:
         """A node's agent runs jobs (or its GPUs changed): the scheduler may place work there."""
         from gpufleet.schedulers.embedded.store import NodeRow
 
-        nc = self.service.store.nodes.get(info.name)
+        nc = self.service.store.view.nodes.get(info.name)
         with self.lock:
             row = self.store.nodes().get(info.name)
             if nc is not None:

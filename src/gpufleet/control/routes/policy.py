@@ -17,13 +17,13 @@ def router(store: ControlStore, auth: Auth) -> APIRouter:
     @api.get("/policy", tags=["policy"])
     def policy_get(who: Annotated[Principal, auth.viewer]) -> RemediationPolicy:
         _ = who
-        return store.view.policy  # type: ignore[no-any-return]
+        return store.view.policy
 
     @api.put("/policy", tags=["policy"])
     def policy_put(
         body: RemediationPolicy, who: Annotated[Principal, auth.admin]
     ) -> RemediationPolicy:
         act.set_policy(store, body, who)
-        return store.view.policy  # type: ignore[no-any-return]
+        return store.view.policy
 
     return api
