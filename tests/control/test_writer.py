@@ -78,3 +78,18 @@ def test_concurrent_batches_share_group_commits(
     assert len(svc.store.writer.rate) - groups == 1  # eight batches, one transaction
     assert svc.store.writer.rate[-1][1] == 8
     assert set(svc.store.view.nodes) == {"warm", *(f"n{i}" for i in range(8))}
+
+
+def test_call_refuses_to_block_the_event_loop(
+    make_service: Callable[..., ControlService],
+) -> None:
+    import asyncio
+
+    svc = make_service()
+
+    async def on_loop() -> int:
+        with pytest.raises(RuntimeError, match="block the event loop"):
+            svc.store.writer.call(lambda: 1)
+        return await svc.store.writer.run(lambda: 2)
+
+    assert asyncio.run(on_loop()) == 2
