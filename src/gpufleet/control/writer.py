@@ -67,6 +67,7 @@ class Writer:
         self._held_lock = threading.Lock()
         self._thread: threading.Thread | None = None
         self._count_lock = threading.Lock()
+        self._inline_lock = threading.RLock()  # one at a time while no writer thread runs
         self._queued_ingest = 0
         self.rate: deque[tuple[float, int]] = deque(maxlen=64)  # (monotonic, batches) per group
 
@@ -108,7 +109,8 @@ class Writer:
         """Queue ``fn`` for the writer; its result (or exception) arrives in the future."""
         fut: Future[T] = Future()
         if self._inline():
-            self._execute(_Command(fn, fut))  # type: ignore[arg-type]
+            with self._inline_lock:
+                self._execute(_Command(fn, fut))  # type: ignore[arg-type]
         else:
             self._q.put(_Command(fn, fut))  # type: ignore[arg-type]
         return fut
@@ -128,7 +130,8 @@ class Writer:
     async def ingest(self, item: IngestItem) -> Ack:
         """Queue one batch and await its group's commit."""
         if self._inline():
-            return _unwrap(self._apply([item])[0])
+            with self._inline_lock:
+                return _unwrap(self._apply([item])[0])
         loop = asyncio.get_running_loop()
         fut: asyncio.Future[Ack] = loop.create_future()
         self._count(1)
@@ -149,7 +152,8 @@ class Writer:
     def ingest_sync(self, item: IngestItem, timeout_s: float = 60.0) -> Ack:
         """The same from a plain thread (in-process agents, tests)."""
         if self._inline():
-            return _unwrap(self._apply([item])[0])
+            with self._inline_lock:
+                return _unwrap(self._apply([item])[0])
         done: Future[Ack] = Future()
         self._count(1)
         self._q.put(_Ingest(item, None, None, done))
