@@ -124,5 +124,14 @@ def test_slow_scheduler_delays_neither_ingest_nor_reads(
     assert len(ingest_ms) >= 50 and len(read_ms) >= 50
     assert _p99(ingest_ms) < P99_MS, f"ingest p99 {_p99(ingest_ms):.0f} ms"
     assert _p99(read_ms) < P99_MS, f"read p99 {_p99(read_ms):.0f} ms of {sorted(read_ms)[-5:]}"
-    # the late answer (idle) comes back to the writer and completes the drain
-    _wait(lambda: node_state("n00") == "drained", DELAY_S + 20, "n00 drained")
+    # the late answer (idle) comes back to the writer and completes the drain; n00 keeps
+    # pushing meanwhile (a silent node would be declared lost first)
+    beat = iter(range(seq + 1, seq + 10_000))
+
+    def drained() -> bool:
+        body = batch("n00", next(beat), t=time.time(), devices=False)
+        body.update(findings=[fail_finding("n00")], health=2)
+        assert client.post("/api/v1/ingest", json=body, headers=agent).status_code == 200
+        return node_state("n00") == "drained"
+
+    _wait(drained, DELAY_S + 20, "n00 drained")

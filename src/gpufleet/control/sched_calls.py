@@ -19,16 +19,14 @@ import logging
 import queue
 import threading
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Future
+from typing import Any
 
 from gpufleet.agent.wire import Batch, WireCommand
 from gpufleet.control.lifecycle import NullSchedulerHook, SchedulerHook
 
-if TYPE_CHECKING:
-    from concurrent.futures import Future
-
 log = logging.getLogger("gpufleet.control.scheduler")
-Submit = Callable[[Callable[[], Any]], "Future[Any]"]
+Submit = Callable[[Callable[[], Any]], Future[Any]]
 
 
 class _Lane:
@@ -112,7 +110,7 @@ class SchedulerCalls:
             finally:
                 with self._lock:
                     self._asking.discard(node)
-            self._submit(lambda: then(node, since_s, answer))
+            self._submit(lambda: then(node, since_s, answer)).add_done_callback(_log_failure)
 
         self._ask.put(ask)
         return False
@@ -134,6 +132,12 @@ class SchedulerCalls:
         self._exchange.put(run)
         with self._lock:
             return self._outbox.pop(node, [])
+
+
+def _log_failure(fut: Future[Any]) -> None:
+    exc = fut.exception()
+    if exc is not None:
+        log.warning("applying a scheduler answer failed: %s", exc)
 
 
 def _logged(fn: Callable[[], None]) -> Callable[[], None]:
