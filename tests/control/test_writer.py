@@ -80,16 +80,14 @@ def test_concurrent_batches_share_group_commits(
     assert set(svc.store.view.nodes) == {"warm", *(f"n{i}" for i in range(8))}
 
 
-def test_call_refuses_to_block_the_event_loop(
+def test_run_awaits_a_command_from_the_event_loop(
     make_service: Callable[..., ControlService],
 ) -> None:
     import asyncio
 
     svc = make_service()
 
-    async def on_loop() -> int:
-        with pytest.raises(RuntimeError, match="block the event loop"):
-            svc.store.writer.call(lambda: 1)
-        return await svc.store.writer.run(lambda: 2)
+    async def on_loop() -> str:
+        return await svc.store.writer.run(lambda: threading.current_thread().name)
 
-    assert asyncio.run(on_loop()) == 2
+    assert asyncio.run(on_loop()) == "gpufleet-writer"

@@ -118,8 +118,6 @@ class Writer:
     def call(self, fn: Callable[[], T], timeout_s: float = 60.0) -> T:
         """Run ``fn`` on the writer and wait for its result (from a plain thread, never from
         the event loop: use `run` there)."""
-        if not self._inline() and _on_a_loop():
-            raise RuntimeError("Writer.call would block the event loop; await Writer.run")
         return self.submit(fn).result(timeout_s)
 
     async def run(self, fn: Callable[[], T]) -> T:
@@ -252,14 +250,6 @@ def _resolve_all(pairs: list[tuple[asyncio.Future[Ack], Result]]) -> None:
             fut.set_exception(r)
         else:
             fut.set_result(r)
-
-
-def _on_a_loop() -> bool:
-    try:
-        asyncio.get_running_loop()
-    except RuntimeError:
-        return False
-    return True
 
 
 def _unwrap(r: Result) -> Ack:
