@@ -1,5 +1,8 @@
 """Writes that people make: lifecycle actions, acknowledgements, validation results, node
-attributes, policy and tokens. Each runs in one transaction with its audit row."""
+attributes, policy and tokens. Each runs on the writer thread (`gpufleet.control.writer`) in one
+transaction with its audit row; the public functions hand it over and wait for the result, so
+call them from a plain thread (FastAPI runs sync handlers on its thread pool), never from the
+event loop."""
 
 from __future__ import annotations
 
@@ -20,7 +23,7 @@ from gpufleet.control.models import (
     ValidationResultRow,
 )
 from gpufleet.control.remediation import RemediationPolicy
-from gpufleet.control.store import ControlStore, NodeCache, NotFound
+from gpufleet.control.store import ControlStore, NodeCache, NodeView, NotFound
 from gpufleet.errors import UsageError
 
 S = NodeState
@@ -28,52 +31,65 @@ VERDICTS = ("pass", "warn", "fail")
 
 
 def _node(store: ControlStore, name: str) -> NodeCache:
+    """The writer's cache entry of a node about to change (its snapshot is copied again)."""
     nc = store.nodes.get(name)
     if nc is None:
         raise NotFound(f"node {name!r} not found")
+    store.dirty(name)
     return nc
+
+
+def _view(store: ControlStore, name: str) -> NodeView:
+    """The node as published after the write (the writer publishes before answering)."""
+    view = store.view.nodes.get(name)
+    if view is None:
+        raise NotFound(f"node {name!r} not found")
+    return view
 
 
 def node_action(
     store: ControlStore, name: str, action: Action, who: Principal, reason: str = ""
-) -> NodeCache:
+) -> NodeView:
     """Apply one operator action to a node (raises TransitionError when not allowed)."""
+    store.writer.call(lambda: _node_action(store, name, action, who, reason))
+    return _view(store, name)
+
+
+def _node_action(
+    store: ControlStore, name: str, action: Action, who: Principal, reason: str
+) -> None:
     given = reason.strip()
     reason = given or f"{action.value} by {who.actor}"
-    with store.lock:
-        nc = _node(store, name)
-        after: lc.PostCommit = []
-        with store.sessions.begin() as s:
-            if action in (Action.CORDON, Action.UNCORDON):
-                flag = action is Action.CORDON
-                s.execute(update(Node).where(Node.id == nc.id).values(cordoned=flag))
-                nc.cordoned = flag
-                s.add(
-                    EventRow(
-                        at_s=store.clock(),
-                        node=name,
-                        kind=action.value,
-                        message=reason,
-                        data={"actor": who.actor},
-                    )
+    nc = _node(store, name)
+    after: lc.PostCommit = []
+    with store.sessions.begin() as s:
+        if action in (Action.CORDON, Action.UNCORDON):
+            flag = action is Action.CORDON
+            s.execute(update(Node).where(Node.id == nc.id).values(cordoned=flag))
+            nc.cordoned = flag
+            s.add(
+                EventRow(
+                    at_s=store.clock(),
+                    node=name,
+                    kind=action.value,
+                    message=reason,
+                    data={"actor": who.actor},
                 )
-                if flag:
-                    after.append(lambda: store.hook.drain(name, reason))
-                elif nc.state == S.IN_SERVICE:
-                    after.append(lambda: store.hook.resume(name))
-            elif action is Action.ACKNOWLEDGE:
-                for fc in list(nc.findings.values()):
-                    _ack(store, s, nc, fc.id, who, given)
-            else:
-                store._move(
-                    s, nc, ACTION_TARGET[action], actor=who.actor, reason=reason, after=after
-                )
-                if action is Action.VALIDATE:
-                    store._maybe_in_service(s, nc, who.actor, after)
-            store.audit(s, who, f"node.{action.value}", name, detail={"reason": reason})
-        store._run_after(after)
-        store._bump()
-        return nc
+            )
+            if flag:
+                after.append(lambda: store.hook.drain(name, reason))
+            elif nc.state == S.IN_SERVICE:
+                after.append(lambda: store.hook.resume(name))
+        elif action is Action.ACKNOWLEDGE:
+            for fc in list(nc.findings.values()):
+                _ack(store, s, nc, fc.id, who, given)
+        else:
+            store._move(s, nc, ACTION_TARGET[action], actor=who.actor, reason=reason, after=after)
+            if action is Action.VALIDATE:
+                store._maybe_in_service(s, nc, who.actor, after)
+        store.audit(s, who, f"node.{action.value}", name, detail={"reason": reason})
+    store._run_after(after)
+    store._bump()
 
 
 def _ack(
@@ -106,24 +122,26 @@ def _ack(
 
 
 def acknowledge_finding(store: ControlStore, finding_id: int, who: Principal) -> FindingRow:
-    with store.lock:
-        with store.sessions.begin() as s:
-            row = s.get(FindingRow, finding_id)
-            if row is None:
-                raise NotFound(f"finding {finding_id} not found")
-            nc = store.nodes.get(row.node)
-            if nc is None:
-                raise NotFound(f"node {row.node!r} not found")
-            _ack(store, s, nc, finding_id, who)
-            store.audit(s, who, "finding.acknowledge", str(finding_id), detail={"node": row.node})
-        store._bump()
-        with store.sessions() as s2:
-            out = s2.get(FindingRow, finding_id)
-            assert out is not None
-            return out
+    store.writer.call(lambda: _acknowledge_finding(store, finding_id, who))
+    with store.sessions() as s:
+        out = s.get(FindingRow, finding_id)
+        if out is None:
+            raise NotFound(f"finding {finding_id} not found")
+        return out
 
 
-def post_validation(store: ControlStore, payload: dict[str, Any], who: Principal) -> NodeCache:
+def _acknowledge_finding(store: ControlStore, finding_id: int, who: Principal) -> None:
+    with store.sessions.begin() as s:
+        row = s.get(FindingRow, finding_id)
+        if row is None:
+            raise NotFound(f"finding {finding_id} not found")
+        nc = _node(store, row.node)
+        _ack(store, s, nc, finding_id, who)
+        store.audit(s, who, "finding.acknowledge", str(finding_id), detail={"node": row.node})
+    store._bump()
+
+
+def post_validation(store: ControlStore, payload: dict[str, Any], who: Principal) -> NodeView:
     """A validation result (``{"node": ..., "verdict": "pass"|"warn"|"fail", ...}``) moves a
     node out of ``validating``: pass/warn -> in_service, fail -> repair. A result for a node in
     repair or registering first moves it to validating; a fail for a node in service drains it."""
@@ -135,34 +153,39 @@ def post_validation(store: ControlStore, payload: dict[str, Any], who: Principal
         raise UsageError(f"validation result: field 'verdict' must be one of {VERDICTS}")
     if who.role is Role.AGENT and not who.may_push_for(node):
         raise PermissionError(f"this agent token is bound to another node than {node!r}")
-    with store.lock:
-        nc = _node(store, node)
-        after: lc.PostCommit = []
-        reason = f"validation result: {verdict}"
-        summary = payload.get("summary")
-        if isinstance(summary, str) and summary:
-            reason += f" ({summary[:200]})"
-        with store.sessions.begin() as s:
-            s.add(
-                ValidationResultRow(
-                    node=node,
-                    verdict=verdict,
-                    received_s=store.clock(),
-                    actor=who.actor,
-                    payload=payload,
-                )
+    store.writer.call(lambda: _post_validation(store, node, verdict, payload, who))
+    return _view(store, node)
+
+
+def _post_validation(
+    store: ControlStore, node: str, verdict: str, payload: dict[str, Any], who: Principal
+) -> None:
+    nc = _node(store, node)
+    after: lc.PostCommit = []
+    reason = f"validation result: {verdict}"
+    summary = payload.get("summary")
+    if isinstance(summary, str) and summary:
+        reason += f" ({summary[:200]})"
+    with store.sessions.begin() as s:
+        s.add(
+            ValidationResultRow(
+                node=node,
+                verdict=verdict,
+                received_s=store.clock(),
+                actor=who.actor,
+                payload=payload,
             )
-            if nc.state in (S.REPAIR, S.REGISTERING, S.LOST):
-                store._move(s, nc, S.VALIDATING, actor=who.actor, reason=reason, after=after)
-            if nc.state == S.VALIDATING:
-                to = S.REPAIR if verdict == "fail" else S.IN_SERVICE
-                store._move(s, nc, to, actor=who.actor, reason=reason, after=after)
-            elif nc.state == S.IN_SERVICE and verdict == "fail":
-                store._move(s, nc, S.DRAINING, actor=who.actor, reason=reason, after=after)
-            store.audit(s, who, "validation.post", node, detail={"verdict": verdict})
-        store._run_after(after)
-        store._bump()
-        return nc
+        )
+        if nc.state in (S.REPAIR, S.REGISTERING, S.LOST):
+            store._move(s, nc, S.VALIDATING, actor=who.actor, reason=reason, after=after)
+        if nc.state == S.VALIDATING:
+            to = S.REPAIR if verdict == "fail" else S.IN_SERVICE
+            store._move(s, nc, to, actor=who.actor, reason=reason, after=after)
+        elif nc.state == S.IN_SERVICE and verdict == "fail":
+            store._move(s, nc, S.DRAINING, actor=who.actor, reason=reason, after=after)
+        store.audit(s, who, "validation.post", node, detail={"verdict": verdict})
+    store._run_after(after)
+    store._bump()
 
 
 def update_node(
@@ -173,38 +196,53 @@ def update_node(
     rack: str | None = None,
     tenant: str | None = None,
     labels: dict[str, str] | None = None,
-) -> NodeCache:
-    with store.lock:
-        nc = _node(store, name)
-        with store.sessions.begin() as s:
-            row = s.get(Node, nc.id)
-            assert row is not None
-            if rack is not None:
-                r = s.scalars(select(Rack).where(Rack.name == rack)).first()
-                if r is None:
-                    r = Rack(name=rack)
-                    s.add(r)
-                    s.flush()
-                row.rack_id = r.id
-                nc.rack = rack
-            if tenant is not None:
-                row.tenant = tenant or None
-                nc.tenant = row.tenant
-            if labels is not None:
-                row.labels = dict(labels)
-            store.audit(
-                s,
-                who,
-                "node.update",
-                name,
-                detail={"rack": rack, "tenant": tenant, "labels": labels},
-            )
-        store._bump()
-        return nc
+) -> NodeView:
+    """Set a node's rack, tenant or labels (None: unchanged)."""
+    store.writer.call(lambda: _update_node(store, name, who, rack, tenant, labels))
+    return _view(store, name)
+
+
+def _update_node(
+    store: ControlStore,
+    name: str,
+    who: Principal,
+    rack: str | None,
+    tenant: str | None,
+    labels: dict[str, str] | None,
+) -> None:
+    nc = _node(store, name)
+    with store.sessions.begin() as s:
+        row = s.get(Node, nc.id)
+        assert row is not None
+        if rack is not None:
+            r = s.scalars(select(Rack).where(Rack.name == rack)).first()
+            if r is None:
+                r = Rack(name=rack)
+                s.add(r)
+                s.flush()
+            row.rack_id = r.id
+            nc.rack = rack
+        if tenant is not None:
+            row.tenant = tenant or None
+            nc.tenant = row.tenant
+        if labels is not None:
+            row.labels = dict(labels)
+        store.audit(
+            s,
+            who,
+            "node.update",
+            name,
+            detail={"rack": rack, "tenant": tenant, "labels": labels},
+        )
+    store._bump()
 
 
 def set_policy(store: ControlStore, policy: RemediationPolicy, who: Principal) -> None:
-    with store.lock, store.sessions.begin() as s:
+    store.writer.call(lambda: _set_policy(store, policy, who))
+
+
+def _set_policy(store: ControlStore, policy: RemediationPolicy, who: Principal) -> None:
+    with store.sessions.begin() as s:
         row = s.get(ControllerState, "policy")
         if row is None:
             s.add(ControllerState(key="policy", value=policy.model_dump()))
@@ -213,6 +251,7 @@ def set_policy(store: ControlStore, policy: RemediationPolicy, who: Principal) -
         store.policy = policy
         store._update_breaker(s)
         store.audit(s, who, "policy.update", "remediation", detail=policy.model_dump())
+    store._bump()
 
 
 def create_token(
@@ -222,6 +261,17 @@ def create_token(
     name: str = "",
     tenant: str | None = None,
     node: str | None = None,
+) -> tuple[str, int]:
+    return store.writer.call(lambda: _create_token(store, who, role, name, tenant, node))
+
+
+def _create_token(
+    store: ControlStore,
+    who: Principal,
+    role: str,
+    name: str,
+    tenant: str | None,
+    node: str | None,
 ) -> tuple[str, int]:
     with store.sessions.begin() as s:
         token, row = store.tokens.create(role, name=name, tenant=tenant, node=node, session=s)
@@ -236,7 +286,12 @@ def create_token(
 
 
 def revoke_token(store: ControlStore, who: Principal, token_id: int) -> None:
+    store.writer.call(lambda: _revoke_token(store, who, token_id))
+
+
+def _revoke_token(store: ControlStore, who: Principal, token_id: int) -> None:
     with store.sessions.begin() as s:
         if not store.tokens.revoke(token_id, session=s):
             raise NotFound(f"token {token_id} not found or already revoked")
         store.audit(s, who, "token.revoke", str(token_id))
+    store.tokens.forget()  # again after the commit: a resolve in between may have cached it

@@ -159,8 +159,7 @@ def register(
         return j
 
     def audited(who: Principal, action: str, target: str, detail: dict[str, Any]) -> None:
-        with store.sessions.begin() as s:
-            store.audit(s, who, action, target, detail=detail)
+        store.record_audit(who, action, target, detail=detail)
 
     @api.get("/jobs", tags=["jobs"])
     def jobs_list(

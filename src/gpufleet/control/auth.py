@@ -177,6 +177,21 @@ class TokenStore:
             self._cache.clear()
         return done
 
+    def forget(self) -> None:
+        """Drop every cached resolution (after a revocation commits)."""
+        with self._lock:
+            self._cache.clear()
+
+    def cached(self, token: str) -> tuple[bool, Principal | None]:
+        """(known, principal) from the cache alone, without touching the database."""
+        if not token.startswith(TOKEN_PREFIX) or len(token) > 200:
+            return True, None
+        digest = hash_token(token)
+        with self._lock:
+            if digest in self._cache:
+                return True, self._cache[digest]
+        return False, None
+
     def resolve(self, token: str) -> Principal | None:
         """The principal of a bearer token, or None (unknown or revoked)."""
         if not token.startswith(TOKEN_PREFIX) or len(token) > 200:

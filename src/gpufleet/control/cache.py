@@ -1,15 +1,23 @@
-"""The control plane's in-memory mirror of hot rows (nodes, their GPUs and active findings) and
-the unit of ingest work (`IngestItem`); shared by the store and the ingest writes."""
+"""The control plane's in-memory mirror of hot rows (nodes, their GPUs and active findings), the
+immutable snapshot readers see (`Snapshot`), and the unit of ingest work (`IngestItem`).
+
+The mutable caches (`NodeCache`, `FindingCache`) belong to the writer thread alone
+(`gpufleet.control.writer`); after each commit it publishes a new `Snapshot` of frozen
+`NodeView`s, rebuilding only the nodes that commit touched, and readers (API handlers, the
+stream, the scheduler worker) only ever see whole snapshots."""
 
 from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from gpufleet.agent.wire import Batch, WireAck
 from gpufleet.control.auth import Principal
+from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.telemetry_store import SampleGroup
 
 
@@ -26,7 +34,7 @@ class FindingCache:
     ack: WireAck | None = None
 
 
-@dataclass
+@dataclass(frozen=True)
 class GpuCache:
     """A GPU as the hot paths see it (``digest`` of its device info: unchanged info is not
     rewritten)."""
@@ -61,6 +69,90 @@ class NodeCache:
     @property
     def model(self) -> str | None:
         return next((g.model for g in self.gpus.values() if g.model), None)
+
+
+@dataclass(frozen=True)
+class FindingView:
+    """An active finding as readers see it."""
+
+    id: int
+    severity: int
+    sticky: bool
+    acknowledged: bool
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """A node as readers see it: a frozen copy of its `NodeCache` at one commit."""
+
+    id: int
+    name: str
+    state: str
+    health: int
+    cordoned: bool
+    tenant: str | None
+    rack: str | None
+    agent_id: str | None
+    interval_s: float
+    last_seen_s: float | None
+    state_since_s: float
+    state_reason: str
+    gpus: Mapping[int, GpuCache]
+    findings: Mapping[tuple[str, str], FindingView]
+    model: str | None
+
+    @classmethod
+    def of(cls, nc: NodeCache) -> NodeView:
+        return cls(
+            id=nc.id,
+            name=nc.name,
+            state=nc.state,
+            health=nc.health,
+            cordoned=nc.cordoned,
+            tenant=nc.tenant,
+            rack=nc.rack,
+            agent_id=nc.agent_id,
+            interval_s=nc.interval_s,
+            last_seen_s=nc.last_seen_s,
+            state_since_s=nc.state_since_s,
+            state_reason=nc.state_reason,
+            gpus=MappingProxyType(dict(nc.gpus)),
+            findings=MappingProxyType(
+                {
+                    k: FindingView(f.id, f.severity, f.sticky, f.acknowledged)
+                    for k, f in nc.findings.items()
+                }
+            ),
+            model=nc.model,
+        )
+
+
+@dataclass(frozen=True)
+class BreakerView:
+    """The remediation circuit breaker at one commit."""
+
+    open: bool = False
+    message: str = ""
+    since_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Everything readers need of the control plane's state at one commit (never mutated:
+    the writer swaps in a new one). ``generation`` changes whenever anything changed."""
+
+    generation: int
+    nodes: Mapping[str, NodeView]
+    policy: RemediationPolicy  # the writer replaces the policy object, never edits it
+    breaker: BreakerView
+    out: int
+    total: int
+    stats: Mapping[str, int]
+
+
+EMPTY_SNAPSHOT = Snapshot(
+    0, MappingProxyType({}), RemediationPolicy(), BreakerView(), 0, 0, MappingProxyType({})
+)
 
 
 @dataclass(frozen=True)

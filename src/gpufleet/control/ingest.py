@@ -1,5 +1,6 @@
-"""Ingest: decode a pushed batch (gzip, size limits, schema), then commit it through a single
-writer thread that groups concurrent batches into one transaction (group commit).
+"""Ingest: decode a pushed batch (gzip, size limits, schema), then commit it through the
+control plane's one writer thread (`gpufleet.control.writer`), which groups concurrent batches
+into one transaction (group commit).
 
 A request's future resolves only after its group's transaction has committed, so an ``Ack``
 always means durable. When the queue holds more than ``max_pending`` batches the endpoint
@@ -8,12 +9,8 @@ answers 429 with ``Retry-After`` instead of queueing more.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import math
-import queue
-import threading
-import time
 import zlib
 from collections import deque
 from dataclasses import dataclass, field
@@ -228,154 +225,50 @@ def parse_batch(raw: bytes) -> Parsed:
     return Parsed(batch, arrays)
 
 
-@dataclass
-class _Pending:
-    item: IngestItem
-    loop: asyncio.AbstractEventLoop | None
-    future: asyncio.Future[Ack] | None
-    done: threading.Event | None = None
-    result: Ack | BaseException | None = None
-
-
 class IngestQueue:
-    """The single writer: drains the queue in groups of up to ``max_group`` batches."""
+    """Ingest's side of the writer (`gpufleet.control.writer`): admission (429 with
+    ``Retry-After`` past ``max_pending`` queued batches), submission, acknowledgement latencies.
+    ``start``/``stop`` start and stop the writer thread."""
 
-    def __init__(
-        self, store: ControlStore, *, max_pending: int = 2000, max_group: int = 256
-    ) -> None:
+    def __init__(self, store: ControlStore, *, max_pending: int = 2000) -> None:
         self.store = store
+        self.writer = store.writer
         self.max_pending = max_pending
-        self.max_group = max_group
-        self._q: queue.Queue[_Pending | None] = queue.Queue()
-        self._thread: threading.Thread | None = None
-        self._rate: deque[tuple[float, int]] = deque(maxlen=64)
         self.latencies_ms: deque[float] = deque(maxlen=50_000)
-        self._inloop: list[_Pending] = []
-        self._flush_scheduled = False
 
     def start(self) -> None:
-        import sys
-
-        sys.setswitchinterval(0.0002)
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="gpufleet-ingest", daemon=True)
-            self._thread.start()
+        self.writer.start()
 
     def stop(self) -> None:
-        if self._thread is not None:
-            self._q.put(None)
-            self._thread.join(timeout=30)
-            self._thread = None
+        self.writer.stop()
 
     @property
     def pending(self) -> int:
-        return self._q.qsize() + len(self._inloop)
+        return self.writer.pending
 
     def retry_after_s(self) -> int:
         """How long to wait, from the recent commit rate (at least 1 s)."""
-        if len(self._rate) >= 2:
-            span = self._rate[-1][0] - self._rate[0][0]
-            done = sum(n for _, n in self._rate)
+        rate = list(self.writer.rate)
+        if len(rate) >= 2:
+            span = rate[-1][0] - rate[0][0]
+            done = sum(n for _, n in rate)
             if span > 0 and done:
                 return max(1, math.ceil(self.pending / (done / span)))
         return 1
 
     def check_capacity(self, node: str) -> None:
         if self.pending >= self.max_pending:
-            self.store.touch(node, self.store.clock())
+            if node:  # a refused batch still proves the node is alive
+                now = self.store.clock()
+                self.writer.submit(lambda: self.store.touch(node, now))
             raise IngestRejected(
                 429, f"ingest queue full ({self.pending} batches waiting)", self.retry_after_s()
             )
 
     async def submit(self, item: IngestItem) -> Ack:
-        """Queue one batch and wait until its group is committed.
-
-        Groups are committed on the event loop itself, once per loop iteration, with every
-        batch that arrived in it: no thread hand-off per request (on a 2-core machine the GIL
-        hand-offs between a writer thread and the loop cost more than the commit)."""
-        loop = asyncio.get_running_loop()
-        fut: asyncio.Future[Ack] = loop.create_future()
-        self._inloop.append(_Pending(item, loop, fut))
-        if not self._flush_scheduled:
-            self._flush_scheduled = True
-            loop.call_soon(self._flush_inloop)
-        return await fut
-
-    def _flush_inloop(self) -> None:
-        self._flush_scheduled = False
-        group, self._inloop = self._inloop, []
-        for i in range(0, len(group), self.max_group):
-            self._commit(group[i : i + self.max_group])
+        """Queue one batch and wait until its group is committed (durable)."""
+        return await self.writer.ingest(item)
 
     def submit_sync(self, item: IngestItem, timeout_s: float = 60.0) -> Ack:
         """The same from a plain thread (in-process agents, tests)."""
-        p = _Pending(item, None, None, threading.Event())
-        self._q.put(p)
-        assert p.done is not None
-        if not p.done.wait(timeout_s):
-            raise TimeoutError("ingest did not commit in time")
-        if isinstance(p.result, BaseException):
-            raise p.result
-        assert isinstance(p.result, Ack)
-        return p.result
-
-    def _run(self) -> None:
-        while True:
-            first = self._q.get()
-            if first is None:
-                return
-            group = [first]
-            stop = False
-            while len(group) < self.max_group:
-                try:
-                    nxt = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is None:
-                    stop = True
-                    break
-                group.append(nxt)
-            self._commit(group)
-            if stop:
-                return
-
-    def _commit(self, group: list[_Pending]) -> None:
-        t0 = time.monotonic()
-        results: list[Ack | BaseException]
-        try:
-            results = list(self.store.apply_batches([p.item for p in group]))
-        except Exception as exc:  # a broken group: retry one by one so one bad batch fails
-            log.warning("group commit of %d batches failed (%s); retrying singly", len(group), exc)
-            results = []
-            for p in group:
-                try:
-                    results.extend(self.store.apply_batches([p.item]))
-                except Exception as exc1:
-                    results.append(exc1)
-        self._rate.append((time.monotonic(), len(group)))
-        _ = t0
-        for p, r in zip(group, results, strict=True):
-            p.result = r
-            if p.loop is not None and p.future is not None:
-                if _on_loop(p.loop):
-                    _resolve(p.future, r)
-                else:
-                    p.loop.call_soon_threadsafe(_resolve, p.future, r)
-            elif p.done is not None:
-                p.done.set()
-
-
-def _on_loop(loop: asyncio.AbstractEventLoop) -> bool:
-    try:
-        return asyncio.get_running_loop() is loop
-    except RuntimeError:
-        return False
-
-
-def _resolve(fut: asyncio.Future[Ack], r: Ack | BaseException) -> None:
-    if fut.done():
-        return
-    if isinstance(r, BaseException):
-        fut.set_exception(r)
-    else:
-        fut.set_result(r)
+        return self.writer.ingest_sync(item, timeout_s)

@@ -10,6 +10,7 @@ documents it; it calls the same `handle_ingest`), so the two can never answer di
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -57,7 +58,11 @@ async def handle_ingest(
     store = service.store
     received = store.clock()
     scheme, _, token = (authorization or "").partition(" ")
-    who = store.tokens.resolve(token.strip()) if scheme.lower() == "bearer" else None
+    who = None
+    if scheme.lower() == "bearer":
+        known, who = store.tokens.cached(token.strip())
+        if not known:  # first sight of this token: the database lookup runs off the loop
+            who = await asyncio.to_thread(store.tokens.resolve, token.strip())
     if who is None:
         return _problem(401, "missing, unknown or revoked token")
     if not (who.role is Role.AGENT or who.role is Role.ADMIN):
@@ -76,7 +81,9 @@ async def handle_ingest(
     ack = await service.ingest.submit(IngestItem(batch, who, received, parsed.arrays))
     service.ingest.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
     out: dict[str, Any] = {"agent_id": ack.agent_id, "seq": ack.seq, "duplicate": ack.duplicate}
-    cmds = service.scheduler.exchange(batch, store.clock())
+    # the scheduler sees the batch's job report later, on its own thread; the commands it has
+    # for this node (from earlier reports) ride on this Ack
+    cmds = store.sched.exchange(batch, store.clock())
     if cmds:  # an Ack without commands is exactly what it was before jobs existed
         out["commands"] = [c.model_dump(mode="json") for c in cmds]
     if ack.acks:  # findings acknowledged on the control plane that the agent still reports

@@ -48,75 +48,73 @@ def node_acks(nc: NodeCache | None) -> list[WireAck]:
 
 
 def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
-    """Store a group of batches in one transaction; returns one `Ack` per item, in order."""
-    with store.lock:
-        after: lc.PostCommit = []
-        acks: list[Ack] = []
-        fresh: list[IngestItem] = []
-        try:
-            with store.sessions.begin() as s:
-                keys = list({(i.batch.agent_id, i.batch.seq) for i in items})
-                known: set[tuple[str, int]] = set()
-                for chunk in range(0, len(keys), KEY_CHUNK):
-                    part = keys[chunk : chunk + KEY_CHUNK]
-                    q = select(IngestedBatch.agent_id, IngestedBatch.seq).where(
-                        tuple_(IngestedBatch.agent_id, IngestedBatch.seq).in_(part)
-                    )
-                    known.update((a, q_) for a, q_ in s.execute(q))
-                rows = []
-                node_updates: dict[int, dict[str, Any]] = {}
-                events: list[dict[str, Any]] = []
-                for item in items:
-                    b = item.batch
-                    key = (b.agent_id, b.seq)
-                    if key in known:
-                        acks.append(
-                            _ack(b.agent_id, b.seq, True, node_acks(store.nodes.get(b.node)))
-                        )
-                        store.touch(b.node, item.received_s)
-                        continue
-                    known.add(key)
-                    rows.append(
-                        {
-                            "agent_id": b.agent_id,
-                            "seq": b.seq,
-                            "node": b.node,
-                            "received_s": item.received_s,
-                            "sent_at_s": b.sent_at_s,
-                            "samples": sum(len(ws.t) for ws in b.samples),
-                            "findings": len(b.findings),
-                            "events": len(b.events),
-                            "buffered": b.buffered,
-                            "token_id": item.principal.token_id,
-                        }
-                    )
-                    _apply_one(store, s, item, node_updates, events, after)
-                    acks.append(_ack(b.agent_id, b.seq, False, node_acks(store.nodes[b.node])))
-                    fresh.append(item)
-                if rows:
-                    s.execute(insert(IngestedBatch), rows)
-                if events:
-                    s.execute(insert(EventRow), events)
-                if node_updates:
-                    s.execute(update(Node), list(node_updates.values()))
-        except Exception:
-            log.exception("ingest transaction failed; reloading state from the database")
-            store.load()
-            raise
-        n = 0
-        for item in fresh:
-            node = item.batch.node
-            if item.arrays is not None:
-                n += store.telemetry.add_groups(node, item.arrays)
-            else:
-                for ws in item.batch.samples:
-                    n += store.telemetry.add(node, ws.gpu_index, ws.t, ws.fields)
-        store.stats["samples"] += n
-        store.stats["batches"] += len(fresh)
-        store.stats["duplicates"] += len(items) - len(fresh)
-        store._run_after(after)
-        store._bump()
-        return acks
+    """Store a group of batches in one transaction (on the writer thread); returns one `Ack`
+    per item, in order."""
+    after: lc.PostCommit = []
+    acks: list[Ack] = []
+    fresh: list[IngestItem] = []
+    try:
+        with store.sessions.begin() as s:
+            keys = list({(i.batch.agent_id, i.batch.seq) for i in items})
+            known: set[tuple[str, int]] = set()
+            for chunk in range(0, len(keys), KEY_CHUNK):
+                part = keys[chunk : chunk + KEY_CHUNK]
+                q = select(IngestedBatch.agent_id, IngestedBatch.seq).where(
+                    tuple_(IngestedBatch.agent_id, IngestedBatch.seq).in_(part)
+                )
+                known.update((a, q_) for a, q_ in s.execute(q))
+            rows = []
+            node_updates: dict[int, dict[str, Any]] = {}
+            events: list[dict[str, Any]] = []
+            for item in items:
+                b = item.batch
+                key = (b.agent_id, b.seq)
+                if key in known:
+                    acks.append(_ack(b.agent_id, b.seq, True, node_acks(store.nodes.get(b.node))))
+                    store.touch(b.node, item.received_s)
+                    continue
+                known.add(key)
+                rows.append(
+                    {
+                        "agent_id": b.agent_id,
+                        "seq": b.seq,
+                        "node": b.node,
+                        "received_s": item.received_s,
+                        "sent_at_s": b.sent_at_s,
+                        "samples": sum(len(ws.t) for ws in b.samples),
+                        "findings": len(b.findings),
+                        "events": len(b.events),
+                        "buffered": b.buffered,
+                        "token_id": item.principal.token_id,
+                    }
+                )
+                _apply_one(store, s, item, node_updates, events, after)
+                acks.append(_ack(b.agent_id, b.seq, False, node_acks(store.nodes[b.node])))
+                fresh.append(item)
+            if rows:
+                s.execute(insert(IngestedBatch), rows)
+            if events:
+                s.execute(insert(EventRow), events)
+            if node_updates:
+                s.execute(update(Node), list(node_updates.values()))
+    except Exception:
+        log.exception("ingest transaction failed; reloading state from the database")
+        store.load()
+        raise
+    n = 0
+    for item in fresh:
+        node = item.batch.node
+        if item.arrays is not None:
+            n += store.telemetry.add_groups(node, item.arrays)
+        else:
+            for ws in item.batch.samples:
+                n += store.telemetry.add(node, ws.gpu_index, ws.t, ws.fields)
+    store.stats["samples"] += n
+    store.stats["batches"] += len(fresh)
+    store.stats["duplicates"] += len(items) - len(fresh)
+    store._run_after(after)
+    store._bump()
+    return acks
 
 
 def _apply_one(
@@ -163,6 +161,7 @@ def _apply_one(
         )
         store.nodes[b.node] = nc
     store.touch(b.node, item.received_s)
+    store.dirty(b.node)
     if b.devices is not None:
         for d in b.devices:
             _upsert_gpu(store, s, nc, d.index, d.uuid, d.info, now)

@@ -1,5 +1,6 @@
 """Reads for the API: fleet summary, node lists with latest per-GPU metrics, heatmap rows,
-series, findings, events, transitions, audit. Node-level reads come from memory."""
+series, findings, events, transitions, audit. Node-level reads come from the writer's newest
+immutable snapshot (`ControlStore.view`), never from its working cache."""
 
 from __future__ import annotations
 
@@ -22,19 +23,19 @@ from gpufleet.control.models import (
     Transition,
     ValidationResultRow,
 )
-from gpufleet.control.store import ControlStore, NodeCache, NotFound
+from gpufleet.control.store import ControlStore, NodeView, NotFound
 from gpufleet.control.telemetry_store import FIELD_INDEX, FIELDS
 
 HEALTH_WORDS = {0: "ok", 1: "warn", 2: "fail", 3: "unknown"}
 HEATMAP_METRICS = (*FIELDS, "health", "power_pct")
 
 
-def visible(nc: NodeCache, who: Principal) -> bool:
+def visible(nc: NodeView, who: Principal) -> bool:
     """Tenant tokens see shared nodes (no tenant) and their own tenant's nodes."""
     return who.tenant is None or nc.tenant is None or nc.tenant == who.tenant
 
 
-def _gpu_health(nc: NodeCache) -> dict[int, int]:
+def _gpu_health(nc: NodeView) -> dict[int, int]:
     out: dict[int, int] = {}
     for fc_key, fc in nc.findings.items():
         _ = fc_key
@@ -44,7 +45,7 @@ def _gpu_health(nc: NodeCache) -> dict[int, int]:
     return out
 
 
-def _finding_gpu(nc: NodeCache, key: tuple[str, str]) -> int | None:
+def _finding_gpu(nc: NodeView, key: tuple[str, str]) -> int | None:
     component = key[1]
     for i, g in nc.gpus.items():
         if g.uuid == component:
@@ -52,7 +53,7 @@ def _finding_gpu(nc: NodeCache, key: tuple[str, str]) -> int | None:
     return None
 
 
-def node_out(store: ControlStore, nc: NodeCache, with_gpus: bool = True) -> sc.NodeWithGpus:
+def node_out(store: ControlStore, nc: NodeView, with_gpus: bool = True) -> sc.NodeWithGpus:
     latest: list[sc.GpuLatest] = []
     if with_gpus:
         gh = _gpu_health(nc)
@@ -90,12 +91,12 @@ def node_out(store: ControlStore, nc: NodeCache, with_gpus: bool = True) -> sc.N
 
 
 def summary(store: ControlStore, who: Principal, pending: int = 0) -> sc.FleetSummary:
-    nodes = [n for n in list(store.nodes.values()) if visible(n, who)]
+    view = store.view
+    nodes = [n for n in view.nodes.values() if visible(n, who)]
     by_state = Counter(n.state for n in nodes)
-    out, total = store.out_count()
-    b = store.breaker
+    b, policy = view.breaker, view.policy
     return sc.FleetSummary(
-        generation=store.generation,
+        generation=view.generation,
         now_s=store.clock(),
         version=__version__,
         nodes=len(nodes),
@@ -109,16 +110,16 @@ def summary(store: ControlStore, who: Principal, pending: int = 0) -> sc.FleetSu
             circuit_open=b.open,
             circuit_message=b.message,
             circuit_since_s=b.since_s,
-            dry_run=store.policy.dry_run,
-            max_out_fraction=store.policy.max_out_fraction,
-            min_out_nodes=store.policy.min_out_nodes,
-            out=out,
-            total=total,
+            dry_run=policy.dry_run,
+            max_out_fraction=policy.max_out_fraction,
+            min_out_nodes=policy.min_out_nodes,
+            out=view.out,
+            total=view.total,
         ),
         ingest=sc.IngestStats(
-            batches=store.stats["batches"],
-            duplicates=store.stats["duplicates"],
-            samples=store.stats["samples"],
+            batches=view.stats["batches"],
+            duplicates=view.stats["duplicates"],
+            samples=view.stats["samples"],
             pending=pending,
         ),
     )
@@ -132,9 +133,9 @@ def filtered_nodes(
     rack: str | None = None,
     model: str | None = None,
     health: int | None = None,
-) -> list[NodeCache]:
+) -> list[NodeView]:
     out = []
-    for nc in sorted(store.nodes.values(), key=lambda n: n.name):
+    for nc in sorted(store.view.nodes.values(), key=lambda n: n.name):
         if not visible(nc, who):
             continue
         if state and nc.state != state:
@@ -154,7 +155,7 @@ def filtered_nodes(
 STALE_GPU_S = 10.0
 
 
-def heatmap(store: ControlStore, nodes: list[NodeCache], metric: str) -> sc.Heatmap:
+def heatmap(store: ControlStore, nodes: list[NodeView], metric: str) -> sc.Heatmap:
     values: list[list[float | None]] = []
     for nc in nodes:
         width = (max(nc.gpus) + 1) if nc.gpus else 0
@@ -173,7 +174,7 @@ def heatmap(store: ControlStore, nodes: list[NodeCache], metric: str) -> sc.Heat
             values.append(store.telemetry.latest_field(nc.name, width, metric, stale_s=STALE_GPU_S))
     return sc.Heatmap(
         metric=metric,
-        generation=store.generation,
+        generation=store.view.generation,
         nodes=[n.name for n in nodes],
         states=[n.state for n in nodes],
         health=[n.health for n in nodes],
@@ -183,7 +184,7 @@ def heatmap(store: ControlStore, nodes: list[NodeCache], metric: str) -> sc.Heat
     )
 
 
-def node_detail(store: ControlStore, nc: NodeCache, history: int = 100) -> sc.NodeDetail:
+def node_detail(store: ControlStore, nc: NodeView, history: int = 100) -> sc.NodeDetail:
     with store.sessions() as s:
         devices = [
             sc.GpuOut(
@@ -228,7 +229,7 @@ def node_detail(store: ControlStore, nc: NodeCache, history: int = 100) -> sc.No
 
 def series(
     store: ControlStore,
-    nc: NodeCache,
+    nc: NodeView,
     gpu: int,
     names: list[str],
     *,
@@ -305,7 +306,7 @@ def findings(
 def _visible_name(store: ControlStore, node: str | None, who: Principal) -> bool:
     if node is None or who.tenant is None:
         return True
-    nc = store.nodes.get(node)
+    nc = store.view.nodes.get(node)
     return nc is None or visible(nc, who)
 
 
@@ -362,12 +363,13 @@ def gpus(
     q = select(Gpu)
     if model:
         q = q.where(Gpu.model == model)
+    view = store.view
     if node:
-        nc = store.nodes.get(node)
+        nc = view.nodes.get(node)
         if nc is None:
             return []
         q = q.where(Gpu.node_id == nc.id)
-    names = {n.id: n.name for n in store.nodes.values() if visible(n, who)}
+    names = {n.id: n.name for n in view.nodes.values() if visible(n, who)}
     with store.sessions() as s:
         rows = list(s.scalars(q.order_by(Gpu.node_id, Gpu.index).offset(offset).limit(limit)))
     return [

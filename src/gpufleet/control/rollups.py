@@ -4,9 +4,10 @@ idempotency window) and events."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
-from sqlalchemy import delete, insert, select
+from sqlalchemy import Delete, delete, insert, select
 
 from gpufleet.control.models import EventRow, IngestedBatch, Rollup
 from gpufleet.control.telemetry_store import merge_stats
@@ -20,7 +21,7 @@ def flush_rollups(store: ControlStore, *, everything: bool = False) -> int:
     items = store.telemetry.take_closed_minutes(store.clock(), all_minutes=everything)
     if not items:
         return 0
-    with store.lock, store.sessions.begin() as s:
+    with store.sessions.begin() as s:
         minutes = sorted({m for _, _, m, _, _ in items})
         existing = {
             (r.node, r.gpu_index, r.minute_s): r
@@ -47,12 +48,23 @@ def flush_rollups(store: ControlStore, *, everything: bool = False) -> int:
     return len(items)
 
 
-def apply_retention(
+def retention_steps(
     store: ControlStore, *, rollups_s: float, batches_s: float, events_s: float
-) -> None:
-    """Delete what is older than its retention (rollups, batch keys, events)."""
+) -> list[Callable[[], None]]:
+    """Deletes of what is older than its retention (rollups, batch keys, events), one
+    transaction per table (the writer runs them as separate commands)."""
     now = store.clock()
-    with store.lock, store.sessions.begin() as s:
-        s.execute(delete(Rollup).where(Rollup.minute_s < now - rollups_s))
-        s.execute(delete(IngestedBatch).where(IngestedBatch.received_s < now - batches_s))
-        s.execute(delete(EventRow).where(EventRow.at_s < now - events_s))
+    stmts = [
+        delete(Rollup).where(Rollup.minute_s < now - rollups_s),
+        delete(IngestedBatch).where(IngestedBatch.received_s < now - batches_s),
+        delete(EventRow).where(EventRow.at_s < now - events_s),
+    ]
+
+    def step(stmt: Delete) -> Callable[[], None]:
+        def run() -> None:
+            with store.sessions.begin() as s:
+                s.execute(stmt)
+
+        return run
+
+    return [step(st) for st in stmts]

@@ -32,7 +32,7 @@ Call = tuple[str, str, Callable[[], None]]
 
 def fail_drain(store: ControlStore, node: str) -> bool:
     """Is this drain for a failure (a fail finding, or the node sent to repair/failed)?"""
-    nc = store.nodes.get(node)
+    nc = store.view.nodes.get(node)  # the writer's snapshot (this runs off the writer)
     if nc is None:
         return False
     if nc.state in (NodeState.REPAIR.value, NodeState.FAILED.value):
@@ -42,7 +42,7 @@ def fail_drain(store: ControlStore, node: str) -> bool:
 
 def node_facts(store: ControlStore, node: str) -> NodeFacts | None:
     """What a scheduler may know of a node: usable (in service, not cordoned), why not, rack."""
-    nc = store.nodes.get(node)
+    nc = store.view.nodes.get(node)  # the writer's snapshot (this runs off the writer)
     if nc is None:
         return None
     usable = nc.state == NodeState.IN_SERVICE.value and not nc.cordoned

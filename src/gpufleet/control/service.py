@@ -1,5 +1,6 @@
-"""Wiring of one controller: database, store, ingest writer and the background loop (lost
-detection, drain completion, rollups, retention), with an injectable clock.
+"""Wiring of one controller: database, store, its one writer thread, the scheduler worker and
+the background loop (lost detection, drain completion, rollups, retention), with an injectable
+clock. The loop only sends commands to the writer; it never writes itself.
 
 The loop watches its own pulse: when two of its ticks are further apart than ``stall_s`` (the
 process was stopped, the machine suspended, the loop starved), the controller was down, not
@@ -95,13 +96,14 @@ class ControlService:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
-        self.events.stop()
-        self.scheduler.stop()
-        self.ingest.stop()
         try:
             self.store.flush_rollups(everything=True)
         except Exception as exc:
             log.warning("final rollup flush failed: %s", exc)
+        self.ingest.stop()  # the writer finishes what is queued, then ends
+        self.store.sched.stop()
+        self.events.stop()
+        self.scheduler.stop()
         self.engine.dispose()
 
     def tick(self) -> list[tuple[str, str]]:

@@ -1,16 +1,19 @@
-"""The control plane's state: writes (ingest, lifecycle, actions, validation, audit) through one
-lock and one transaction each, with an in-memory cache of nodes for the hot paths.
+"""The control plane's state: writes (ingest, lifecycle, actions, validation, audit), each in
+one transaction on the one writer thread (`gpufleet.control.writer`), with an in-memory cache of
+nodes for the hot paths and an immutable snapshot of it for readers (`ControlStore.view`).
 
 The database is the source of truth; the cache (`gpufleet.control.cache`) is rebuilt from it at
-start and after any failed transaction. Ingest writes live in `gpufleet.control.ingest_writes`,
-rollups and retention in `gpufleet.control.rollups`.
+start and after any failed transaction. Only the writer thread touches the cache; every public
+write method here hands its work to the writer (and runs in place when called on it). Scheduler
+calls go through `gpufleet.control.sched_calls`, never from here directly. Ingest writes live in
+`gpufleet.control.ingest_writes`, rollups and retention in `gpufleet.control.rollups`.
 """
 
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
+from types import MappingProxyType
 from typing import Any
 
 from sqlalchemy import Engine, select
@@ -21,10 +24,14 @@ from gpufleet.control import ingest_writes, rollups
 from gpufleet.control import lifecycle as lc
 from gpufleet.control.auth import Principal, TokenStore
 from gpufleet.control.cache import (
+    EMPTY_SNAPSHOT,
+    BreakerView,
     FindingCache,
     GpuCache,
     IngestItem,
     NodeCache,
+    NodeView,
+    Snapshot,
     agent_ack,
     info_digest,
 )
@@ -40,8 +47,10 @@ from gpufleet.control.models import (
     Rack,
 )
 from gpufleet.control.remediation import CircuitBreaker, RemediationPolicy
+from gpufleet.control.sched_calls import SchedulerCalls
 from gpufleet.control.scheduling import SchedulerEvents
 from gpufleet.control.telemetry_store import TelemetryStore
+from gpufleet.control.writer import Writer
 from gpufleet.schedulers.base import NoScheduler
 
 log = logging.getLogger("gpufleet.control")
@@ -53,7 +62,9 @@ __all__ = [
     "GpuCache",
     "IngestItem",
     "NodeCache",
+    "NodeView",
     "NotFound",
+    "Snapshot",
 ]
 
 
@@ -95,7 +106,9 @@ def _ack_reasons(s: Session, active: list[FindingRow]) -> dict[int, str]:
 
 
 class ControlStore:
-    """Writes and cached state of the control plane (one instance per controller process)."""
+    """Writes and cached state of the control plane (one instance per controller process).
+
+    ``nodes`` is the writer's own cache (other threads read ``view``, the newest snapshot)."""
 
     def __init__(
         self,
@@ -120,12 +133,18 @@ class ControlStore:
         self.min_drain_s = min_drain_s
         self.seen_persist_s = seen_persist_s
         self.breaker = CircuitBreaker()
-        self.lock = threading.RLock()
         self.nodes: dict[str, NodeCache] = {}
         self.generation = 0
         self.grace_from_s = clock()  # a fresh controller gives every node a grace period
         self.stats = {"batches": 0, "duplicates": 0, "samples": 0}
+        self.view: Snapshot = EMPTY_SNAPSHOT
+        self._dirty: set[str] = set()
+        self._dirty_all = True
+        self._notify: lc.PostCommit = []
+        self.writer = Writer(self)
+        self.sched = SchedulerCalls(lambda: self.hook, self.writer.submit)
         self.load()
+        self.publish()
 
     # -- cache --------------------------------------------------------------------------------
     def load(self) -> None:
@@ -180,7 +199,57 @@ class ControlStore:
             if saved is not None:
                 self.policy = RemediationPolicy.model_validate(saved.value)
         self.nodes = nodes
+        self._dirty_all = True
         self._update_breaker(None)
+
+    # -- snapshot -------------------------------------------------------------------------------
+    def dirty(self, name: str) -> None:
+        """The writer changed node ``name``'s cache: the next snapshot copies it again."""
+        self._dirty.add(name)
+
+    def publish(self) -> None:
+        """Swap in a new snapshot (on the writer, after each command or group commit), then
+        queue the scheduler calls of the commits it holds."""
+        old = self.view
+        nodes = old.nodes
+        out, total = old.out, old.total
+        if self._dirty_all:
+            nodes = MappingProxyType({n: NodeView.of(nc) for n, nc in self.nodes.items()})
+        elif self._dirty:
+            fresh = dict(old.nodes)
+            for name in self._dirty:
+                nc = self.nodes.get(name)
+                if nc is None:
+                    fresh.pop(name, None)
+                else:
+                    fresh[name] = NodeView.of(nc)
+            nodes = MappingProxyType(fresh)
+        if self._dirty_all or self._dirty:
+            out, total = self.out_count()
+        self._dirty_all = False
+        self._dirty.clear()
+        b = self.breaker
+        self.view = Snapshot(
+            generation=self.generation,
+            nodes=nodes,
+            policy=self.policy,
+            breaker=BreakerView(b.open, b.message, b.since_s),
+            out=out,
+            total=total,
+            stats=MappingProxyType(dict(self.stats)),
+        )
+        calls, self._notify = self._notify, []
+        self.sched.notify(calls)
+
+    def after_failure(self, exc: BaseException) -> None:
+        """A writer command failed: its transaction rolled back, so the cache may hold changes
+        the database does not; rebuild it (unless the command refused before changing
+        anything)."""
+        if isinstance(exc, NotFound | PermissionError):
+            return
+        log.warning("write failed (%s); reloading state from the database", exc)
+        self._notify = []
+        self.load()
 
     def out_count(self) -> tuple[int, int]:
         nodes = list(self.nodes.values())
@@ -232,6 +301,7 @@ class ControlStore:
             s, row, to, actor=actor, reason=reason, now_s=now, hook=self.hook, after=after
         )
         nc.state, nc.state_since_s, nc.state_reason = to.value, now, reason
+        self.dirty(nc.name)
         if to is S.IN_SERVICE:
             row.cordoned = nc.cordoned = False
         self._update_breaker(s)
@@ -258,6 +328,7 @@ class ControlStore:
         nc = self.nodes.get(node)
         if nc is not None and (nc.last_seen_s is None or now_s > nc.last_seen_s):
             nc.last_seen_s = now_s
+            self.dirty(node)
 
     def apply_batches(self, items: list[IngestItem]) -> list[Ack]:
         """Store a group of batches in one transaction; duplicates are acknowledged, not stored
@@ -265,16 +336,16 @@ class ControlStore:
         return ingest_writes.apply_batches(self, items)
 
     def _run_after(self, after: lc.PostCommit) -> None:
-        for fn in after:
-            try:
-                fn()
-            except Exception as exc:
-                log.warning("scheduler hook failed: %s", exc)
+        """Scheduler calls of a committed transaction: made after the next snapshot is out."""
+        self._notify.extend(after)
 
     # -- periodic work ------------------------------------------------------------------------
     def note_own_gap(self, gap_s: float) -> None:
         """The controller itself was not running for ``gap_s``: restart every node's grace."""
-        with self.lock, self.sessions.begin() as s:
+        self.writer.call(lambda: self._note_own_gap(gap_s))
+
+    def _note_own_gap(self, gap_s: float) -> None:
+        with self.sessions.begin() as s:
             self.grace_from_s = self.clock()
             msg = (
                 f"controller loop did not run for {gap_s:.1f} s; every node gets a grace "
@@ -293,55 +364,78 @@ class ControlStore:
             self._bump()
 
     def check_nodes(self) -> list[tuple[str, str]]:
-        """Declare lost nodes, complete drains; returns (node, new state) pairs."""
+        """Declare lost nodes, complete drains; returns (node, new state) pairs. Whether a
+        draining node is idle is asked of the scheduler off the writer (`SchedulerCalls.idle`);
+        the answer completes the drain later (`_idle_answer`)."""
+        return self.writer.call(self._check_nodes)
+
+    def _check_nodes(self) -> list[tuple[str, str]]:
         now = self.clock()
         moved: list[tuple[str, str]] = []
-        with self.lock:
-            after: lc.PostCommit = []
-            with self.sessions.begin() as s:
-                for nc in list(self.nodes.values()):
-                    st = S(nc.state)
-                    if st in LOSABLE:
-                        seen = max(nc.last_seen_s or 0.0, self.grace_from_s)
-                        limit = self.lost_after_intervals * nc.interval_s
-                        if now - seen > limit:
-                            self._move(
-                                s,
-                                nc,
-                                S.LOST,
-                                actor="controller",
-                                after=after,
-                                reason=f"no heartbeat for {now - seen:.1f} s "
-                                f"({self.lost_after_intervals} x {nc.interval_s:g} s)",
-                            )
-                            moved.append((nc.name, S.LOST.value))
-                            continue
-                    if (
-                        st is S.DRAINING
-                        and now - nc.state_since_s >= self.min_drain_s
-                        and self.hook.is_idle(nc.name)
-                    ):
+        after: lc.PostCommit = []
+        with self.sessions.begin() as s:
+            for nc in list(self.nodes.values()):
+                st = S(nc.state)
+                if st in LOSABLE:
+                    seen = max(nc.last_seen_s or 0.0, self.grace_from_s)
+                    limit = self.lost_after_intervals * nc.interval_s
+                    if now - seen > limit:
                         self._move(
                             s,
                             nc,
-                            S.DRAINED,
+                            S.LOST,
                             actor="controller",
                             after=after,
-                            reason=drained_reason(nc.state_reason),
+                            reason=f"no heartbeat for {now - seen:.1f} s "
+                            f"({self.lost_after_intervals} x {nc.interval_s:g} s)",
                         )
-                        moved.append((nc.name, S.DRAINED.value))
-            self._run_after(after)
-            if moved:
-                self._bump()
+                        moved.append((nc.name, S.LOST.value))
+                        continue
+                if (
+                    st is S.DRAINING
+                    and now - nc.state_since_s >= self.min_drain_s
+                    and self.sched.idle(nc.name, nc.state_since_s, self._idle_answer)
+                ):
+                    self._complete_drain(s, nc, after)
+                    moved.append((nc.name, S.DRAINED.value))
+        self._run_after(after)
+        if moved:
+            self._bump()
         return moved
+
+    def _complete_drain(self, s: Session, nc: NodeCache, after: lc.PostCommit) -> None:
+        self._move(
+            s,
+            nc,
+            S.DRAINED,
+            actor="controller",
+            after=after,
+            reason=drained_reason(nc.state_reason),
+        )
+
+    def _idle_answer(self, node: str, since_s: float, idle: bool) -> None:
+        """The scheduler's answer to "is ``node`` idle?" (a writer command): complete the drain
+        if the node is still in the drain that was asked about."""
+        nc = self.nodes.get(node)
+        if not idle or nc is None or nc.state != S.DRAINING or nc.state_since_s != since_s:
+            return
+        after: lc.PostCommit = []
+        with self.sessions.begin() as s:
+            self._complete_drain(s, nc, after)
+        self._run_after(after)
+        self._bump()
 
     def flush_rollups(self, *, everything: bool = False) -> int:
         """Persist closed minutes (all of them when ``everything``, at shutdown)."""
-        return rollups.flush_rollups(self, everything=everything)
+        return self.writer.call(lambda: rollups.flush_rollups(self, everything=everything))
 
     def apply_retention(self, *, rollups_s: float, batches_s: float, events_s: float) -> None:
-        """Delete rollups, batch keys and events older than their retention."""
-        rollups.apply_retention(self, rollups_s=rollups_s, batches_s=batches_s, events_s=events_s)
+        """Delete rollups, batch keys and events older than their retention: one writer command
+        per table, so ingest commits interleave with the deletes."""
+        for step in rollups.retention_steps(
+            self, rollups_s=rollups_s, batches_s=batches_s, events_s=events_s
+        ):
+            self.writer.call(step)
 
     # -- audit --------------------------------------------------------------------------------
     def audit(
@@ -365,6 +459,21 @@ class ControlStore:
             )
         )
 
+    def record_audit(
+        self,
+        who: Principal,
+        action: str,
+        target: str = "",
+        outcome: str = "ok",
+        detail: dict[str, Any] | None = None,
+    ) -> None:
+        """One audit row in its own transaction, written by the writer."""
+
+        def write() -> None:
+            with self.sessions.begin() as s:
+                self.audit(s, who, action, target, outcome, detail)
+
+        self.writer.call(write)
+
     def audit_refusal(self, who: Principal, action: str, target: str, why: str) -> None:
-        with self.sessions.begin() as s:
-            self.audit(s, who, action, target, outcome="refused", detail={"reason": why})
+        self.record_audit(who, action, target, "refused", {"reason": why})

@@ -1,0 +1,139 @@
+"""Fleet and node reads (summary, node list, heatmap, one node, its transitions and series,
+GPUs) from the writer's snapshot, and node writes (lifecycle actions, attributes, validation
+results) sent to the writer."""
+
+from typing import Annotated
+
+from fastapi import APIRouter, HTTPException, Path, Query, Request
+
+from gpufleet.control import actions as act
+from gpufleet.control import queries as qy
+from gpufleet.control import schemas as sc
+from gpufleet.control.auth import Principal, Role
+from gpufleet.control.lifecycle import Action, NodeState
+from gpufleet.control.routes.deps import Auth, Creds, Limit, NodeName
+from gpufleet.control.service import ControlService
+from gpufleet.errors import UsageError
+
+Offset = Annotated[int, Query(ge=0, le=10**6)]
+Rack = Annotated[str | None, Query(max_length=128)]
+Model = Annotated[str | None, Query(max_length=64)]
+
+
+def router(service: ControlService, auth: Auth) -> APIRouter:
+    store = service.store
+    api = APIRouter()
+    Viewer = Annotated[Principal, auth.viewer]
+    Operator = Annotated[Principal, auth.operator]
+
+    @api.get("/summary", tags=["fleet"])
+    def summary(who: Viewer) -> sc.FleetSummary:
+        """Counts by state, health and model; breaker and ingest figures; a generation number
+        that changes whenever anything changed (poll it, or use /api/v1/stream)."""
+        return qy.summary(store, who, service.ingest.pending)
+
+    @api.get("/nodes", tags=["fleet"])
+    def nodes(
+        who: Viewer,
+        state: Annotated[NodeState | None, Query()] = None,
+        rack: Rack = None,
+        model: Model = None,
+        health: Annotated[int | None, Query(ge=0, le=3)] = None,
+        gpus: bool = True,
+        limit: Limit = 1000,
+        offset: Offset = 0,
+    ) -> sc.NodeList:
+        """Nodes with (``gpus=true``) each GPU's newest sample."""
+        sel = qy.filtered_nodes(
+            store, who, state=state.value if state else None, rack=rack, model=model, health=health
+        )
+        page = sel[offset : offset + limit]
+        return sc.NodeList(total=len(sel), nodes=[qy.node_out(store, n, gpus) for n in page])
+
+    @api.get("/heatmap", tags=["fleet"])
+    def heatmap(
+        who: Viewer,
+        metric: Annotated[str, Query(pattern="^(" + "|".join(qy.HEATMAP_METRICS) + ")$")] = (
+            "gpu_util_pct"
+        ),
+        state: Annotated[NodeState | None, Query()] = None,
+        rack: Rack = None,
+        model: Model = None,
+    ) -> sc.Heatmap:
+        """Nodes x GPUs of one metric in compact arrays (the overview's heatmap)."""
+        sel = qy.filtered_nodes(
+            store, who, state=state.value if state else None, rack=rack, model=model
+        )
+        return qy.heatmap(store, sel, metric)
+
+    @api.get("/nodes/{name}", tags=["nodes"])
+    def node(name: NodeName, who: Viewer) -> sc.NodeDetail:
+        return qy.node_detail(store, auth.node_for(name, who))
+
+    @api.get("/nodes/{name}/transitions", tags=["nodes"])
+    def node_transitions(name: NodeName, who: Viewer, limit: Limit = 200) -> list[sc.TransitionOut]:
+        return qy.transitions(store, auth.node_for(name, who).name, limit)
+
+    @api.get("/nodes/{name}/gpus/{index}/series", tags=["nodes"])
+    def gpu_series(
+        name: NodeName,
+        index: Annotated[int, Path(ge=0, le=1023)],
+        who: Viewer,
+        fields: Annotated[
+            list[str] | None, Query(description="metric names; default all kept metrics")
+        ] = None,
+        resolution: Annotated[str, Query(pattern="^(raw|minute)$")] = "raw",
+        since_s: Annotated[float | None, Query(ge=0, le=1e11)] = None,
+    ) -> sc.Series:
+        """One GPU over time: ``raw`` from memory (recent minutes), ``minute`` from rollups."""
+        names = fields or list(qy.FIELD_INDEX)
+        bad = [f for f in names if f not in qy.FIELD_INDEX]
+        if bad:
+            raise UsageError(f"unknown field(s) {bad}; known: {list(qy.FIELD_INDEX)}")
+        return qy.series(
+            store, auth.node_for(name, who), index, names, resolution=resolution, since_s=since_s
+        )
+
+    @api.get("/gpus", tags=["fleet"])
+    def gpus_list(
+        who: Viewer,
+        node: Annotated[str | None, Query(max_length=253)] = None,
+        model: Model = None,
+        limit: Limit = 1000,
+        offset: Offset = 0,
+    ) -> list[sc.GpuOut]:
+        return qy.gpus(store, who, node, model, limit, offset)
+
+    @api.post("/nodes/{name}/actions/{action}", tags=["nodes"])
+    def node_action(
+        name: NodeName, action: Action, who: Operator, body: sc.ActionIn | None = None
+    ) -> sc.NodeOut:
+        """cordon, uncordon, drain, resume, repair, validate, fail, acknowledge."""
+        auth.node_for(name, who)
+        nc = act.node_action(store, name, action, who, body.reason if body else "")
+        return qy.node_out(store, nc, with_gpus=False)
+
+    @api.patch("/nodes/{name}", tags=["nodes"])
+    def node_patch(name: NodeName, body: sc.NodePatch, who: Operator) -> sc.NodeOut:
+        """Set rack, tenant or labels."""
+        auth.node_for(name, who)
+        nc = act.update_node(
+            store, name, who, rack=body.rack, tenant=body.tenant, labels=body.labels
+        )
+        return qy.node_out(store, nc, with_gpus=False)
+
+    @api.post("/validation-results", tags=["nodes"])
+    def validation(body: sc.ValidationIn, creds: Creds, request: Request) -> sc.NodeOut:
+        """A `gpufleet validate` result. Minimal shape: ``{"node", "verdict": pass|warn|fail}``;
+        other fields are kept as posted. Operators, admins, or the node's own agent token."""
+        who = auth.resolve(creds)
+        if not (
+            who.at_least(Role.OPERATOR) or (who.role is Role.AGENT and who.may_push_for(body.node))
+        ):
+            store.audit_refusal(who, f"POST {request.url.path}", body.node, "needs operator")
+            raise HTTPException(403, "this needs role operator or the node's agent token")
+        auth.node_for(body.node, who)
+        nc = act.post_validation(store, body.model_dump(), who)
+        return qy.node_out(store, nc, with_gpus=False)
+
+    return api

@@ -1,0 +1,29 @@
+"""The remediation policy: read (viewer), replace (admin)."""
+
+from typing import Annotated
+
+from fastapi import APIRouter
+
+from gpufleet.control import actions as act
+from gpufleet.control.auth import Principal
+from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.routes.deps import Auth
+from gpufleet.control.store import ControlStore
+
+
+def router(store: ControlStore, auth: Auth) -> APIRouter:
+    api = APIRouter()
+
+    @api.get("/policy", tags=["policy"])
+    def policy_get(who: Annotated[Principal, auth.viewer]) -> RemediationPolicy:
+        _ = who
+        return store.view.policy
+
+    @api.put("/policy", tags=["policy"])
+    def policy_put(
+        body: RemediationPolicy, who: Annotated[Principal, auth.admin]
+    ) -> RemediationPolicy:
+        act.set_policy(store, body, who)
+        return store.view.policy
+
+    return api

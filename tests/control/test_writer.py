@@ -1,0 +1,103 @@
+"""The one writer: commands run on its thread, snapshots are immutable and published before an
+answer, a failed command leaves the cache as the database has it, and a group of concurrent
+batches becomes one commit."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from gpufleet.control import actions
+from gpufleet.control.auth import Principal, Role
+from gpufleet.control.lifecycle import Action
+from gpufleet.control.service import ControlService
+from tests.control.conftest import batch, push
+
+OP = Principal(1, "alice", Role.OPERATOR)
+
+
+def test_commands_run_on_the_writer_thread(make_service: Callable[..., ControlService]) -> None:
+    svc = make_service()
+    name = svc.store.writer.call(lambda: threading.current_thread().name)
+    assert name == "gpufleet-writer"
+    assert threading.current_thread().name != name
+
+
+def test_snapshot_is_frozen_and_published_before_the_answer(
+    make_service: Callable[..., ControlService],
+) -> None:
+    svc = make_service()
+    push(svc, batch("n1", 1))
+    before = svc.store.view
+    node_before = before.nodes["n1"]
+    out = actions.node_action(svc.store, "n1", Action.CORDON, OP, "maintenance")
+    assert out.cordoned  # the answer is the published view after the write
+    after = svc.store.view
+    assert after.nodes["n1"].cordoned and after.generation > before.generation
+    assert not node_before.cordoned and before.nodes["n1"] is node_before  # old one untouched
+    with pytest.raises(TypeError):
+        after.nodes["n2"] = node_before  # type: ignore[index]
+    with pytest.raises(AttributeError):
+        after.nodes["n1"].state = "failed"  # type: ignore[misc]
+
+
+def test_failed_command_reloads_the_cache(make_service: Callable[..., ControlService]) -> None:
+    svc = make_service()
+    push(svc, batch("n1", 1))
+    store = svc.store
+
+    def half_done() -> None:
+        store.nodes["n1"].cordoned = True  # changed in the cache, then the write fails
+        store.dirty("n1")
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        store.writer.call(half_done)
+    assert not store.nodes["n1"].cordoned  # rebuilt from the database
+    assert not store.view.nodes["n1"].cordoned
+
+
+def test_concurrent_batches_share_group_commits(
+    make_service: Callable[..., ControlService],
+) -> None:
+    svc = make_service()
+    push(svc, batch("warm", 1))
+    groups = len(svc.store.writer.rate)
+    gate, held = threading.Event(), threading.Event()
+
+    def hold() -> None:
+        held.set()
+        gate.wait(30)
+
+    svc.store.writer.submit(hold)  # hold the writer so that batches queue up behind it
+    assert held.wait(10)  # the writer runs `hold` now: nothing else it took with it is queued
+    with ThreadPoolExecutor(8) as pool:
+        futs = [pool.submit(push, svc, batch(f"n{i}", 1)) for i in range(8)]
+        # pending counts a batch just before it is queued: wait until all eight are queued
+        deadline = time.monotonic() + 30
+        while svc.ingest.pending < 8 or svc.store.writer._q.qsize() < 8:
+            assert time.monotonic() < deadline, "the eight batches never queued up"
+            threading.Event().wait(0.01)
+        gate.set()
+        acks = [f.result(30) for f in futs]
+    assert [a.seq for a in acks] == [1] * 8 and not any(a.duplicate for a in acks)
+    assert len(svc.store.writer.rate) - groups == 1  # eight batches, one transaction
+    assert svc.store.writer.rate[-1][1] == 8
+    assert set(svc.store.view.nodes) == {"warm", *(f"n{i}" for i in range(8))}
+
+
+def test_run_awaits_a_command_from_the_event_loop(
+    make_service: Callable[..., ControlService],
+) -> None:
+    import asyncio
+
+    svc = make_service()
+
+    async def on_loop() -> str:
+        return await svc.store.writer.run(lambda: threading.current_thread().name)
+
+    assert asyncio.run(on_loop()) == "gpufleet-writer"
