@@ -24,6 +24,7 @@ from gpufleet.cli.common import JsonOption, SeedOption
 from gpufleet.cli.output import console, emit_json, fmt
 from gpufleet.errors import GpufleetError, NoDeviceError, UsageError
 from gpufleet.schedulers.base import JobSpec
+from gpufleet.wire.jobs import JOB_SPEC
 
 DEFAULT_STATE_DIR = (
     Path(os.environ.get("XDG_DATA_HOME", str(Path.home() / ".local" / "share")))
@@ -191,8 +192,7 @@ def submit(
         duration_s=duration,
     )
     if controller:
-        body = {k: v for k, v in spec.__dict__.items() if v is not None}
-        body["command"] = list(spec.command)
+        body = JOB_SPEC.dump_python(spec, mode="json", exclude_none=True)
         job = _remote(controller, token, "POST", "/jobs", body)
         if as_json:
             emit_json(job)

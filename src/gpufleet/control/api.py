@@ -18,7 +18,6 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from fastapi.staticfiles import StaticFiles
 
 from gpufleet import __version__
-from gpufleet.agent.wire import Batch
 from gpufleet.control import actions as act
 from gpufleet.control import api_jobs
 from gpufleet.control import queries as qy
@@ -30,6 +29,7 @@ from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.service import ControlService
 from gpufleet.control.store import NodeCache, NotFound
 from gpufleet.errors import UsageError
+from gpufleet.wire import Batch
 
 bearer = HTTPBearer(auto_error=False, description="gpufleet API token (gf_...)")
 ERRORS: dict[int | str, dict[str, Any]] = {
@@ -337,7 +337,7 @@ def create_app(service: ControlService) -> FastAPI:
         },
     )
     async def ingest(request: Request) -> Any:
-        """Agent batches (`gpufleet.agent.wire.Batch`); acknowledged once durable."""
+        """Agent batches (`gpufleet.wire.Batch`); acknowledged once durable."""
         # Requests to this path are answered by IngestFastPath (below) before routing; this
         # route documents the endpoint and answers the same way if it is ever reached.
         reply = await handle_ingest(

@@ -8,9 +8,9 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.agent.wire import Batch, WireAck
 from gpufleet.control.auth import Principal
 from gpufleet.control.telemetry_store import SampleGroup
+from gpufleet.wire import Batch, WireAck
 
 
 @dataclass

@@ -25,11 +25,11 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, Protocol
 
-from gpufleet.agent.wire import Batch, WireCommand
 from gpufleet.control.lifecycle import NodeState
 from gpufleet.errors import GpufleetError, UnknownNameError, UsageError
 from gpufleet.schedulers.base import JobSpec, JobState, JobStatus
 from gpufleet.schedulers.embedded.placement import NodeInfo
+from gpufleet.wire import Batch, WireCommand
 
 if TYPE_CHECKING:
     from gpufleet.control.service import ControlService

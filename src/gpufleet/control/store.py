@@ -16,7 +16,6 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from gpufleet.agent.wire import Ack
 from gpufleet.control import ingest_writes, rollups
 from gpufleet.control import lifecycle as lc
 from gpufleet.control.auth import Principal, TokenStore
@@ -41,6 +40,7 @@ from gpufleet.control.models import (
 )
 from gpufleet.control.remediation import CircuitBreaker, RemediationPolicy
 from gpufleet.control.telemetry_store import TelemetryStore
+from gpufleet.wire import Ack
 
 log = logging.getLogger("gpufleet.control")
 Clock = Callable[[], float]
