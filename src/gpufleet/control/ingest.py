@@ -22,11 +22,12 @@ from typing import Any
 
 import numpy as np
 import orjson
+from pydantic import ValidationError
 
 from gpufleet.control.store import ControlStore, IngestItem
 from gpufleet.control.telemetry_store import FIELDS, NF, SampleGroup, clean_matrix
 from gpufleet.wire import MAX_BATCH_BYTES, Ack, Batch, WireSamples
-from gpufleet.wire.fastparse import BatchRejected, validate_batch
+from gpufleet.wire.fastparse import BatchRejected, rejection, validate_batch
 
 log = logging.getLogger("gpufleet.control.ingest")
 
@@ -108,11 +109,12 @@ def parse_batch(raw: bytes) -> Parsed:
     """Validate against the wire contract (`gpufleet.wire.fastparse`, held to the `Batch`
     model); 422 with the first problem's field path and message."""
     try:
-        obj = orjson.loads(raw)
-    except orjson.JSONDecodeError as exc:
-        raise IngestRejected(422, f"body is not JSON: {exc}") from exc
-    try:
-        batch = validate_batch(obj)
+        batch = validate_batch(orjson.loads(raw))
+    except orjson.JSONDecodeError:  # (or a number orjson refuses): the model's own reading
+        try:
+            batch = Batch.model_validate_json(raw)
+        except ValidationError as exc:
+            raise IngestRejected(422, rejection(exc).reason) from exc
     except BatchRejected as exc:
         raise IngestRejected(422, exc.reason) from exc
     if b"\\u0000" in raw:  # also inside free-form mappings (evidence, device info)
