@@ -42,7 +42,20 @@ good_uuid = st.text(min_size=1, max_size=40).filter(lambda s: "\x00" not in s)
 good_index = st.integers(0, MAX_GPUS_PER_NODE - 1)
 
 # ----- dirty values: a slot's clean values, or values that are wrong (or just barely right) ---
-NASTY = [None, True, False, "1.5", "nan", "", [1.0], {}, math.nan, math.inf, -math.inf, 1.5]
+NASTY: list[Any] = [
+    None,
+    True,
+    False,
+    "1.5",
+    "nan",
+    "",
+    [1.0],
+    {},
+    math.nan,
+    math.inf,
+    -math.inf,
+    1.5,
+]
 odd = st.one_of(
     st.sampled_from([*NASTY, *BIG_INTS]),
     st.sampled_from([*NASTY, *BIG_INTS]),
@@ -290,9 +303,9 @@ def test_fast_parser_accepts_what_the_model_accepts(obj: dict[str, Any]) -> None
         assert got.model_dump(exclude={"samples"}) == want.model_dump(exclude={"samples"})
         assert readings(got.samples) == readings(want.samples)
     else:
-        with pytest.raises(BatchRejected) as exc:
+        with pytest.raises(BatchRejected) as refused:
             validate_batch(obj)
-        assert exc.value.where == want.where and exc.value.reason == want.reason
+        assert refused.value.where == want.where and refused.value.reason == want.reason
 
 
 def _json(obj: Any) -> bytes | None:
@@ -318,7 +331,7 @@ def test_ingest_parser_answers_like_model_validate_json(obj: dict[str, Any]) -> 
         assert got.model_dump(exclude={"samples"}) == want.model_dump(exclude={"samples"})
         assert readings(got.samples) == readings(want.samples)
     else:
-        with pytest.raises(IngestRejected) as exc:
+        with pytest.raises(IngestRejected) as refused:
             parse_batch(raw)
         # the same field path (pydantic words a few JSON-mode messages differently)
-        assert exc.value.status == 422 and exc.value.reason.startswith(f"{want.where}: ")
+        assert refused.value.status == 422 and refused.value.reason.startswith(f"{want.where}: ")

@@ -33,8 +33,8 @@ from gpufleet.wire.limits import (
 from gpufleet.wire.telemetry import WireSamples
 
 SAMPLE_KEYS = frozenset(WireSamples.model_fields)
-_TIME_TYPES = frozenset({float, int})
-_VALUE_TYPES = frozenset({float, int, type(None)})
+_TIME_TYPES: frozenset[type] = frozenset({float, int})
+_VALUE_TYPES: frozenset[type] = frozenset({float, int, type(None)})
 _LIST = {list}
 _FIELD_NAME = re.compile(FIELD_NAME_PATTERN)
 _not_none = partial(is_not, None)

@@ -33,17 +33,17 @@ class JobRequest:
 
     name: JobName
     command: tuple[Annotated[str, Field(max_length=4096)], ...] = ()
-    image: str | None = Field(None, max_length=500)
-    gpus: int = Field(1, ge=1, le=1024)
-    gpu_model: str | None = Field(None, max_length=64)
-    min_gpu_memory_bytes: int | None = Field(None, ge=0)
-    mig_profile: str | None = Field(None, max_length=64)
-    nodes: int = Field(1, ge=1, le=4096)
-    priority: int = Field(0, ge=-1000, le=1000)
-    max_restarts: int = Field(0, ge=0, le=1000)
-    checkpoint_dir: str | None = Field(None, max_length=4096)
+    image: Annotated[str | None, Field(max_length=500)] = None
+    gpus: Annotated[int, Field(ge=1, le=1024)] = 1
+    gpu_model: Annotated[str | None, Field(max_length=64)] = None
+    min_gpu_memory_bytes: Annotated[int | None, Field(ge=0)] = None
+    mig_profile: Annotated[str | None, Field(max_length=64)] = None
+    nodes: Annotated[int, Field(ge=1, le=4096)] = 1
+    priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
+    checkpoint_dir: Annotated[str | None, Field(max_length=4096)] = None
     env: EnvVars = Field(default_factory=dict)
-    duration_s: float | None = Field(None, gt=0, le=10**7)  # simulated jobs: work length
+    duration_s: Annotated[float | None, Field(gt=0, le=10**7)] = None  # simulated: work length
 
 
 @dataclass(frozen=True, config=_SPEC_CONFIG)
