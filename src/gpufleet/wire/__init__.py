@@ -4,7 +4,7 @@ The layer just above the catalog: it imports pydantic, the standard library and 
 gpufleet but `gpufleet.catalog` and `gpufleet.errors`. Modules: `limits` (the constants),
 `telemetry` (devices, samples, events), `findings` (findings, acknowledgements), `jobs` (job
 specs, jobs reports, commands), `batch` (`Batch`, `Ack`), `validation` (validation results),
-`fastparse` (the ingest fast path, held to the models by a differential test).
+`problems` (a refused message's first problem, named by its field path).
 """
 
 from gpufleet.wire.batch import Ack, Batch

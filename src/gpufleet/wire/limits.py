@@ -1,5 +1,5 @@
 """The limits of the wire contract, in one place: the pydantic models state them (so the OpenAPI
-document does), and the fast ingest parser (`gpufleet.wire.fastparse`) reads the same constants.
+document does and the ingest path enforces them), and the agent sizes its batches by them.
 """
 
 from __future__ import annotations
@@ -22,10 +22,7 @@ MAX_EVENTS = 4096
 MAX_SEQ = 2**63 - 1  # a signed 64-bit column holds it
 MAX_HEARTBEAT_S = 3600.0
 
-# integers as JSON numbers only, never "1" or true (what a lax int would take)
-StrictInt = Annotated[int, Field(strict=True)]
-# a time or a reading: a JSON number (an integer is fine), never a string or a boolean
-Number = Annotated[float, Field(strict=True)]
+# a time or a reading: a finite JSON number (an integer is fine), never a string or a boolean
 FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]
 GpuIndex = Annotated[int, Field(strict=True, ge=0, lt=MAX_GPUS_PER_NODE)]
 NoNul = Annotated[str, Field(pattern=r"^[^\x00]*$")]

@@ -17,7 +17,6 @@ from gpufleet.wire.limits import (
     FiniteNumber,
     GpuIndex,
     NoNul,
-    Number,
 )
 
 FieldName = Annotated[str, Field(max_length=MAX_FIELD_NAME, pattern=FIELD_NAME_PATTERN)]
@@ -37,14 +36,14 @@ class WireDevice(BaseModel):
 class WireSamples(BaseModel):
     """Samples of one GPU, columnar: ``fields[name][i]`` was read at ``t[i]`` (null: no reading).
 
-    Every column holds exactly ``len(t)`` values; times are finite numbers."""
+    Every column holds exactly ``len(t)`` values; times and readings are finite numbers."""
 
     model_config = WIRE_CONFIG
 
     gpu_uuid: Uuid
     gpu_index: GpuIndex
     t: list[FiniteNumber] = Field(max_length=MAX_SAMPLES_PER_BLOCK)
-    fields: dict[FieldName, list[Number | None]] = Field(max_length=MAX_FIELDS_PER_BLOCK)
+    fields: dict[FieldName, list[FiniteNumber | None]] = Field(max_length=MAX_FIELDS_PER_BLOCK)
 
     @field_validator("fields")
     @classmethod

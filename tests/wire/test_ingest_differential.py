@@ -1,11 +1,12 @@
-"""The ingest fast parser against the `Batch` model: a Hypothesis differential test.
+"""The ingest parser against the `Batch` model: a Hypothesis differential test.
 
-Batches are generated clean (valid by construction) or dirty (wrong types, out-of-range and
-non-finite numbers, integers past float64, too-long arrays, columns of the wrong length, missing
-and extra keys, bad field names, unicode and NUL in strings, bad top-level fields). For each, the
-fast checks accept exactly what ``Batch.model_validate`` accepts, the accepted batch equals the
-model's, and a refusal names the model's first problem (its field path and message); through the
-HTTP parser (`control.ingest.parse_batch`) the same holds against ``Batch.model_validate_json``.
+Batches are generated clean (valid by construction) or with a defect or two in one place (wrong
+types, out-of-range and non-finite numbers, integers past float64, too-long arrays, columns of
+the wrong length, missing and extra keys, bad field names, unicode and NUL in strings, bad
+top-level fields). For each, the ingest parser (`control.ingest.parse_batch`, given the batch as
+JSON bytes) accepts exactly what ``Batch.model_validate`` accepts on the Python object, reads the
+same values and hands the telemetry store every time and every real reading; a refusal names the
+model's first problem by its field path. (A NUL anywhere is refused on top of the model.)
 """
 
 from __future__ import annotations
@@ -14,20 +15,22 @@ import json
 import math
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gpufleet.control.ingest import IngestRejected, parse_batch
+from gpufleet.control.telemetry_store import FIELDS
 from gpufleet.wire import Batch, WireSamples
-from gpufleet.wire.fastparse import BatchRejected, fast_samples, rejection, validate_batch
 from gpufleet.wire.limits import (
     MAX_FIELDS_PER_BLOCK,
     MAX_GPUS_PER_NODE,
     MAX_SAMPLE_BLOCKS,
     MAX_SAMPLES_PER_BLOCK,
 )
+from gpufleet.wire.problems import first_problem
 
 KNOWN = ("gpu_util_pct", "power_w", "sm_clock_mhz", "ecc_dbe_volatile", "fan_speed_pct")
 BIG_INTS = (2**1023, 2**1024, -(10**400), 10**308, 2**64, -(2**63))
@@ -224,37 +227,53 @@ def readings(samples: list[WireSamples]) -> list[Any]:
     ]
 
 
-def model_answer(obj: Any) -> Batch | BatchRejected:
+def stored_values(samples: list[WireSamples]) -> tuple[list[float], int]:
+    """What the telemetry store should get from ``samples``: every time, and how many readings
+    of its metrics are real numbers (not null, not beyond float32)."""
+    times = [float(v) for s in samples for v in s.t]
+    kept = sum(
+        1
+        for s in samples
+        for name in FIELDS
+        for v in s.fields.get(name) or ()
+        if v is not None and abs(float(v)) <= 3.0e38
+    )
+    return times, kept
+
+
+def check(obj: Any) -> None:
+    """The ingest parser, given ``obj`` as JSON, answers as ``Batch.model_validate`` does."""
+    raw = json.dumps(obj).encode()  # NaN and the infinities as JSON's common extension
     try:
-        return Batch.model_validate(obj)
+        want: Batch | tuple[str, str] = Batch.model_validate(obj)
     except ValidationError as exc:
-        return rejection(exc)
-
-
-def fast_accepts(obj: dict[str, Any]) -> bool:
-    """The fast checks alone: samples by `fast_samples`, the rest (small) by the model."""
-    if fast_samples(obj.get("samples", [])) is None:
-        return False
+        want = first_problem(exc)
     try:
-        Batch.model_validate({k: v for k, v in obj.items() if k != "samples"})
-    except ValidationError:
-        return False
-    return True
+        got = parse_batch(raw)
+    except IngestRejected as exc:
+        assert exc.status == 422
+        if isinstance(want, Batch):  # accepted by the model: only a NUL may be refused
+            assert b"\\u0000" in raw and "NUL" in exc.reason, exc.reason
+        else:  # the same field path (pydantic words a few JSON-mode messages differently)
+            assert exc.reason.startswith(f"{want[0]}: "), (exc.reason, want)
+        return
+    assert isinstance(want, Batch), f"accepted what the model refuses: {want}"
+    assert b"\\u0000" not in raw
+    b = got.batch
+    assert b.model_dump(exclude={"samples"}) == want.model_dump(exclude={"samples"})
+    assert readings(b.samples) == readings(want.samples)
+    times, kept = stored_values(want.samples)
+    assert sorted(float(v) for g in got.arrays for v in g.t.ravel()) == sorted(times)
+    assert sum(int(np.isfinite(g.mat).sum()) for g in got.arrays) == kept
 
 
 @settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clean_block(), st.data())
-def test_fast_samples_accept_what_the_model_accepts(block: dict[str, Any], data: Any) -> None:
-    """One block with one defect (or none): accepted by the fast checks exactly when the model
-    accepts it, and then equal to the model's reading."""
+def test_one_block_answers_like_the_model(block: dict[str, Any], data: Any) -> None:
+    """One block with one defect (or none)."""
     if data.draw(st.integers(0, 4)):
         block = spoil_block(data.draw, block)
-    obj = {"node": "n", "agent_id": "a", "seq": 1, "sent_at_s": 1.0, "samples": [block]}
-    fast = fast_samples(obj["samples"])
-    want = model_answer(obj)
-    assert (fast is not None) == isinstance(want, Batch), want
-    if fast is not None and isinstance(want, Batch):
-        assert readings(fast) == readings(want.samples)
+    check({"node": "n", "agent_id": "a", "seq": 1, "sent_at_s": 1.0, "samples": [block]})
 
 
 BOUNDARY = [0, -1, 1.5, 1e308, -1e308, 2**53 + 1, MAX_GPUS_PER_NODE - 1, MAX_GPUS_PER_NODE]
@@ -273,65 +292,23 @@ def _put(block: dict[str, Any], slot: str, v: Any) -> None:
 
 @pytest.mark.parametrize("slot", ["gpu_uuid", "gpu_index", "t", "value", "name"])
 def test_every_odd_value_in_every_slot(slot: str) -> None:
-    """Each odd or borderline value, alone in one place of a good block: the fast checks and the
-    model agree (the deterministic complement of the random tests)."""
+    """Each odd or borderline value, alone in one place of a good block (the deterministic
+    complement of the random tests)."""
     texts = ["", "u" * 96, "u" * 97, "a\x00b", "é", "Power", "a" * 64, "a" * 65, "x\n", "_x", "x1"]
     for v in [*NASTY, *BIG_INTS, *BOUNDARY, *texts]:
         if slot == "name" and not isinstance(v, str):
             continue
         block = {"gpu_uuid": "u", "gpu_index": 0, "t": [1.0, 2.0], "fields": {"power_w": [1, 2]}}
         _put(block, slot, v)
-        obj = {"node": "n", "agent_id": "a", "seq": 1, "sent_at_s": 1.0, "samples": [block]}
-        want = model_answer(obj)
-        assert (fast_samples(obj["samples"]) is not None) == isinstance(want, Batch), (v, want)
+        check({"node": "n", "agent_id": "a", "seq": 1, "sent_at_s": 1.0, "samples": [block]})
 
 
-SETTINGS = settings(
+@settings(
     max_examples=250,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
-
-
-@SETTINGS
 @given(batches())
-def test_fast_parser_accepts_what_the_model_accepts(obj: dict[str, Any]) -> None:
-    want = model_answer(obj)
-    assert fast_accepts(obj) == isinstance(want, Batch)
-    if isinstance(want, Batch):
-        got = validate_batch(obj)
-        assert got.model_dump(exclude={"samples"}) == want.model_dump(exclude={"samples"})
-        assert readings(got.samples) == readings(want.samples)
-    else:
-        with pytest.raises(BatchRejected) as refused:
-            validate_batch(obj)
-        assert refused.value.where == want.where and refused.value.reason == want.reason
-
-
-def _json(obj: Any) -> bytes | None:
-    """The batch as JSON, or None where JSON cannot carry it (NaN, infinities)."""
-    try:
-        return json.dumps(obj, allow_nan=False).encode()
-    except ValueError:
-        return None
-
-
-@SETTINGS
-@given(batches())
-def test_ingest_parser_answers_like_model_validate_json(obj: dict[str, Any]) -> None:
-    raw = _json(obj)
-    if raw is None or b"\\u0000" in raw:  # NaN is no JSON; NUL is refused before the model
-        return
-    try:
-        want: Batch | BatchRejected = Batch.model_validate_json(raw)
-    except ValidationError as exc:
-        want = rejection(exc)
-    if isinstance(want, Batch):
-        got = parse_batch(raw).batch
-        assert got.model_dump(exclude={"samples"}) == want.model_dump(exclude={"samples"})
-        assert readings(got.samples) == readings(want.samples)
-    else:
-        with pytest.raises(IngestRejected) as refused:
-            parse_batch(raw)
-        # the same field path (pydantic words a few JSON-mode messages differently)
-        assert refused.value.status == 422 and refused.value.reason.startswith(f"{want.where}: ")
+def test_batches_answer_like_the_model(obj: dict[str, Any]) -> None:
+    """Whole batches: clean, or with a defect or two anywhere (samples or top-level fields)."""
+    check(obj)
