@@ -17,10 +17,11 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks.ingest
 
 
 def best_us(fn: Callable[[], Any], repeat: int, rounds: int = 15) -> float:
@@ -39,7 +40,7 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=5)
     ap.add_argument("--repeat", type=int, default=200)
     args = ap.parse_args()
-    from ingest import render_pool
+    from benchmarks.ingest import render_pool
 
     from gpufleet.control.ingest import parse_batch
     from gpufleet.wire import Batch
@@ -47,8 +48,8 @@ def main() -> None:
     body = render_pool(1, 8, args.samples)[0][2]
     for label, doc in (("with devices", body), ("without devices", {**body, "devices": None})):
         raw = json.dumps(doc).encode()
-        ingest = best_us(lambda raw=raw: parse_batch(raw), args.repeat)
-        model = best_us(lambda raw=raw: Batch.model_validate_json(raw), args.repeat)
+        ingest = best_us(partial(parse_batch, raw), args.repeat)
+        model = best_us(partial(Batch.model_validate_json, raw), args.repeat)
         print(
             f"one batch {label} ({len(raw):,} bytes, 8 GPUs x {args.samples} samples): "
             f"parse_batch {ingest:.0f} us, of which model_validate_json {model:.0f} us"
