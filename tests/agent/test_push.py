@@ -15,8 +15,8 @@ import httpx
 import pytest
 
 from gpufleet.agent.runner import Agent, AgentConfig
-from gpufleet.agent.wire import Ack, Batch
 from gpufleet.devices.sim import Fault, FaultKind, ManualClock
+from gpufleet.wire import Ack, Batch
 from tests.agent.conftest import sim_node
 
 TOKEN = "t0ken"

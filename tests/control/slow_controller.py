@@ -14,8 +14,8 @@ import threading
 import time
 from pathlib import Path
 
-from gpufleet.agent.wire import Batch, WireCommand
 from gpufleet.schedulers.base import Capabilities, Capability, Feature, NoScheduler
+from gpufleet.wire import Batch, WireCommand
 
 SLOW_FEATURES = (Feature.DRAIN, Feature.REPORTS_IDLE, Feature.AGENT_JOBS)
 

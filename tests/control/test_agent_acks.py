@@ -19,7 +19,6 @@ from sqlalchemy import select
 
 from gpufleet.agent.jobs import AgentJobs
 from gpufleet.agent.runner import Agent, AgentConfig
-from gpufleet.agent.wire import Ack, WireAck, WireCommand
 from gpufleet.control import actions
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.ingest_http import handle_ingest
@@ -29,6 +28,7 @@ from gpufleet.control.service import ControlService
 from gpufleet.devices.sim import Fault, FaultKind, ManualClock, SimFleet, parse_fleet_spec
 from gpufleet.health.acks import FileAckStore
 from gpufleet.health.types import Severity
+from gpufleet.wire import Ack, WireAck, WireCommand
 from tests.control.conftest import T0, batch, fail_finding, push
 
 OP = Principal(7, "alice", Role.OPERATOR)
@@ -291,7 +291,7 @@ def test_agent_applies_acks_and_job_commands_from_one_ack(tmp_path: Path) -> Non
 
 def test_agents_ignore_unknown_ack_fields() -> None:
     """Forward compatibility: an answer with a field this agent does not know still parses."""
-    from gpufleet.agent.wire import Ack
+    from gpufleet.wire import Ack
 
     ack = Ack.model_validate_json('{"agent_id": "a", "seq": 3, "future_field": [1, 2]}')
     assert (ack.agent_id, ack.seq, ack.commands, ack.acks) == ("a", 3, [], [])

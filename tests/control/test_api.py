@@ -12,9 +12,9 @@ from collections.abc import Callable, Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from gpufleet.agent.wire import MAX_BATCH_BYTES
 from gpufleet.control.api import create_app
 from gpufleet.control.service import ControlService
+from gpufleet.wire import MAX_BATCH_BYTES
 from tests.control.conftest import T0, batch, fail_finding
 
 ROLES = ("admin", "operator", "viewer", "agent", "none")

@@ -27,7 +27,7 @@ def assert_protocol(backend: object, name: str) -> SchedulerBackend:
         with pytest.raises(UnsupportedFeature):
             backend.submit(JobSpec(name="probe", command=("true",)))
     if not caps.supports(Feature.AGENT_JOBS):
-        from gpufleet.agent.wire import Batch
+        from gpufleet.wire import Batch
 
         b = Batch(node="n1", agent_id="a", seq=1, sent_at_s=0.0)
         assert backend.exchange(b, 0.0) == []

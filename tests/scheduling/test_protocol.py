@@ -8,7 +8,6 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.agent.wire import Batch
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.devices.sim import ManualClock
 from gpufleet.errors import UsageError
@@ -23,6 +22,7 @@ from gpufleet.schedulers.base import (
 )
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
 from gpufleet.schedulers.registry import make_scheduler, scheduler_names
+from gpufleet.wire import Batch
 from tests.control.conftest import T0, batch, fail_finding, push
 from tests.scheduling.protocol import assert_protocol
 

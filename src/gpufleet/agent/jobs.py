@@ -24,7 +24,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.agent.wire import WireCommand, WireJobCopy, WireJobs, WireSlot
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.base import JobSpec
 from gpufleet.schedulers.embedded.executor import (
@@ -34,6 +33,7 @@ from gpufleet.schedulers.embedded.executor import (
     Launch,
     NodeUnreachable,
 )
+from gpufleet.wire import WireCommand, WireJobCopy, WireJobs, WireSlot
 
 log = logging.getLogger("gpufleet.agent.jobs")
 
@@ -42,26 +42,10 @@ LOG_TAIL_BYTES = 4096
 KEEP_FINISHED_S = 600.0  # how long a finished copy is still reported
 
 
-def spec_from_mapping(d: dict[str, Any]) -> JobSpec:
-    """A ``JobSpec`` from its wire mapping (unknown keys are an error naming them)."""
-    known = set(JobSpec.__dataclass_fields__)
-    extra = sorted(set(d) - known)
-    if extra:
-        raise ExecutorError(f"job spec: unknown field(s) {extra}")
-    values = dict(d)
-    values["command"] = tuple(values.get("command") or ())
-    values["env"] = dict(values.get("env") or {})
-    try:
-        return JobSpec(**values)
-    except TypeError as exc:
-        raise ExecutorError(f"job spec: {exc}") from exc
-
-
-def spec_to_mapping(spec: JobSpec) -> dict[str, Any]:
-    d = dict(spec.__dict__)
-    d["command"] = list(spec.command)
-    d["env"] = dict(spec.env)
-    return d
+def _spec_of(cmd: WireCommand) -> JobSpec:
+    if cmd.spec is None:
+        raise ExecutorError(f"start of job {cmd.job_id}: the command carries no job spec")
+    return cmd.spec
 
 
 def slots_from_backend(backend: Any) -> list[WireSlot]:
@@ -129,7 +113,7 @@ class AgentJobs:
             self.node,
             tuple(cmd.gpus),
             dict(cmd.env),
-            spec_from_mapping(cmd.spec),
+            _spec_of(cmd),
         )
         self.executor.start(launch)
 

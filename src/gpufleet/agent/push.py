@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import httpx
 
 from gpufleet.agent.spool import AgentState, Spool
-from gpufleet.agent.wire import Ack, Batch
+from gpufleet.wire import Ack, Batch
 
 log = logging.getLogger("gpufleet.agent.push")
 

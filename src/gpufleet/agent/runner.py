@@ -19,7 +19,7 @@ from typing import Any
 
 import httpx
 
-from gpufleet.agent import wire
+from gpufleet import wire
 from gpufleet.agent.health_seam import (
     GpuInputs,
     HealthEvaluator,
@@ -45,7 +45,7 @@ from gpufleet.telemetry.sampler import DEFAULT_CALL_TIMEOUT_S, Sampler, TickResu
 log = logging.getLogger("gpufleet.agent")
 
 DEFAULT_PUSH_INTERVAL_S = 5.0
-MAX_SAMPLES_PER_BATCH = 3600  # rows per GPU and tier; keeps a batch well under MAX_BATCH_BYTES
+MAX_SAMPLES_PER_BATCH = wire.MAX_SAMPLES_PER_BLOCK  # rows per GPU and tier (the wire limit)
 
 
 @dataclass

@@ -24,6 +24,7 @@ from gpufleet.cli.common import JsonOption, SeedOption
 from gpufleet.cli.output import console, emit_json, fmt
 from gpufleet.errors import NoDeviceError, UsageError
 from gpufleet.schedulers.base import JobSpec
+from gpufleet.wire.jobs import JOB_SPEC
 
 if TYPE_CHECKING:
     from gpufleet.client import Client
@@ -176,9 +177,10 @@ def submit(
         duration_s=duration,
     )
     if controller:
-        options = {k: v for k, v in spec.__dict__.items() if k not in ("name", "command")}
+        body = JOB_SPEC.dump_python(spec, mode="json", exclude_none=True)
+        name, command = body.pop("name"), body.pop("command")
         with _client(controller, token) as client:
-            job = client.submit(spec.name, list(spec.command), **options)
+            job = client.submit(name, command, **body)
         if as_json:
             emit_json(job.raw)
         else:

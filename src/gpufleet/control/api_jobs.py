@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel
 
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.service import ControlService
@@ -26,16 +26,14 @@ from gpufleet.control.store import NotFound
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.schedulers.base import (
     Feature,
-    JobSpec,
     JobState,
     JobStatus,
     SchedulerBackend,
     UnsupportedFeature,
 )
+from gpufleet.wire.jobs import JobSubmit
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
-Name = Annotated[str, Field(min_length=1, max_length=200)]
-Short = Annotated[str, Field(min_length=1, max_length=100)]
 
 
 class JobOut(BaseModel):
@@ -84,27 +82,7 @@ class JobDetail(JobOut):
     attempts: list[AttemptOut]
 
 
-class JobIn(BaseModel):
-    """A job to submit (``gpus`` per node, as Slurm's ``--gres=gpu:N`` with ``--nodes``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    name: Name
-    tenant: Short | None = None  # default: the token's tenant, else "default"
-    command: list[Annotated[str, Field(max_length=4096)]] = Field(default_factory=list)
-    image: str | None = Field(None, max_length=500)
-    gpus: int = Field(1, ge=1, le=1024)
-    nodes: int = Field(1, ge=1, le=4096)
-    gpu_model: str | None = Field(None, max_length=64)
-    min_gpu_memory_bytes: int | None = Field(None, ge=0)
-    mig_profile: str | None = Field(None, max_length=64)
-    priority: int = Field(0, ge=-1000, le=1000)
-    max_restarts: int = Field(0, ge=0, le=1000)
-    checkpoint_dir: str | None = Field(None, max_length=4096)
-    env: dict[Annotated[str, Field(max_length=256)], Annotated[str, Field(max_length=8192)]] = (
-        Field(default_factory=dict)
-    )
-    duration_s: float | None = Field(None, gt=0, le=10**7)  # simulated nodes: work length
+JobIn = JobSubmit  # the submission as it travels on the wire
 
 
 class LogsOut(BaseModel):
@@ -186,22 +164,7 @@ def register(
             raise HTTPException(403, f"this token submits for tenant {who.tenant!r} only")
         if not body.command and not body.image:
             raise UsageError("command: give an argument list (or image)")
-        spec = JobSpec(
-            name=body.name,
-            tenant=tenant,
-            command=tuple(body.command),
-            image=body.image,
-            gpus=body.gpus,
-            gpu_model=body.gpu_model,
-            min_gpu_memory_bytes=body.min_gpu_memory_bytes,
-            mig_profile=body.mig_profile,
-            nodes=body.nodes,
-            priority=body.priority,
-            max_restarts=body.max_restarts,
-            checkpoint_dir=body.checkpoint_dir,
-            env=dict(body.env),
-            duration_s=body.duration_s,
-        )
+        spec = body.to_spec(tenant)
         jobs = backend(Feature.SUBMIT, "submit a job")
         try:
             jobs.capabilities().check_spec(spec)

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from gpufleet.agent.wire import Batch, WireAck
 from gpufleet.control.auth import Principal
 from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.telemetry_store import SampleGroup
+from gpufleet.wire import Batch, WireAck
 
 
 @dataclass

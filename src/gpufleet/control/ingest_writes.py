@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
-from gpufleet.agent.wire import Ack, WireAck, WireFinding
 from gpufleet.control import lifecycle as lc
 from gpufleet.control.cache import FindingCache, GpuCache, IngestItem, NodeCache, info_digest
 from gpufleet.control.lifecycle import NodeState
 from gpufleet.control.models import EventRow, FindingRow, Gpu, IngestedBatch, Node
 from gpufleet.control.remediation import decide
+from gpufleet.wire import Ack, WireAck, WireFinding
 
 if TYPE_CHECKING:
     from gpufleet.control.store import ControlStore

@@ -24,9 +24,9 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from gpufleet.agent.wire import Batch, WireCommand
 from gpufleet.control.scheduling import SchedulerEvents
 from gpufleet.schedulers.base import Feature
+from gpufleet.wire import Batch, WireCommand
 
 log = logging.getLogger("gpufleet.control.scheduler")
 Submit = Callable[[Callable[[], Any]], Future[Any]]

@@ -7,8 +7,9 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
-from gpufleet.agent.wire import WireCommand
 from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.wire import Ack
+from gpufleet.wire.validation import ValidationPost
 
 
 def _no_nul(v: str) -> str:
@@ -214,13 +215,7 @@ class NodePatch(BaseModel):
     ) = None
 
 
-class ValidationIn(BaseModel):
-    """Minimal shape of a `gpufleet validate` result; extra fields are stored as they are."""
-
-    model_config = ConfigDict(extra="allow")
-    node: Text = Field(min_length=1, max_length=253)
-    verdict: str = Field(pattern="^(pass|warn|fail)$")
-    summary: Text | None = Field(None, max_length=2000)
+ValidationIn = ValidationPost
 
 
 class TokenIn(BaseModel):
@@ -263,10 +258,4 @@ class Problem(_Out):
 PolicyOut = RemediationPolicy
 
 
-class IngestAck(_Out):
-    """`gpufleet.agent.wire.Ack`: the batch is durable (``duplicate``: it already was)."""
-
-    agent_id: str
-    seq: int
-    duplicate: bool = False
-    commands: list[WireCommand] = Field(default_factory=list)  # jobs to start/kill (issue 7)
+IngestAck = Ack  # what /ingest answers (the fast path writes it itself)

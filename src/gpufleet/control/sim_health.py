@@ -11,12 +11,12 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any
 
-from gpufleet.agent.wire import WireAck
 from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.types import DeviceInfo, GpuEvent, Sample
 from gpufleet.errors import DeviceError
 from gpufleet.health import GpuHealthInput, GpuWindow, HealthTracker, NodeHealthInput
 from gpufleet.jsonable import to_jsonable
+from gpufleet.wire import WireAck
 
 WINDOW = 60  # samples per GPU the rules see (a minute at 1 Hz)
 

@@ -200,7 +200,7 @@ class NodePusher:
         runs jobs, the commands (jobs to start/kill)."""
         if self.jobs is None and (not self.health or b'"acks"' not in body):
             return  # the common case, kept cheap: nothing to do
-        from gpufleet.agent.wire import Ack
+        from gpufleet.wire import Ack
 
         ack = Ack.model_validate_json(body)
         if ack.acks and self.health:

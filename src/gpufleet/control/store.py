@@ -19,7 +19,6 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from gpufleet.agent.wire import Ack
 from gpufleet.control import ingest_writes, rollups
 from gpufleet.control import lifecycle as lc
 from gpufleet.control.auth import Principal, TokenStore
@@ -52,6 +51,7 @@ from gpufleet.control.scheduling import SchedulerEvents
 from gpufleet.control.telemetry_store import TelemetryStore
 from gpufleet.control.writer import Writer
 from gpufleet.schedulers.base import NoScheduler
+from gpufleet.wire import Ack
 
 log = logging.getLogger("gpufleet.control")
 Clock = Callable[[], float]

@@ -24,8 +24,8 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from gpufleet.agent.wire import Ack
 from gpufleet.control.cache import IngestItem
+from gpufleet.wire import Ack
 
 if TYPE_CHECKING:
     from gpufleet.control.store import ControlStore

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
@@ -22,7 +22,9 @@ from gpufleet.errors import UsageError
 if TYPE_CHECKING:
     from sqlalchemy.engine import Engine
 
-    from gpufleet.agent.wire import Batch, WireCommand
+    from gpufleet.wire import Batch, WireCommand
+
+from gpufleet.wire.jobs import JobSpec as JobSpec  # the spec as it travels on the wire
 
 
 class JobState(StrEnum):
@@ -39,26 +41,6 @@ class JobState(StrEnum):
     @property
     def final(self) -> bool:
         return self in (JobState.SUCCEEDED, JobState.FAILED, JobState.CANCELLED)
-
-
-@dataclass(frozen=True)
-class JobSpec:
-    """What a user asks to run."""
-
-    name: str
-    tenant: str = "default"
-    command: tuple[str, ...] = ()
-    image: str | None = None
-    gpus: int = 1
-    gpu_model: str | None = None
-    min_gpu_memory_bytes: int | None = None
-    mig_profile: str | None = None
-    nodes: int = 1
-    priority: int = 0
-    max_restarts: int = 0
-    checkpoint_dir: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    duration_s: float | None = None  # simulated jobs: how long the work takes
 
 
 @dataclass(frozen=True)

@@ -6,10 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from gpufleet.agent.wire import Batch
 from gpufleet.control import schemas as sc
 from gpufleet.control.ingest_http import IngestReply
 from gpufleet.control.service import ControlService
+from gpufleet.wire import Batch
 
 Handler = Callable[[ControlService, str | None, str | None, bytes], Awaitable[IngestReply]]
 
@@ -42,7 +42,7 @@ def router(service: ControlService, handle: Handler) -> APIRouter:
         },
     )
     async def ingest(request: Request) -> Any:
-        """Agent batches (`gpufleet.agent.wire.Batch`); acknowledged once durable."""
+        """Agent batches (`gpufleet.wire.Batch`); acknowledged once durable."""
         reply = await handle(
             service,
             request.headers.get("authorization"),

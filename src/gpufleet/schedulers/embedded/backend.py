@@ -18,7 +18,6 @@ import threading
 from collections.abc import Callable
 from dataclasses import replace
 
-from gpufleet.agent.wire import Batch, WireCommand
 from gpufleet.errors import GpufleetError, UnknownNameError
 from gpufleet.schedulers.base import (
     Capabilities,
@@ -35,6 +34,7 @@ from gpufleet.schedulers.embedded.executor import NodeUnreachable
 from gpufleet.schedulers.embedded.placement import NodeInfo
 from gpufleet.schedulers.embedded.remote import RemoteAgentExecutor
 from gpufleet.schedulers.embedded.store import JobStore, NodeRow
+from gpufleet.wire import Batch, WireCommand
 
 log = logging.getLogger("gpufleet.schedulers.embedded")
 

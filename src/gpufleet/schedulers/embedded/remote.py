@@ -25,9 +25,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from gpufleet.agent.wire import Batch, WireCommand
 from gpufleet.schedulers.embedded.executor import CopyReport, Launch, NodeUnreachable
 from gpufleet.schedulers.embedded.placement import GpuSlot, NodeInfo
+from gpufleet.wire import Batch, WireCommand
 
 Key = tuple[str, int]  # (job id, generation)
 
@@ -134,8 +134,6 @@ class RemoteAgentExecutor:
                 kills.discard(key)
 
     def _commands(self, node: str, now: float) -> list[WireCommand]:
-        from gpufleet.agent.jobs import spec_to_mapping
-
         out = []
         for key, p in self.starts.get(node, {}).items():
             if p.sent_s is None:
@@ -148,7 +146,7 @@ class RemoteAgentExecutor:
                     generation=key[1],
                     gpus=list(la.gpus),
                     env=dict(la.env),
-                    spec=spec_to_mapping(la.spec),
+                    spec=la.spec,
                 )
             )
         for job_id, gen in sorted(self.kills.get(node, set())):

@@ -38,6 +38,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.schedulers.base import JobSpec, JobState, JobStatus
 from gpufleet.schedulers.embedded.placement import GpuSlot, NodeInfo
+from gpufleet.wire.jobs import JOB_SPEC
 
 metadata = MetaData()
 
@@ -156,18 +157,6 @@ class Attempt:
     outcome: str
 
 
-def spec_to_json(spec: JobSpec) -> str:
-    d: dict[str, Any] = dict(spec.__dict__)
-    d["command"] = list(spec.command)
-    return json.dumps(d, sort_keys=True)
-
-
-def spec_from_json(text: str) -> JobSpec:
-    d = json.loads(text)
-    d["command"] = tuple(d.get("command", ()))
-    return JobSpec(**d)
-
-
 def node_to_json(info: NodeInfo) -> str:
     d = dict(info.__dict__)
     d["gpus"] = [g.__dict__ for g in info.gpus]
@@ -183,7 +172,7 @@ def node_from_json(text: str) -> NodeInfo:
 def _row_to_job(r: Any) -> JobRow:
     return JobRow(
         seq=int(r.seq),
-        spec=spec_from_json(r.spec),
+        spec=JOB_SPEC.validate_json(r.spec),
         state=JobState(r.state),
         restarts=int(r.restarts),
         generation=int(r.generation),
@@ -203,7 +192,7 @@ def _job_values(job: JobRow) -> dict[str, Any]:
     return {
         "name": job.spec.name,
         "tenant": job.spec.tenant,
-        "spec": spec_to_json(job.spec),
+        "spec": JOB_SPEC.dump_json(job.spec).decode(),
         "state": job.state.value,
         "priority": job.spec.priority,
         "restarts": job.restarts,

@@ -41,7 +41,7 @@ from gpufleet.schedulers.base import (
 )
 
 if TYPE_CHECKING:
-    from gpufleet.agent.wire import Batch, WireCommand
+    from gpufleet.wire import Batch, WireCommand
 
 __all__ = ["DrainReport", "KubernetesError", "KubernetesScheduler", "label_value"]
 

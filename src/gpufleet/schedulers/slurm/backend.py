@@ -83,7 +83,7 @@ _UNSCHEDULABLE = {
 
 
 if TYPE_CHECKING:
-    from gpufleet.agent.wire import Batch, WireCommand
+    from gpufleet.wire import Batch, WireCommand
 
 
 class SlurmBackend:

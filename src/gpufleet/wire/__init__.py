@@ -1,0 +1,50 @@
+"""Every message between agent, control plane and CLI, with all its constraints.
+
+The layer just above the catalog: it imports pydantic, the standard library and nothing else of
+gpufleet but `gpufleet.catalog` and `gpufleet.errors`. Modules: `limits` (the constants),
+`telemetry` (devices, samples, events), `findings` (findings, acknowledgements), `jobs` (job
+specs, jobs reports, commands), `batch` (`Batch`, `Ack`), `validation` (validation results),
+`problems` (a refused message's first problem, named by its field path).
+"""
+
+from gpufleet.wire.batch import Ack, Batch
+from gpufleet.wire.findings import WireAck, WireFinding
+from gpufleet.wire.jobs import (
+    JOB_SPEC,
+    JobRequest,
+    JobSpec,
+    JobSubmit,
+    WireCommand,
+    WireJobCopy,
+    WireJobs,
+    WireSlot,
+)
+from gpufleet.wire.limits import (
+    MAX_BATCH_BYTES,
+    MAX_GPUS_PER_NODE,
+    MAX_SAMPLES_PER_BLOCK,
+    SCHEMA_VERSION,
+)
+from gpufleet.wire.telemetry import WireDevice, WireEvent, WireSamples
+
+__all__ = [
+    "JOB_SPEC",
+    "MAX_BATCH_BYTES",
+    "MAX_GPUS_PER_NODE",
+    "MAX_SAMPLES_PER_BLOCK",
+    "SCHEMA_VERSION",
+    "Ack",
+    "Batch",
+    "JobRequest",
+    "JobSpec",
+    "JobSubmit",
+    "WireAck",
+    "WireCommand",
+    "WireDevice",
+    "WireEvent",
+    "WireFinding",
+    "WireJobCopy",
+    "WireJobs",
+    "WireSamples",
+    "WireSlot",
+]
