@@ -1,0 +1,217 @@
+"""Where a sampler's device calls run, so that a hung NVML call blocks only its own GPU.
+
+A `Lane` runs one call at a time for one GPU (or for a node's event polling) and says whether
+its last call is still running. Two kinds:
+
+- `ThreadLane`: a dedicated daemon thread per lane (the agent on a real node: nine threads for
+  eight GPUs);
+- `CallPool.lane()`: lanes sharing a small pool of threads (many simulated nodes in one process,
+  `gpufleet.agent.fleet`). A call that runs longer than ``stuck_after_s`` no longer counts as
+  a worker: the pool starts another thread in its place (up to ``max_threads``), so hung calls
+  on some GPUs never starve the others; extra threads exit once idle.
+
+The sampler never queues a second call behind a busy lane, so a hung call holds one thread.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from collections.abc import Callable
+from typing import Any, Protocol
+
+
+class CallJob:
+    """One call handed to a lane: its result or error once ``done`` is set."""
+
+    __slots__ = ("done", "error", "fn", "result")
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.fn = fn
+        self.done = threading.Event()
+        self.result: Any = None
+        self.error: BaseException | None = None
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # reported to the sampler, never raised on the worker
+            self.error = exc
+        finally:
+            self.fn = _done  # drop the closure (and what it holds) once it ran
+            self.done.set()
+
+
+def _done() -> None:
+    return None
+
+
+class Lane(Protocol):
+    """Runs one call at a time; ``current`` is the last call submitted."""
+
+    current: CallJob | None
+
+    @property
+    def busy(self) -> bool: ...
+
+    def submit(self, fn: Callable[[], Any]) -> CallJob: ...
+
+    def stop(self) -> None: ...
+
+
+class ThreadLane:
+    """A lane with its own daemon thread."""
+
+    def __init__(self, name: str) -> None:
+        self._q: queue.SimpleQueue[CallJob | None] = queue.SimpleQueue()
+        self.current: CallJob | None = None
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        job = self.current
+        return job is not None and not job.done.is_set()
+
+    def submit(self, fn: Callable[[], Any]) -> CallJob:
+        job = CallJob(fn)
+        self.current = job
+        self._q.put(job)
+        return job
+
+    def stop(self) -> None:
+        self._q.put(None)
+
+    def _run(self) -> None:
+        while True:
+            job = self._q.get()
+            if job is None:
+                return
+            job.run()
+
+
+class PooledLane:
+    """A lane whose calls run on a `CallPool`'s threads."""
+
+    __slots__ = ("current", "pool")
+
+    def __init__(self, pool: CallPool) -> None:
+        self.pool = pool
+        self.current: CallJob | None = None
+
+    @property
+    def busy(self) -> bool:
+        job = self.current
+        return job is not None and not job.done.is_set()
+
+    def submit(self, fn: Callable[[], Any]) -> CallJob:
+        job = CallJob(fn)
+        self.current = job
+        self.pool.submit(job)
+        return job
+
+    def stop(self) -> None:
+        return None  # the pool's threads belong to the pool
+
+
+class _PoolThread:
+    __slots__ = ("busy_since", "extra")
+
+    def __init__(self, extra: bool) -> None:
+        self.busy_since: float | None = None
+        self.extra = extra
+
+
+class CallPool:
+    """A few threads shared by many lanes; replaces threads stuck in hung calls."""
+
+    def __init__(
+        self,
+        threads: int = 4,
+        *,
+        max_threads: int = 256,
+        stuck_after_s: float = 1.0,
+        idle_exit_s: float = 5.0,
+        name: str = "gpufleet-calls",
+    ) -> None:
+        if threads < 1 or max_threads < threads:
+            raise ValueError("threads must be >= 1 and max_threads >= threads")
+        self.threads = threads
+        self.max_threads = max_threads
+        self.stuck_after_s = stuck_after_s
+        self.idle_exit_s = idle_exit_s
+        self.name = name
+        self._q: queue.SimpleQueue[CallJob | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._workers: list[_PoolThread] = []
+        self._closed = False
+        self.spawned = 0
+        for _ in range(threads):
+            self._spawn(extra=False)
+
+    def lane(self) -> PooledLane:
+        return PooledLane(self)
+
+    @property
+    def size(self) -> int:
+        """Threads alive now (stuck ones included)."""
+        with self._lock:
+            return len(self._workers)
+
+    def stuck(self) -> int:
+        """Threads inside a call that has run longer than ``stuck_after_s``."""
+        with self._lock:
+            return self._stuck_locked()
+
+    def submit(self, job: CallJob) -> None:
+        if self._closed:
+            raise RuntimeError("call pool is closed")
+        self._q.put(job)
+        with self._lock:
+            if len(self._workers) - self._stuck_locked() < self.threads and len(self._workers) < self.max_threads:
+                self._spawn(extra=True)
+
+    def _spawn(self, extra: bool) -> None:
+        w = _PoolThread(extra)
+        self._workers.append(w)
+        self.spawned += 1
+        t = threading.Thread(
+            target=self._run, args=(w,), name=f"{self.name}-{self.spawned}", daemon=True
+        )
+        t.start()
+
+    def _run(self, w: _PoolThread) -> None:
+        try:
+            while True:
+                try:
+                    job = self._q.get(timeout=self.idle_exit_s if w.extra else None)
+                except queue.Empty:
+                    with self._lock:  # an extra thread leaves once the pool is whole again
+                        if len(self._workers) - self._stuck_locked() > self.threads:
+                            return
+                    continue
+                if job is None:
+                    return
+                w.busy_since = time.monotonic()
+                job.run()
+                w.busy_since = None
+        finally:
+            with self._lock:
+                self._workers.remove(w)
+
+    def _stuck_locked(self) -> int:
+        now = time.monotonic()
+        return sum(
+            1
+            for w in self._workers
+            if w.busy_since is not None and now - w.busy_since > self.stuck_after_s
+        )
+
+    def close(self) -> None:
+        """Ask every thread to exit after its current call (a hung one exits when it returns)."""
+        self._closed = True
+        with self._lock:
+            n = len(self._workers)
+        for _ in range(n):
+            self._q.put(None)
