@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpufleet.control.testbed import Agents, Controller, wait_for
+from gpufleet.testing.testbed import Agents, Controller, wait_for
 
 Bed = Callable[..., tuple[Controller, Agents]]
 TARGET_S = 10.0  # issue 7: under 10 s from the fault to the job running on another node

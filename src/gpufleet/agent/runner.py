@@ -78,6 +78,7 @@ class AgentConfig:
     slow_capacity: int = DEFAULT_SLOW_CAPACITY
     recent: int = DEFAULT_RECENT
     heartbeat_interval_s: float | None = None  # announced in each batch; default: push interval
+    seq_block: int = 1  # sequence numbers reserved per state-file write (`AgentState`)
 
 
 def finding_to_wire(f: Finding) -> wire.WireFinding:
@@ -154,7 +155,7 @@ class Agent:
                 from gpufleet.errors import UsageError
 
                 raise UsageError("--controller needs --state-dir (sequence numbers and spool)")
-            self.state = AgentState(cfg.state_dir, backend.node_name)
+            self.state = AgentState(cfg.state_dir, backend.node_name, seq_block=cfg.seq_block)
             spool = Spool(
                 cfg.state_dir / "spool",
                 max_batches=cfg.spool_max_batches,

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import os
 import signal
 from pathlib import Path
@@ -14,7 +12,7 @@ import typer
 
 from gpufleet.cli.common import JsonOption, SeedOption
 from gpufleet.cli.output import console, emit_json, err_console
-from gpufleet.errors import ConfigError, UsageError
+from gpufleet.errors import UsageError
 
 if TYPE_CHECKING:
     from gpufleet.control.auth import Principal
@@ -255,65 +253,43 @@ def register(app: typer.Typer) -> None:
         duration: float | None = typer.Option(
             None, "--duration", help="Seconds (default: run until Ctrl-C)."
         ),
-        sample_interval: float = typer.Option(1.0, "--sample-interval", min=0.05),
+        sample_interval: float = typer.Option(
+            1.0, "--sample-interval", min=0.05, help="Seconds between samples of each node."
+        ),
         push_interval: float = typer.Option(2.0, "--push-interval", min=0.1),
-        concurrency: int = typer.Option(64, "--concurrency", min=1, max=1024),
+        concurrency: int = typer.Option(
+            64, "--concurrency", min=1, max=1024, help="HTTP connections to the controller."
+        ),
         prefix: str = typer.Option("sim", "--prefix", help="Node name prefix."),
+        state_dir: Path | None = typer.Option(
+            None,
+            "--state-dir",
+            help="Agent state (identity, sequence numbers, spool) per node; default: temporary.",
+        ),
+        run_jobs: bool = typer.Option(
+            True, "--run-jobs/--no-run-jobs", help="Run the jobs the controller sends."
+        ),
         seed: int = SeedOption,
         json_out: bool = JsonOption,
     ) -> None:
-        """Many simulated agents in one process, pushing over HTTP."""
-        from gpufleet.control.simfleet import NodePusher, run_fleet
-        from gpufleet.devices.sim import SimFleet
-        from gpufleet.devices.sim.spec import parse_short_spec
+        """Many simulated nodes in one process, each a real agent, pushing over HTTP."""
+        from gpufleet.cli.simfleet import run_sim_fleet
 
-        spec = parse_short_spec(f"{nodes}x{gpus_per_node}x{model}", seed=seed, prefix=prefix)
-        if faults is not None:
-            spec = dataclasses.replace(
-                spec, faults=_load_faults(faults, {n.name for n in spec.nodes})
-            )
-        fleet = SimFleet(spec)
-        fleet.demo_activity()
-        pushers = [NodePusher(b) for b in fleet.backends()]
-        if not json_out:
-            err_console.print(
-                f"{nodes} simulated node(s) x {gpus_per_node} {model} pushing to "
-                f"{controller_url} every {push_interval:g} s (Ctrl-C stops)",
-                highlight=False,
-                soft_wrap=True,
-            )
-        try:
-            stats = asyncio.run(
-                run_fleet(
-                    controller_url,
-                    token,
-                    pushers,
-                    duration_s=duration,
-                    sample_interval_s=sample_interval,
-                    push_interval_s=push_interval,
-                    concurrency=concurrency,
-                )
-            )
-        except KeyboardInterrupt:
-            return
-        out = {
-            "nodes": nodes,
-            "gpus": nodes * gpus_per_node,
-            "batches_acked": stats.batches,
-            "samples_acked": stats.samples,
-            "errors": stats.errors,
-            "throttled": stats.throttled,
-            "p50_ms": stats.percentile(50),
-            "p99_ms": stats.percentile(99),
-        }
-        if json_out:
-            emit_json(out)
-        else:
-            console.print(
-                f"acked {stats.batches} batches ({stats.samples} GPU samples); "
-                f"errors {stats.errors}, throttled {stats.throttled}; "
-                f"p99 {out['p99_ms'] or 0:.1f} ms"
-            )
+        run_sim_fleet(
+            controller_url,
+            token,
+            f"{nodes}x{gpus_per_node}x{model}",
+            faults=faults,
+            duration=duration,
+            sample_interval=sample_interval,
+            push_interval=push_interval,
+            concurrency=concurrency,
+            prefix=prefix,
+            state_dir=state_dir,
+            run_jobs=run_jobs,
+            seed=seed,
+            json_out=json_out,
+        )
 
 
 def _use_scheduler(scheduler: str, slurm_conf: str | None) -> None:
@@ -327,23 +303,6 @@ def _use_scheduler(scheduler: str, slurm_conf: str | None) -> None:
 
         options["backend"] = SlurmBackend(slurm_conf=slurm_conf)
     SCHEDULER_HOOK_FACTORY[:] = [hook_factory(scheduler, **options)]
-
-
-def _load_faults(path: Path, names: set[str]) -> tuple:  # type: ignore[type-arg]
-    import yaml
-
-    from gpufleet.devices.sim.spec import _parse_fault
-
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: {exc.strerror}") from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not YAML: {exc}") from exc
-    items = data.get("faults") if isinstance(data, dict) else data
-    if not isinstance(items, list):
-        raise ConfigError(f"{path}: expected a list of faults (or a mapping with 'faults')")
-    return tuple(_parse_fault(it, f"{path}: faults[{i}]", names) for i, it in enumerate(items))
 
 
 def _serve(
@@ -393,21 +352,31 @@ def _up(
 ) -> None:
     import httpx
 
+    from gpufleet.agent.fleet import FleetConfig, FleetDriver, job_runners, open_backends
     from gpufleet.control.remediation import load_policy
-    from gpufleet.control.up import LocalAgents, admin_token, build_service, choose_backends, serve
+    from gpufleet.control.up import DEFAULT_SIM, admin_token, build_service, serve
 
     service = build_service(_data_dir(data_dir), _db_url(db_url), policy=load_policy(policy))
     service.start()
     token = admin_token(service)
     agent_token, _ = service.store.tokens.create("agent", name="up-local-agents")
-    source, backends, simfleet = choose_backends(sim, seed)
+    source, backends, simfleet = open_backends(sim, seed, DEFAULT_SIM)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    jobs = None
+    jobs = {}
     if service.jobs is not None and service.jobs.name == "embedded":
-        from gpufleet.control.scheduling import agent_jobs_for
-
-        jobs = agent_jobs_for(backends, simfleet, _data_dir(data_dir) / "jobs")
-    agents = LocalAgents(url, agent_token, backends, jobs)
+        jobs = job_runners(backends, simfleet, _data_dir(data_dir) / "jobs")
+    # the real agent for every node (sampler, health, spool, push, jobs), a few threads in all
+    agents = FleetDriver(
+        backends,
+        FleetConfig(
+            controller=url,
+            token=agent_token,
+            state_dir=_data_dir(data_dir) / "agents",
+            fast_interval_s=1.0,
+            push_interval_s=2.0,
+        ),
+        jobs=jobs,
+    )
 
     def ready() -> None:
         agents.start()
@@ -441,7 +410,7 @@ def _up(
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
-        agents.stop()
+        agents.stop(flush=False)  # the server is gone; a hung NVML call waits at most 2 s
         if service.jobs is not None:
             service.jobs.stop()
         service.stop()

@@ -419,24 +419,3 @@ def hook_factory(scheduler: str, **options: Any) -> Callable[[ControlService], A
         return facade if facade is not None else NullSchedulerHook()
 
     return make
-
-
-def agent_jobs_for(
-    backends: list[Any], simfleet: Any, root: Any, lease_s: float = 30.0
-) -> dict[str, Any]:
-    """``AgentJobs`` for the in-process agents of ``gpufleet up``: simulated nodes run simulated
-    jobs (``SimExecutor``), this machine's GPUs run processes (``LocalProcessExecutor``)."""
-    from pathlib import Path
-
-    from gpufleet.agent.jobs import AgentJobs, slots_from_backend
-    from gpufleet.schedulers.embedded import LocalProcessExecutor, SimExecutor
-
-    executor: JobExecutor = (
-        SimExecutor(simfleet, lease_s=lease_s)
-        if simfleet is not None
-        else LocalProcessExecutor(root=Path(root))
-    )
-    return {
-        b.node_name: AgentJobs(b.node_name, executor, slots_from_backend(b), lease_s=lease_s)
-        for b in backends
-    }

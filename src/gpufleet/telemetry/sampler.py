@@ -3,10 +3,11 @@ over a `GpuBackend`, into per-GPU numeric ring buffers.
 
 Each GPU's device work runs on that GPU's own lane (a worker thread of its own, or a lane of a
 shared `CallPool` when many simulated nodes run in one process; `gpufleet.telemetry.workers`)
-and the sampler waits for it at most ``call_timeout_s``: a hung NVML call (``FaultKind.HUNG_CALL`` in the simulator) marks only
-that GPU *stalled*, and the GPU is skipped (no new work queued behind the hung call) until the
-call returns. A lost GPU (``GpuLostError``) is marked lost and the others keep sampling. Event
-polling runs on its own worker under the same bound.
+and the sampler waits for it at most ``call_timeout_s``: a hung NVML call
+(``FaultKind.HUNG_CALL`` in the simulator) marks only that GPU *stalled*, and the GPU is skipped
+(no new work queued behind the hung call) until the call returns. A lost GPU
+(``GpuLostError``) is marked lost and the others keep sampling. Event polling runs on its own
+lane under the same bound.
 
 ``tick(now)`` does one round and is what tests drive with a manual clock; the agent's real-time
 loop calls it on schedule (`Sampler.next_due`).
@@ -450,7 +451,9 @@ def _converter(type_text: str) -> Callable[[float], Any]:
 
 # Sample field -> how a ring value (float64) becomes that field's type again
 _FIELD_TYPES: dict[str, Callable[[float], Any]] = {
-    f.name: _converter(str(f.type)) for f in fields(Sample) if f.name not in ("timestamp_s", "extra")
+    f.name: _converter(str(f.type))
+    for f in fields(Sample)
+    if f.name not in ("timestamp_s", "extra")
 }
 
 

@@ -169,7 +169,10 @@ class CallPool:
             raise RuntimeError("call pool is closed")
         self._q.put(job)
         with self._lock:
-            if len(self._workers) - self._stuck_locked() < self.threads and len(self._workers) < self.max_threads:
+            if (
+                len(self._workers) - self._stuck_locked() < self.threads
+                and len(self._workers) < self.max_threads
+            ):
                 self._spawn(extra=True)
 
     def _spawn(self, extra: bool) -> None:
