@@ -10,10 +10,13 @@ the removal resends one batch, which the control plane's (agent_id, seq) check a
 
 Retries back off with full jitter: after the n-th failure in a row the next attempt waits a
 uniform random time in ``[0, min(MAX_BACKOFF_S, BASE_BACKOFF_S * 2**n))`` (`backoff_s`), so
-agents that lost the control plane together do not come back together. The cap is 5 s: once
-the control plane answers again every agent is back in contact within a few seconds, far
-inside the 30 s job lease (`gpufleet.agent.jobs.DEFAULT_LEASE_S`), so a controller restart
-never makes nodes kill their jobs. A ``Retry-After`` from the control plane is honoured as is.
+agents that lost the control plane together do not come back together. The cap is 5 s, and
+never more than the agent's heartbeat interval (the agent passes ``max_backoff_s``): once the
+control plane answers again every agent is back in contact within one heartbeat interval plus
+one push interval, inside both the restart grace a fresh controller gives every node (three
+heartbeat intervals before it declares one lost) and the 30 s job lease
+(`gpufleet.agent.jobs.DEFAULT_LEASE_S`), so a controller restart never loses nodes or makes
+them kill their jobs. A ``Retry-After`` from the control plane is honoured as is.
 """
 
 from __future__ import annotations
@@ -110,6 +113,7 @@ class Pusher:
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         client: httpx.Client | None = None,
+        max_backoff_s: float = MAX_BACKOFF_S,
     ) -> None:
         """``client``: an HTTP client shared by many agents in one process (not closed here);
         else the pusher makes its own over ``transport``."""
@@ -118,6 +122,7 @@ class Pusher:
         self.spool = spool
         self.clock = clock
         self.rng = rng
+        self.max_backoff_s = max_backoff_s
         self.stats = PushStats()
         self.on_ack: Callable[[Ack], None] | None = None  # job commands, acks (Agent.on_ack)
         self.retry_at = 0.0
@@ -214,7 +219,7 @@ class Pusher:
         if exc.retry_after_s is not None:
             wait = exc.retry_after_s
         else:
-            wait = backoff_s(self.failures, self.rng)
+            wait = backoff_s(self.failures, self.rng, cap_s=self.max_backoff_s)
         self.failures += 1
         self.retry_at = now + wait
         log.warning("push deferred %.1f s: %s", wait, exc)

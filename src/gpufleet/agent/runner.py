@@ -29,7 +29,7 @@ from gpufleet.agent.health_seam import (
     default_evaluator,
 )
 from gpufleet.agent.jobs import AgentJobs
-from gpufleet.agent.push import Pusher
+from gpufleet.agent.push import MAX_BACKOFF_S, Pusher
 from gpufleet.agent.spool import DEFAULT_MAX_BATCHES, DEFAULT_MAX_BYTES, AgentState, Spool
 from gpufleet.devices.backend import GpuBackend
 from gpufleet.health.types import Finding, Severity
@@ -169,6 +169,8 @@ class Agent:
                 transport=transport,
                 clock=clock,
                 client=client,
+                # back in contact within a heartbeat interval once the control plane returns
+                max_backoff_s=min(MAX_BACKOFF_S, cfg.heartbeat_interval_s or cfg.push_interval_s),
             )
             self.pusher.on_ack = self.on_ack
         self._registry: CollectorRegistry | None = None
