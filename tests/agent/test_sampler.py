@@ -183,7 +183,7 @@ def test_window_rebuilt_from_the_rings_equals_the_kept_samples() -> None:
 
 def test_close_waits_for_running_calls_then_shuts_nvml_down() -> None:
     clock = ManualClock()
-    fleet, node = sim_node("1x2xh100", clock)
+    _fleet, node = sim_node("1x2xh100", clock)
     s = Sampler(node.backend(), call_timeout_s=0.1, clock=clock)
     s.tick()
     assert node.nvml._init_count == 1
