@@ -193,6 +193,32 @@ async def blast(
     }
 
 
+def start_controller(data_dir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    """`gpufleet controller` in its own process on a free port, once it answers: (process,
+    base URL, an agent token)."""
+    exe = [sys.executable, "-m", "gpufleet"]
+    out = subprocess.run(
+        [*exe, "token", "create", "--role", "agent", "--data-dir", str(data_dir), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    port = free_port()
+    server = subprocess.Popen(
+        [*exe, "controller", "--data-dir", str(data_dir), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{base}/api/v1/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return server, base, json.loads(out.stdout)["token"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--nodes", type=int, default=200)
@@ -203,32 +229,8 @@ def main() -> None:
     ap.add_argument("--gzip", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
-    port = free_port()
-    exe = [sys.executable, "-m", "gpufleet"]
-    env = dict(os.environ)
-    out = subprocess.run(
-        [*exe, "token", "create", "--role", "agent", "--data-dir", str(tmp), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    )
-    token = json.loads(out.stdout)["token"]
-    server = subprocess.Popen(
-        [*exe, "controller", "--data-dir", str(tmp), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
+    server, base, token = start_controller(Path(tempfile.mkdtemp(prefix="gpufleet-bench-")))
     try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                if httpx.get(f"{base}/api/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         pool = render_pool(args.nodes, args.gpus, args.samples)
         res = asyncio.run(
             blast(f"{base}/api/v1/ingest", token, pool, args.duration, args.concurrency, args.gzip)

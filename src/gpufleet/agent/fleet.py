@@ -57,7 +57,7 @@ class FleetConfig:
     call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
     call_threads: int = 4
     tick_threads: int = 2
-    push_threads: int = 4
+    push_threads: int = 8
     connections: int = 16
     push_timeout_s: float = 5.0
 
@@ -293,15 +293,12 @@ def job_runners(
 ) -> dict[str, AgentJobs]:
     """A job runner (`AgentJobs`) per node: simulated nodes run simulated jobs that load their
     GPUs (``SimExecutor`` over the `SimFleet` ``sim``), this machine's GPUs run processes
-    (``LocalProcessExecutor`` under ``root``)."""
-    from gpufleet.agent.jobs import slots_from_backend
+    (``LocalProcessExecutor`` under ``root``). Their GPUs come from each agent's sampler once
+    it identified them (no NVML call here, so a hung GPU cannot block the start)."""
     from gpufleet.schedulers.embedded import LocalProcessExecutor, SimExecutor
     from gpufleet.schedulers.embedded.executor import JobExecutor
 
     executor: JobExecutor = (
         SimExecutor(sim, lease_s=lease_s) if sim is not None else LocalProcessExecutor(root=root)
     )
-    return {
-        b.node_name: AgentJobs(b.node_name, executor, slots_from_backend(b), lease_s=lease_s)
-        for b in backends
-    }
+    return {b.node_name: AgentJobs(b.node_name, executor, lease_s=lease_s) for b in backends}

@@ -28,7 +28,7 @@ from gpufleet.agent.health_seam import (
     build_input,
     default_evaluator,
 )
-from gpufleet.agent.jobs import AgentJobs
+from gpufleet.agent.jobs import AgentJobs, slots_from_infos
 from gpufleet.agent.push import MAX_BACKOFF_S, Pusher
 from gpufleet.agent.spool import DEFAULT_MAX_BATCHES, DEFAULT_MAX_BYTES, AgentState, Spool
 from gpufleet.devices.backend import GpuBackend
@@ -174,6 +174,7 @@ class Agent:
             )
             self.pusher.on_ack = self.on_ack
         self._registry: CollectorRegistry | None = None
+        self._slots: tuple[int, list[wire.WireSlot]] = (-1, [])
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -347,10 +348,23 @@ class Agent:
         )
 
     def enable_jobs(self, jobs: AgentJobs) -> None:
-        """Run the jobs the control plane sends in its ``Ack``s, report them in each batch."""
+        """Run the jobs the control plane sends in its ``Ack``s, report them in each batch.
+        Jobs made without slots report the GPUs the sampler identified (`gpu_slots`)."""
+        if not callable(jobs.slots) and not jobs.slots:
+            jobs.slots = self.gpu_slots
         self.jobs = jobs
         if self.pusher is not None:
             self.pusher.on_ack = self.on_ack
+
+    def gpu_slots(self) -> list[wire.WireSlot]:
+        """The node's schedulable GPUs as the sampler identified them (read on its lanes, so a
+        hung NVML call never blocks a job report; lost GPUs are left out)."""
+        s = self.sampler
+        with s.lock:
+            if self._slots[0] != s.devices_version:
+                infos = [(g.index, g.info) for g in s.gpus if g.info is not None and not g.lost]
+                self._slots = (s.devices_version, slots_from_infos(infos))
+            return self._slots[1]
 
     def on_ack(self, ack: wire.Ack) -> None:
         """What an ``Ack`` asks (the pusher's callback, on its thread): acknowledgements are

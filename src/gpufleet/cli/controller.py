@@ -404,7 +404,9 @@ def _up(
             console.print(f"  admin token: {token}", highlight=False, soft_wrap=True)
             console.print("Ctrl-C stops.", highlight=False)
 
-    prev = signal.getsignal(signal.SIGTERM)
+    # uvicorn re-raises the signal that stopped it once its own shutdown is done; SIGTERM then
+    # becomes KeyboardInterrupt like Ctrl-C, so the agents and the service stop in order too
+    prev = signal.signal(signal.SIGTERM, _interrupt)
     try:
         serve(service, host, port, on_ready=ready)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
@@ -417,6 +419,10 @@ def _up(
         signal.signal(signal.SIGTERM, prev)
         if not json_out:
             err_console.print("gpufleet stopped")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 def sim_nodes(simfleet: Any) -> list[Any]:

@@ -70,9 +70,6 @@ class GpuState:
     fast: RingBuffer
     slow: RingBuffer
     info: DeviceInfo | None = None
-    latest: Sample | None = None
-    latest_fast: Sample | None = None
-    latest_slow: Sample | None = None
     lost: bool = False
     stalled: bool = False
     stalls: int = 0
@@ -86,6 +83,25 @@ class GpuState:
     @property
     def uuid(self) -> str:
         return self.info.uuid if self.info else f"unknown-{self.index}"
+
+    # the newest readings come from the rings (no Sample objects kept besides them)
+    @property
+    def latest_fast(self) -> Sample | None:
+        newest = self.fast.latest()
+        return None if newest is None else row_sample(newest[0], newest[1], FAST_COLUMNS)
+
+    @property
+    def latest_slow(self) -> Sample | None:
+        newest = self.slow.latest()
+        return None if newest is None else row_sample(newest[0], newest[1], SLOW_COLUMNS)
+
+    @property
+    def latest(self) -> Sample | None:
+        """The newest fast reading with the newest slow-tier fields merged in."""
+        base, other = self.latest_fast, self.latest_slow
+        if base is None or other is None:
+            return base or other
+        return base.merged(replace(other, timestamp_s=base.timestamp_s))
 
 
 @dataclass(frozen=True)
@@ -246,6 +262,7 @@ class Sampler:
                     self._record_error(gpu, job.error)
                     continue
                 self._store(gpu, job.result)
+                job.result = None  # stored in the rings; the lane keeps the job until the next
                 sampled.append(idx)
             for idx in stalled:
                 self.gpus[idx].stalled = True
@@ -255,6 +272,7 @@ class Sampler:
                     log.warning("event poll failed: %s", event_job.error)
                 else:
                     new_events = list(event_job.result or [])
+                    event_job.result = None
                     self._store_events(new_events)
             if fast:
                 self.last_fast_s = now
@@ -328,21 +346,12 @@ class Sampler:
             self.devices_version += 1  # the push sends the devices again
         if result.fast is not None:
             gpu.fast.append(result.fast.timestamp_s, sample_row(result.fast, FAST_COLUMNS))
-            gpu.latest_fast = result.fast
             gpu.recent.append(result.fast)
         if result.slow is not None:
             gpu.slow.append(result.slow.timestamp_s, sample_row(result.slow, SLOW_COLUMNS))
-            gpu.latest_slow = result.slow
             gpu.recent.append(result.slow)
         if result.mig is not None and result.fast is not None:
             self._store_mig(gpu, result.fast.timestamp_s, result.mig)
-        base, other = gpu.latest_fast, gpu.latest_slow
-        if base is None:
-            gpu.latest = other
-        elif other is None:
-            gpu.latest = base
-        else:
-            gpu.latest = base.merged(replace(other, timestamp_s=base.timestamp_s))
 
     def _store_mig(
         self, gpu: GpuState, t: float, values: dict[int, tuple[str, dict[str, float]]]

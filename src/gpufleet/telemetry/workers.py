@@ -22,6 +22,33 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 
+class Done:
+    """A one-shot flag to wait on (a lock held until set): what ``threading.Event`` does for a
+    single waiter, in a tenth of the memory (a sampler holds one per GPU)."""
+
+    __slots__ = ("_flag", "_lock")
+
+    def __init__(self) -> None:
+        self._flag = False
+        self._lock = threading.Lock()
+        self._lock.acquire()
+
+    def set(self) -> None:
+        if not self._flag:
+            self._flag = True
+            self._lock.release()
+
+    def is_set(self) -> bool:
+        return self._flag
+
+    def wait(self, timeout: float | None = None) -> bool:
+        if self._flag:
+            return True
+        if self._lock.acquire(timeout=-1 if timeout is None else max(0.0, timeout)):
+            self._lock.release()  # let any other waiter through too
+        return self._flag
+
+
 class CallJob:
     """One call handed to a lane: its result or error once ``done`` is set."""
 
@@ -29,7 +56,7 @@ class CallJob:
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
-        self.done = threading.Event()
+        self.done = Done()
         self.result: Any = None
         self.error: BaseException | None = None
 

@@ -57,15 +57,13 @@ class Agents:
 
     def start(self) -> Agents:
         from gpufleet.agent.fleet import FleetConfig, FleetDriver
-        from gpufleet.agent.jobs import AgentJobs, slots_from_backend
+        from gpufleet.agent.jobs import AgentJobs
         from gpufleet.schedulers.embedded import SimExecutor
 
         self.executor = SimExecutor(self.fleet, lease_s=self.lease_s)
         backends = self.fleet.backends()
         jobs = {
-            b.node_name: AgentJobs(
-                b.node_name, self.executor, slots_from_backend(b), lease_s=self.lease_s
-            )
+            b.node_name: AgentJobs(b.node_name, self.executor, lease_s=self.lease_s)
             for b in backends
             if self.run_jobs
         }
