@@ -87,14 +87,13 @@ class Lane(Protocol):
     def stop(self) -> None: ...
 
 
-class ThreadLane:
-    """A lane with its own daemon thread."""
+class _LaneBase:
+    """What both lanes share: the last call and whether it still runs."""
 
-    def __init__(self, name: str) -> None:
-        self._q: queue.SimpleQueue[CallJob | None] = queue.SimpleQueue()
+    __slots__ = ("current",)
+
+    def __init__(self) -> None:
         self.current: CallJob | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
 
     @property
     def busy(self) -> bool:
@@ -104,8 +103,26 @@ class ThreadLane:
     def submit(self, fn: Callable[[], Any]) -> CallJob:
         job = CallJob(fn)
         self.current = job
-        self._q.put(job)
+        self._enqueue(job)
         return job
+
+    def _enqueue(self, job: CallJob) -> None:
+        raise NotImplementedError
+
+
+class ThreadLane(_LaneBase):
+    """A lane with its own daemon thread."""
+
+    __slots__ = ("_q", "_thread")
+
+    def __init__(self, name: str) -> None:
+        super().__init__()
+        self._q: queue.SimpleQueue[CallJob | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _enqueue(self, job: CallJob) -> None:
+        self._q.put(job)
 
     def stop(self) -> None:
         self._q.put(None)
@@ -118,25 +135,17 @@ class ThreadLane:
             job.run()
 
 
-class PooledLane:
+class PooledLane(_LaneBase):
     """A lane whose calls run on a `CallPool`'s threads."""
 
-    __slots__ = ("current", "pool")
+    __slots__ = ("pool",)
 
     def __init__(self, pool: CallPool) -> None:
+        super().__init__()
         self.pool = pool
-        self.current: CallJob | None = None
 
-    @property
-    def busy(self) -> bool:
-        job = self.current
-        return job is not None and not job.done.is_set()
-
-    def submit(self, fn: Callable[[], Any]) -> CallJob:
-        job = CallJob(fn)
-        self.current = job
+    def _enqueue(self, job: CallJob) -> None:
         self.pool.submit(job)
-        return job
 
     def stop(self) -> None:
         return None  # the pool's threads belong to the pool
