@@ -350,7 +350,7 @@ class Agent:
     def enable_jobs(self, jobs: AgentJobs) -> None:
         """Run the jobs the control plane sends in its ``Ack``s, report them in each batch.
         Jobs made without slots report the GPUs the sampler identified (`gpu_slots`)."""
-        if not callable(jobs.slots) and not jobs.slots:
+        if isinstance(jobs, AgentJobs) and not callable(jobs.slots) and not jobs.slots:
             jobs.slots = self.gpu_slots
         self.jobs = jobs
         if self.pusher is not None:
