@@ -404,25 +404,19 @@ def _up(
             console.print(f"  admin token: {token}", highlight=False, soft_wrap=True)
             console.print("Ctrl-C stops.", highlight=False)
 
-    # uvicorn re-raises the signal that stopped it once its own shutdown is done; SIGTERM then
-    # becomes KeyboardInterrupt like Ctrl-C, so the agents and the service stop in order too
-    prev = signal.signal(signal.SIGTERM, _interrupt)
+    prev = signal.getsignal(signal.SIGTERM)
     try:
         serve(service, host, port, on_ready=ready)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
-        agents.stop(flush=False)  # the server is gone; a hung NVML call waits at most 2 s
+        agents.stop(flush=False, close_wait_s=0.5)  # the server is gone; a hung call: 0.5 s
         if service.jobs is not None:
             service.jobs.stop()
         service.stop()
         signal.signal(signal.SIGTERM, prev)
         if not json_out:
             err_console.print("gpufleet stopped")
-
-
-def _interrupt(signum: int, frame: object) -> None:
-    raise KeyboardInterrupt
 
 
 def sim_nodes(simfleet: Any) -> list[Any]:

@@ -8,6 +8,7 @@ remote agents; the CLI wires the two together.
 from __future__ import annotations
 
 import logging
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -58,6 +59,16 @@ def serve(service: ControlService, host: str, port: int, *, on_ready: Callable[[
     )
     server = uvicorn.Server(config)
 
+    def on_term(signum: int, frame: object) -> None:
+        server.should_exit = True  # also when it comes before uvicorn listens
+
+    # uvicorn re-raises the signal that stopped it once its own shutdown is done: with this
+    # handler a SIGTERM ends `run` normally, so the caller stops its agents and the service in
+    # order (the default action would kill the process there and then)
+    prev = None
+    if threading.current_thread() is threading.main_thread():
+        prev = signal.signal(signal.SIGTERM, on_term)
+
     def watch() -> None:
         while not server.started and not server.should_exit:
             time.sleep(0.05)
@@ -65,7 +76,11 @@ def serve(service: ControlService, host: str, port: int, *, on_ready: Callable[[
             on_ready()
 
     threading.Thread(target=watch, daemon=True).start()
-    server.run()
+    try:
+        server.run()
+    finally:
+        if prev is not None:
+            signal.signal(signal.SIGTERM, prev)
 
 
 def build_service(data_dir: Path | None, db_url: str | None, **kw: object) -> ControlService:
