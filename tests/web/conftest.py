@@ -153,6 +153,7 @@ def start_fleet(tmp: Path, spec: str, *, racks_of: int = 16) -> LiveFleet:
             state_dir=tmp / "agents",
             fast_interval_s=1.0,
             push_interval_s=1.0,
+            heartbeat_interval_s=2.0,  # lost after 6 s without a push, as before
         ),
     ).start()
     names = [b.node_name for b in fleet.backends]
