@@ -98,9 +98,9 @@ def controller_slurm_case(runs: int) -> dict[str, object]:
     import tempfile
     from pathlib import Path
 
-    from gpufleet.control.testbed import Agents, Controller, wait_for
     from gpufleet.devices.sim import SimFleet
     from gpufleet.devices.sim.spec import FleetSpec, NodeSpec
+    from gpufleet.testing.testbed import Agents, Controller, wait_for
 
     dev = temp_cluster()
     work = Path(tempfile.mkdtemp(prefix="gpufleet-failover-"))
@@ -152,10 +152,10 @@ def controller_embedded_case(runs: int) -> dict[str, object]:
     import tempfile
     from pathlib import Path
 
-    from gpufleet.control.testbed import Agents, Controller, wait_for
     from gpufleet.devices.sim import SimFleet
     from gpufleet.devices.sim.spec import FleetSpec, NodeSpec
     from gpufleet.schedulers.embedded.backend import EmbeddedBackend
+    from gpufleet.testing.testbed import Agents, Controller, wait_for
 
     work = Path(tempfile.mkdtemp(prefix="gpufleet-failover-"))
     times = []

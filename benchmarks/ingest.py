@@ -2,11 +2,14 @@
 loopback, SQLite in WAL mode with synchronous=FULL, in a temporary data directory), with p50/p99
 acknowledgement latency, against the 25,000 samples/s floor of issue 6.
 
-Load: `gpufleet.control.simfleet.NodePusher` (the agents of `gpufleet sim-fleet`) samples the
-simulated fleet for real to build each node's batches (NODES x GPUS x SAMPLES per batch); the
+Load: the real agent (`gpufleet.agent.runner.Agent`, what `gpufleet agent` and `gpufleet
+sim-fleet` run) samples the simulated fleet for real and builds each node's batches (NODES x
+GPUS x SAMPLES readings per batch, the first with its slow-tier fields too); the
 timed phase then pushes those payloads with fresh sequence numbers from a closed loop of
-CONCURRENCY connections, so the load generator's own sampling cost (the simulator's physics) is
-not what is measured. The controller runs in a separate process (one uvicorn worker).
+CONCURRENCY keep-alive connections (a minimal HTTP/1.1 client over asyncio streams, far
+cheaper per request than httpx), so neither the simulator's physics nor the client is what is
+measured. The controller runs in a separate process (one
+uvicorn worker).
 
     python benchmarks/ingest.py [--nodes 200] [--samples 10] [--duration 20] [--concurrency 32]
 """
@@ -38,8 +41,8 @@ def free_port() -> int:
 
 
 def render_pool(nodes: int, gpus: int, samples: int) -> list[tuple[str, str, dict[str, Any]]]:
-    """One batch body template per node, sampled from the simulator through NodePusher."""
-    from gpufleet.control.simfleet import NodePusher
+    """One batch body template per node, sampled from the simulator by the real agent."""
+    from gpufleet.agent.runner import Agent, AgentConfig
     from gpufleet.devices.sim import ManualClock, SimFleet
     from gpufleet.devices.sim.spec import parse_short_spec
 
@@ -47,19 +50,67 @@ def render_pool(nodes: int, gpus: int, samples: int) -> list[tuple[str, str, dic
     fleet = SimFleet(parse_short_spec(f"{nodes}x{gpus}xh100-sxm", prefix="bench"), clock=clock)
     fleet.demo_activity()
     pool = []
-    # sample a few distinct nodes for real, reuse their columns for the rest (same shape)
-    real = [NodePusher(b, clock=clock) for b in fleet.backends()[: min(nodes, 8)]]
-    for _ in range(samples):
-        for p in real:
-            p.sample()
-        clock.advance(1.0)
-    templates = [json.loads(p.make_batch()[1]) for p in real]
+    with tempfile.TemporaryDirectory(prefix="gpufleet-bench-agents-") as tmp:
+        # sample a few distinct nodes for real, reuse their columns for the rest (same shape)
+        real = [
+            Agent(
+                b,
+                AgentConfig(controller="http://unused", state_dir=Path(tmp) / b.node_name),
+                clock=clock,
+            )
+            for b in fleet.backends()[: min(nodes, 8)]
+        ]
+        for _ in range(samples):
+            for a in real:
+                a.tick(clock())
+            clock.advance(1.0)
+        templates = [a.build_batch(1).model_dump(mode="json") for a in real]
+        for a in real:
+            a.close()
     for i, spec in enumerate(fleet.spec.nodes):
         body = dict(templates[i % len(templates)])
         body["node"] = spec.name
         body["agent_id"] = f"bench-{i}"
         pool.append((spec.name, f"bench-{i}", body))
     return pool
+
+
+class Connection:
+    """One HTTP/1.1 keep-alive connection over asyncio streams (plain http, Content-Length
+    answers), one request at a time."""
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._r: asyncio.StreamReader | None = None
+        self._w: asyncio.StreamWriter | None = None
+
+    async def request(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        """POST ``body``; (status, response body). Reconnects once when the server closed."""
+        for attempt in (0, 1):
+            if self._w is None:
+                self._r, self._w = await asyncio.open_connection(self.host, self.port)
+            try:
+                return await self._once(path, body, headers)
+            except (ConnectionError, asyncio.IncompleteReadError):
+                self._w.close()
+                self._r = self._w = None
+                if attempt == 1:
+                    raise
+        raise ConnectionError("unreachable")
+
+    async def _once(self, path: str, body: bytes, headers: dict[str, str]) -> tuple[int, bytes]:
+        assert self._r is not None and self._w is not None
+        head = [f"POST {path} HTTP/1.1", f"Host: {self.host}:{self.port}"]
+        head += [f"Content-Length: {len(body)}", *(f"{k}: {v}" for k, v in headers.items())]
+        self._w.write(("\r\n".join(head) + "\r\n\r\n").encode("latin-1") + body)
+        await self._w.drain()
+        status_line, *lines = (await self._r.readuntil(b"\r\n\r\n")).decode("latin-1").split("\r\n")
+        hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines)}
+        payload = await self._r.readexactly(int(hdrs.get("content-length") or 0))
+        if hdrs.get("connection", "").lower() == "close":
+            self._w.close()
+            self._r = self._w = None
+        return int(status_line.split(" ", 2)[1]), payload
 
 
 async def blast(
@@ -71,7 +122,9 @@ async def blast(
     gz: bool,
 ) -> dict[str, Any]:
     seqs = {agent: 0 for _, agent, _ in pool}
-    per_batch = sum(len(s["t"]) for s in pool[0][2]["samples"])
+    # GPU samples per batch: readings of one GPU at one time (a slow-tier row taken with a
+    # fast one is the same sample)
+    per_batch = len({(s["gpu_index"], t) for s in pool[0][2]["samples"] for t in s["t"]})
     lat: list[float] = []
     acked = throttled = errors = 0
     headers = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
@@ -84,8 +137,6 @@ async def blast(
         first = json.dumps(b, separators=(",", ":"))
         b.pop("devices", None)
         encoded.append((agent, first, json.dumps(b, separators=(",", ":"))))
-    from gpufleet.control.httpclient import Connection
-
     host, port = url.split("//", 1)[1].split("/", 1)[0].split(":")
     stop_at = time.monotonic() + duration
     warm_until = time.monotonic() + min(3.0, duration / 4)
@@ -105,18 +156,18 @@ async def blast(
                 raw = text.replace('"seq":0', f'"seq":{seqs[agent]}', 1).encode()
                 body = gzip.compress(raw, 1) if gz else raw
                 t0 = time.perf_counter()
-                r = await client.request("POST", "/api/v1/ingest", body, headers)
+                status, _ = await client.request("/api/v1/ingest", body, headers)
                 dt = (time.perf_counter() - t0) * 1000.0
-                if r.status == 200:
+                if status == 200:
                     acked += 1
                     if time.monotonic() >= warm_until:
                         if t_start is None:
                             t_start = time.monotonic()
                         counted += 1
                         lat.append(dt)
-                elif r.status == 429:
+                elif status == 429:
                     throttled += 1
-                    await asyncio.sleep(float(r.headers.get("retry-after", "1")))
+                    await asyncio.sleep(1.0)
                 else:
                     errors += 1
 
@@ -142,6 +193,32 @@ async def blast(
     }
 
 
+def start_controller(data_dir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
+    """`gpufleet controller` in its own process on a free port, once it answers: (process,
+    base URL, an agent token)."""
+    exe = [sys.executable, "-m", "gpufleet"]
+    out = subprocess.run(
+        [*exe, "token", "create", "--role", "agent", "--data-dir", str(data_dir), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    port = free_port()
+    server = subprocess.Popen(
+        [*exe, "controller", "--data-dir", str(data_dir), "--port", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    base = f"http://127.0.0.1:{port}"
+    for _ in range(200):
+        try:
+            if httpx.get(f"{base}/api/v1/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.1)
+    return server, base, json.loads(out.stdout)["token"]
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--nodes", type=int, default=200)
@@ -152,32 +229,8 @@ def main() -> None:
     ap.add_argument("--gzip", action="store_true")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
-    tmp = Path(tempfile.mkdtemp(prefix="gpufleet-bench-"))
-    port = free_port()
-    exe = [sys.executable, "-m", "gpufleet"]
-    env = dict(os.environ)
-    out = subprocess.run(
-        [*exe, "token", "create", "--role", "agent", "--data-dir", str(tmp), "--json"],
-        capture_output=True,
-        text=True,
-        check=True,
-        env=env,
-    )
-    token = json.loads(out.stdout)["token"]
-    server = subprocess.Popen(
-        [*exe, "controller", "--data-dir", str(tmp), "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-        env=env,
-    )
+    server, base, token = start_controller(Path(tempfile.mkdtemp(prefix="gpufleet-bench-")))
     try:
-        base = f"http://127.0.0.1:{port}"
-        for _ in range(200):
-            try:
-                if httpx.get(f"{base}/api/v1/health", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
         pool = render_pool(args.nodes, args.gpus, args.samples)
         res = asyncio.run(
             blast(f"{base}/api/v1/ingest", token, pool, args.duration, args.concurrency, args.gzip)

@@ -14,7 +14,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from gpufleet.agent.push import Pusher, backoff_s
 from gpufleet.agent.runner import Agent, AgentConfig
+from gpufleet.agent.spool import AgentState, Spool
 from gpufleet.devices.sim import Fault, FaultKind, ManualClock
 from gpufleet.wire import Ack, Batch
 from tests.agent.conftest import sim_node
@@ -178,3 +180,60 @@ def test_spool_is_bounded_drop_oldest(tmp_path: Path) -> None:
     assert 'gpufleet_agent_buffer_depth{Hostname="sim-00",buffer="spool"} 3' in text
     assert 'gpufleet_agent_spool_dropped_total{Hostname="sim-00"} 2' in text
     a.close()
+
+
+def test_backoff_is_full_jitter_under_a_cap() -> None:
+    almost_one = 1.0 - 1e-9  # rng() is uniform in [0, 1): its top is the whole bound
+    # base 0.5 s doubling per failure, capped at 5 s
+    assert [backoff_s(n, lambda: almost_one) for n in range(7)] == pytest.approx(
+        [0.5, 1.0, 2.0, 4.0, 5.0, 5.0, 5.0]
+    )
+    assert backoff_s(3, lambda: 0.0) == 0.0  # full jitter: anywhere down to no wait at all
+    assert backoff_s(3, lambda: 0.25) == pytest.approx(1.0)  # a quarter of the 4 s bound
+    assert backoff_s(10_000, lambda: 0.5) == pytest.approx(2.5)  # huge exponent: still capped
+    assert backoff_s(6, lambda: 0.5, cap_s=1.0) == pytest.approx(0.5)
+
+
+def test_retries_jitter_then_contact_resumes_within_the_cap(tmp_path: Path) -> None:
+    clock = ManualClock()
+    up = False
+    sent: list[int] = []
+
+    def handler(req: httpx.Request) -> httpx.Response:
+        if not up:
+            raise httpx.ConnectError("refused", request=req)
+        seq = json.loads(gzip.decompress(req.content))["seq"]
+        sent.append(seq)
+        return httpx.Response(200, json={"agent_id": "x", "seq": seq})
+
+    draws = iter([0.5, 0.1, 0.9, 0.75, 0.6, 0.99, 0.3, 0.2])
+    state = AgentState(tmp_path, "n1")
+    pusher = Pusher(
+        "http://cp.invalid",
+        TOKEN,
+        state,
+        Spool(tmp_path / "spool"),
+        transport=httpx.MockTransport(handler),
+        clock=clock,
+        rng=lambda: next(draws),
+    )
+
+    def build(seq: int) -> Batch:
+        return Batch(node="n1", agent_id=state.agent_id, seq=seq, sent_at_s=clock())
+
+    waits = []
+    for _ in range(8):
+        clock.advance(max(0.0, pusher.retry_at - clock()))  # push once the wait is over
+        pusher.push(build)
+        waits.append(pusher.retry_at - clock())
+    # each wait is the draw times min(5 s, 0.5 s * 2**failures)
+    expected = [0.5 * 0.5, 0.1 * 1, 0.9 * 2, 0.75 * 4, 0.6 * 5, 0.99 * 5, 0.3 * 5, 0.2 * 5]
+    assert waits == pytest.approx(expected)
+    assert len(pusher.spool) == 8 and sent == []
+    up = True  # the control plane returns: the agent is back within the 5 s cap
+    assert pusher.retry_at - clock() <= 5.0
+    clock.advance(pusher.retry_at - clock())
+    pusher.push(build)
+    assert sent == list(range(1, 10)) and len(pusher.spool) == 0
+    assert pusher.failures == 0 and pusher.retry_at == 0.0
+    pusher.close()

@@ -11,6 +11,7 @@ import pytest
 from gpufleet.devices.sim import Fault, FaultKind, Load, ManualClock
 from gpufleet.devices.types import GpuEvent
 from gpufleet.telemetry import FAST_COLUMNS, RingBuffer, Sampler
+from gpufleet.telemetry.workers import CallPool
 from tests.agent.conftest import sim_node
 
 
@@ -136,3 +137,96 @@ def test_device_info_is_reread_on_the_slow_tier() -> None:
     assert s.gpus[0].info is not None and s.gpus[0].info.pcie_gen_current == 5
     assert s.devices_version > version
     s.close()
+
+
+def _faulty_node(clock: ManualClock) -> object:
+    fleet, node = sim_node("1x2xh100", clock)
+    node.gpus[0].run(Load(util=0.8))
+    for kind, params in (
+        (FaultKind.ECC_SBE, {"count": 7}),
+        (FaultKind.ROW_REMAP_PENDING, {}),
+        (FaultKind.PCIE_REPLAYS, {"rate_per_min": 60}),
+    ):
+        fleet.inject(Fault(kind, gpu=1, at_s=3.0, params=params))
+    return node
+
+
+def test_window_rebuilt_from_the_rings_equals_the_kept_samples() -> None:
+    """Two identical nodes, one sampler keeping Sample objects and one rebuilding them from
+    its ring buffers (what many simulated agents do): the health rules see the same window."""
+    clock = ManualClock()
+    kept = Sampler(_faulty_node(clock).backend(), slow_interval_s=4.0, clock=clock)  # type: ignore[attr-defined]
+    rebuilt = Sampler(
+        _faulty_node(clock).backend(),  # type: ignore[attr-defined]
+        slow_interval_s=4.0,
+        recent=0,
+        fast_capacity=20,
+        slow_capacity=6,
+        window_s=12.0,
+        clock=clock,
+    )
+    for _ in range(12):
+        kept.tick()
+        rebuilt.tick()
+        clock.advance(1)
+    for g_kept, g_rebuilt in zip(kept.gpus, rebuilt.gpus, strict=True):
+        want = tuple(g_kept.recent)
+        got = rebuilt.window(g_rebuilt)
+        assert len(got) == 12 + 3  # 12 fast rows and 3 slow ones (at 0, 4 and 8 s)
+        assert [s.timestamp_s for s in got] == [s.timestamp_s for s in want]
+        assert got == want  # every field, with its type (ints, bools) and the GPM extras
+    assert rebuilt.window(rebuilt.gpus[1])[-1].remap_pending is True
+    assert not rebuilt.gpus[0].recent  # nothing kept twice
+    kept.close()
+    rebuilt.close()
+
+
+def test_close_waits_for_running_calls_then_shuts_nvml_down() -> None:
+    clock = ManualClock()
+    _fleet, node = sim_node("1x2xh100", clock)
+    s = Sampler(node.backend(), call_timeout_s=0.1, clock=clock)
+    s.tick()
+    assert node.nvml._init_count == 1
+    assert s.close(wait_s=1.0) is True
+    assert node.nvml._init_count == 0  # nvmlShutdown ran: nothing was inside NVML
+
+
+def test_close_leaves_nvml_initialised_when_a_call_hangs() -> None:
+    clock = ManualClock()
+    fleet, node = sim_node("1x2xh100", clock)
+    s = Sampler(node.backend(), call_timeout_s=0.1, clock=clock)
+    s.tick()
+    fleet.inject(Fault(FaultKind.HUNG_CALL, gpu=1, params={"seconds": 30}))
+    clock.advance(1)
+    assert s.tick().stalled == (1,)
+    t0 = time.monotonic()
+    assert s.close(wait_s=0.3) is False  # bounded: the 30 s hang does not block exit
+    assert time.monotonic() - t0 < 3.0
+    assert node.nvml._init_count == 1  # never shut down under a running call
+    node.gpus[1].hang_release.set()
+
+
+def test_a_hung_call_on_a_shared_pool_holds_one_thread_and_no_other_node() -> None:
+    clock = ManualClock()
+    pool = CallPool(2, stuck_after_s=0.05, idle_exit_s=0.2)
+    fleet, _ = sim_node("3x2xh100", clock)
+    samplers = [
+        Sampler(n.backend(), call_timeout_s=0.2, clock=clock, calls=pool)
+        for n in fleet.nodes.values()
+    ]
+    for s in samplers:
+        s.tick()
+    hung_node = next(iter(fleet.nodes.values()))
+    fleet.inject(Fault(FaultKind.HUNG_CALL, node=hung_node.name, gpu=0, params={"seconds": 30}))
+    for _ in range(3):
+        clock.advance(1)
+        results = [s.tick() for s in samplers]
+        time.sleep(0.1)  # the stuck thread is noticed and replaced
+        assert results[0].stalled == (0,) and results[0].sampled == (1,)
+        assert all(r.sampled == (0, 1) and not r.stalled for r in results[1:])
+    assert pool.stuck() == 1  # one thread held by the hung call, the rest keep working
+    assert pool.size >= pool.threads + 1
+    hung_node.gpus[0].hang_release.set()
+    for s in samplers:
+        s.close()
+    pool.close()

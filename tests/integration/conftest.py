@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.control.testbed import Agents, Controller
 from gpufleet.devices.sim import SimFleet
 from gpufleet.devices.sim.spec import FleetSpec, NodeSpec
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
+from gpufleet.testing.testbed import Agents, Controller
 
 
 def fleet_of(names: list[str], gpus: int = 2, model: str = "h100-sxm") -> SimFleet:

@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.agent.runner import Agent, AgentConfig
-from gpufleet.control.testbed import Agents, Controller, wait_for
 from gpufleet.devices.sim import Fault, FaultKind, SimFleet, parse_fleet_spec
+from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.integration.conftest import fleet_of
 
 DBE = "ECC_DBE_VOLATILE"
@@ -141,7 +141,7 @@ def test_simulated_agents_drop_a_finding_acknowledged_on_the_control_plane(
     try:
         agents = Agents(ctl.url, ctl.token("agent"), fleet_of(["n1"]), run_jobs=False).start()
         wait_for(lambda: in_state(ctl, "n1", "in_service"), 15, "n1 in service")
-        pusher = agents.pushers[0]
+        agent = agents.agents[0]  # the real agent of n1
         fleet = agents.fleet
         gpu = fleet.node("n1").gpus[1]
         fleet.inject(Fault(FaultKind.ECC_DBE, node="n1", gpu=1, at_s=fleet.clock() - gpu.t0))
@@ -150,7 +150,7 @@ def test_simulated_agents_drop_a_finding_acknowledged_on_the_control_plane(
 
         gpu.ecc_dbe_volatile = 0  # a GPU reset clears the volatile counter
         time.sleep(1.0)
-        assert DBE in {code for code, _ in list(pusher._findings)}  # sticky: still reported
+        assert DBE in {f.code for f in agent.health.findings}  # sticky: still reported
         sticky = [f for f in findings(ctl, "n1", True) if f["sticky"]]
         assert DBE in {f["code"] for f in sticky}
 
@@ -158,7 +158,7 @@ def test_simulated_agents_drop_a_finding_acknowledged_on_the_control_plane(
         r = ctl.call("POST", "/api/v1/nodes/n1/actions/acknowledge", json={"reason": why})
         assert r.status_code == 200, r.text
 
-        wait_for(lambda: not pusher._findings, 5, "the simulated agent dropped its findings")
+        wait_for(lambda: not agent.health.findings, 5, "the agent dropped its findings")
         ids = {f["id"] for f in sticky}
 
         def cleared() -> bool:
@@ -166,12 +166,12 @@ def test_simulated_agents_drop_a_finding_acknowledged_on_the_control_plane(
             return len(done) == len(ids) and all(f["cleared_s"] for f in done)
 
         wait_for(cleared, 5, "the controller cleared the acknowledged findings")
-        acks = pusher._health.tracker.acknowledgements()
+        acks = agent.evaluate.tracker.acknowledgements()
         assert {(a.code, a.who, a.why) for a in acks} == {
             (f["code"], "admin:testbed", why) for f in sticky
         }
         resume_and_stay(ctl, "n1")
-        assert not pusher._findings
+        assert not agent.health.findings
     finally:
         if agents is not None:
             agents.stop()

@@ -8,7 +8,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from gpufleet.control.testbed import Agents, Controller, wait_for
+from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.integration.conftest import embedded
 
 Bed = Callable[..., tuple[Controller, Agents]]
@@ -103,7 +103,9 @@ def test_controller_restart_mid_stream_loses_and_duplicates_nothing(bed: Bed) ->
     )
     assert final
     states = {j: _job(ctl, j)["state"] for j in ids}
-    assert set(states.values()) == {"succeeded"}, states
+    assert set(states.values()) == {"succeeded"}, [
+        _job(ctl, j) for j in ids if states[j] != "succeeded"
+    ]
     listed = [j["id"] for j in ctl.call("GET", "/api/v1/jobs").json()["jobs"]]
     assert sorted(listed, key=int) == sorted(ids, key=int)  # none lost, none invented
     completed: dict[str, int] = {}

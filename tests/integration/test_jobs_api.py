@@ -10,7 +10,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
-from gpufleet.control.testbed import Agents, Controller, wait_for
+from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.integration.conftest import embedded
 
 LIST_KEYS = {

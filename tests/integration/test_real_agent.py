@@ -7,8 +7,8 @@ import threading
 from pathlib import Path
 
 from gpufleet.agent.runner import Agent, AgentConfig
-from gpufleet.control.testbed import Controller, wait_for
 from gpufleet.devices.sim import Fault, FaultKind, Load, SimFleet, parse_fleet_spec
+from gpufleet.testing.testbed import Controller, wait_for
 
 
 def test_real_agent_registers_pushes_and_a_dbe_drains(tmp_path: Path) -> None:

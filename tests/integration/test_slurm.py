@@ -13,11 +13,11 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.control.testbed import Agents, Controller, wait_for
 from gpufleet.schedulers.base import JobState
 from gpufleet.schedulers.slurm import config_gen as cg
 from gpufleet.schedulers.slurm.backend import SlurmBackend
 from gpufleet.schedulers.slurm.devcluster import DevCluster, temp_cluster
+from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.integration.conftest import fleet_of
 from tests.slurm.conftest import require_slurm
 

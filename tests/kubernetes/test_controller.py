@@ -16,8 +16,8 @@ from typing import Any
 import httpx
 import pytest
 
-from gpufleet.control.testbed import free_port
 from gpufleet.schedulers.kubernetes.backend import TAINT_KEY
+from gpufleet.testing.testbed import free_port
 from tests.control.conftest import batch, fail_finding
 
 from .fake_api import FakeApi

@@ -4,7 +4,6 @@ role, and a headless Debian `chromium` driven by Playwright (FAILS under CI when
 
 from __future__ import annotations
 
-import asyncio
 import os
 import shutil
 import socket
@@ -115,10 +114,10 @@ def start_fleet(tmp: Path, spec: str, *, racks_of: int = 16) -> LiveFleet:
     """Controller + uvicorn + one thread of simulated agents (sample 1 s, push 1 s)."""
     import uvicorn
 
+    from gpufleet.agent.fleet import FleetConfig, FleetDriver
     from gpufleet.control import actions as act
     from gpufleet.control.api import create_app
     from gpufleet.control.service import ControlService, ServiceConfig
-    from gpufleet.control.simfleet import NodePusher, run_fleet
     from gpufleet.devices.discovery import open_sim
 
     svc = ControlService(ServiceConfig(data_dir=tmp / "data", max_pending=5000))
@@ -146,28 +145,18 @@ def start_fleet(tmp: Path, spec: str, *, racks_of: int = 16) -> LiveFleet:
     url = f"http://127.0.0.1:{port}"
     fleet = open_sim(spec, seed=7)
     fleet.sim.demo_activity()
-    pushers = [NodePusher(b) for b in fleet.backends]
-    loop = asyncio.new_event_loop()
-    stop_ev = asyncio.Event()
-
-    def agents() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(
-            run_fleet(
-                url,
-                tokens["agent"],
-                pushers,
-                duration_s=None,
-                sample_interval_s=1.0,
-                push_interval_s=1.0,
-                gzip_body=False,
-                stop=stop_ev,
-            )
-        )
-
-    ath = threading.Thread(target=agents, daemon=True)
-    ath.start()
-    names = [p.node for p in pushers]
+    driver = FleetDriver(  # the real agent of every node
+        fleet.backends,
+        FleetConfig(
+            controller=url,
+            token=tokens["agent"],
+            state_dir=tmp / "agents",
+            fast_interval_s=1.0,
+            push_interval_s=1.0,
+            heartbeat_interval_s=2.0,  # lost after 6 s without a push, as before
+        ),
+    ).start()
+    names = [b.node_name for b in fleet.backends]
     if not wait_for(lambda: all(n in store.nodes for n in names), 60):
         raise RuntimeError("simulated nodes did not register")
     admin = store.tokens.resolve(tokens["admin"])
@@ -176,8 +165,7 @@ def start_fleet(tmp: Path, spec: str, *, racks_of: int = 16) -> LiveFleet:
         act.update_node(store, n, admin, rack=f"r{i // racks_of:02d}")
 
     def stop() -> None:
-        loop.call_soon_threadsafe(stop_ev.set)
-        ath.join(timeout=10)
+        driver.stop(flush=False)
         server.should_exit = True
         th.join(timeout=10)
         svc.stop()

@@ -20,7 +20,7 @@ import contextlib
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -48,17 +48,14 @@ def _spec_of(cmd: WireCommand) -> JobSpec:
     return cmd.spec
 
 
-def slots_from_backend(backend: Any) -> list[WireSlot]:
-    """The schedulable GPUs of a ``GpuBackend`` (model key from the catalog when known)."""
+def slots_from_infos(infos: Iterable[tuple[int, Any]]) -> list[WireSlot]:
+    """Schedulable GPUs from ``(index, DeviceInfo)`` pairs (model key from the catalog when
+    known)."""
     from gpufleet.catalog import load_catalog
 
     cat = load_catalog()
     out = []
-    for i in range(backend.device_count()):
-        try:
-            info = backend.device_info(i)
-        except GpufleetError:
-            continue
+    for i, info in infos:
         model = info.model
         if model is None:
             found = cat.gpu_by_nvml_name(info.name)
@@ -67,13 +64,27 @@ def slots_from_backend(backend: Any) -> list[WireSlot]:
     return out
 
 
+def slots_from_backend(backend: Any) -> list[WireSlot]:
+    """The schedulable GPUs of a ``GpuBackend``, asked now (lost GPUs left out). This calls
+    NVML on the caller's thread; an agent's sampler answers without that (`Agent.gpu_slots`)."""
+    infos = []
+    for i in range(backend.device_count()):
+        try:
+            infos.append((i, backend.device_info(i)))
+        except GpufleetError:
+            continue
+    return slots_from_infos(infos)
+
+
 @dataclass
 class AgentJobs:
     """The copies of jobs one node runs, as the control plane asked."""
 
     node: str
     executor: JobExecutor
-    slots: Sequence[WireSlot]
+    # the node's GPUs, or where to ask for them at each report (the agent's sampler, so that
+    # no NVML call runs here: `Agent.enable_jobs` fills it in when left empty)
+    slots: Sequence[WireSlot] | Callable[[], Sequence[WireSlot]] = ()
     lease_s: float = DEFAULT_LEASE_S
     clock: Callable[[], float] = time.time
     keep_finished_s: float = KEEP_FINISHED_S
@@ -175,7 +186,8 @@ class AgentJobs:
                             reason=f"refused: {why}"[:500],
                         )
                     )
-            return WireJobs(lease_s=self.lease_s, slots=list(self.slots), copies=copies)
+            slots = self.slots() if callable(self.slots) else self.slots
+            return WireJobs(lease_s=self.lease_s, slots=list(slots), copies=copies)
 
     def _tail(self, key: tuple[str, int]) -> str | None:
         """The end of the copy's log when it changed since the last report (else None)."""

@@ -7,6 +7,16 @@ sequence order once the control plane answers again. A batch is removed from the
 after its ``Ack``, so nothing is sent again after an acknowledgement (a crash between the ack and
 the removal resends one batch, which the control plane's (agent_id, seq) check absorbs).
 400/413/422 answers reject a batch for good: it is dropped and counted, never retried.
+
+Retries back off with full jitter: after the n-th failure in a row the next attempt waits a
+uniform random time in ``[0, min(MAX_BACKOFF_S, BASE_BACKOFF_S * 2**n))`` (`backoff_s`), so
+agents that lost the control plane together do not come back together. The cap is 5 s, and
+never more than the agent's heartbeat interval (the agent passes ``max_backoff_s``): once the
+control plane answers again every agent is back in contact within one heartbeat interval plus
+one push interval, inside both the restart grace a fresh controller gives every node (three
+heartbeat intervals before it declares one lost) and the 30 s job lease
+(`gpufleet.agent.jobs.DEFAULT_LEASE_S`), so a controller restart never loses nodes or makes
+them kill their jobs. A ``Retry-After`` from the control plane is honoured as is.
 """
 
 from __future__ import annotations
@@ -14,6 +24,7 @@ from __future__ import annotations
 import email.utils
 import gzip
 import logging
+import random
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -26,7 +37,8 @@ from gpufleet.wire import Ack, Batch
 log = logging.getLogger("gpufleet.agent.push")
 
 INGEST_PATH = "/api/v1/ingest"
-MAX_BACKOFF_S = 60.0
+BASE_BACKOFF_S = 0.5
+MAX_BACKOFF_S = 5.0  # the cap of the retry wait (see the module docstring)
 PERMANENT = frozenset({400, 413, 422})
 
 
@@ -40,6 +52,7 @@ class PushStats:
     retryable_failures: int = 0
     rejected: int = 0
     auth_failures: int = 0
+    throttled: int = 0  # 429 answers (the control plane sheds load)
     errors: int = 0
     last_ack_s: float = 0.0
 
@@ -68,6 +81,18 @@ def _retry_after(value: str | None, now: float) -> float | None:
     return max(0.0, when - now)
 
 
+def backoff_s(
+    failures: int,
+    rng: Callable[[], float],
+    *,
+    base_s: float = BASE_BACKOFF_S,
+    cap_s: float = MAX_BACKOFF_S,
+) -> float:
+    """Full jitter: a uniform wait in ``[0, min(cap_s, base_s * 2**failures))``, with ``rng()``
+    uniform in ``[0, 1)``; ``failures`` counts the failures in a row before this one."""
+    return rng() * min(cap_s, base_s * 2.0 ** min(failures, 62))
+
+
 def encode(batch: Batch) -> bytes:
     """A batch as its gzip-compressed JSON body."""
     return gzip.compress(batch.model_dump_json().encode(), compresslevel=5)
@@ -86,28 +111,34 @@ class Pusher:
         transport: httpx.BaseTransport | None = None,
         timeout_s: float = 5.0,
         clock: Callable[[], float] = time.time,
+        rng: Callable[[], float] = random.random,
+        client: httpx.Client | None = None,
+        max_backoff_s: float = MAX_BACKOFF_S,
     ) -> None:
+        """``client``: an HTTP client shared by many agents in one process (not closed here);
+        else the pusher makes its own over ``transport``."""
         self.url = controller.rstrip("/") + INGEST_PATH
         self.state = state
         self.spool = spool
         self.clock = clock
+        self.rng = rng
+        self.max_backoff_s = max_backoff_s
         self.stats = PushStats()
         self.on_ack: Callable[[Ack], None] | None = None  # job commands, acks (Agent.on_ack)
         self.retry_at = 0.0
-        self._backoff = 1.0
-        self._client = httpx.Client(
-            transport=transport,
-            timeout=timeout_s,
-            headers={
-                "Authorization": f"Bearer {token}",
-                "Content-Type": "application/json",
-                "Content-Encoding": "gzip",
-                "User-Agent": "gpufleet-agent",
-            },
-        )
+        self.failures = 0  # retryable failures in a row (the backoff exponent)
+        self._headers = {
+            "Authorization": f"Bearer {token}",
+            "Content-Type": "application/json",
+            "Content-Encoding": "gzip",
+            "User-Agent": "gpufleet-agent",
+        }
+        self._owns_client = client is None
+        self._client = client or httpx.Client(transport=transport, timeout=timeout_s)
 
     def close(self) -> None:
-        self._client.close()
+        if self._owns_client:
+            self._client.close()
 
     # ----- one push cycle --------------------------------------------------------------------
     def push(self, build: Callable[[int], Batch]) -> None:
@@ -152,7 +183,7 @@ class Pusher:
     def _send(self, seq: int, body: bytes) -> None:
         self.stats.sent += 1
         try:
-            resp = self._client.post(self.url, content=body)
+            resp = self._client.post(self.url, content=body, headers=self._headers)
         except httpx.HTTPError as exc:
             raise _Retry(f"{type(exc).__name__}: {exc}") from exc
         code = resp.status_code
@@ -166,7 +197,7 @@ class Pusher:
             self.stats.acked += 1
             self.stats.duplicates += int(ack.duplicate)
             self.stats.last_ack_s = self.clock()
-            self._backoff = 1.0
+            self.failures = 0
             self.retry_at = 0.0
             if self.on_ack is not None:
                 try:
@@ -179,12 +210,17 @@ class Pusher:
         if code in (401, 403):
             self.stats.auth_failures += 1
             raise _Retry(f"HTTP {code}: the control plane refused the agent token")
+        if code == 429:
+            self.stats.throttled += 1
         raise _Retry(f"HTTP {code}", _retry_after(resp.headers.get("Retry-After"), self.clock()))
 
     def _defer(self, now: float, exc: _Retry) -> None:
         self.stats.retryable_failures += 1
-        wait = exc.retry_after_s if exc.retry_after_s is not None else self._backoff
-        self._backoff = min(MAX_BACKOFF_S, self._backoff * 2)
+        if exc.retry_after_s is not None:
+            wait = exc.retry_after_s
+        else:
+            wait = backoff_s(self.failures, self.rng, cap_s=self.max_backoff_s)
+        self.failures += 1
         self.retry_at = now + wait
         log.warning("push deferred %.1f s: %s", wait, exc)
 

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from prometheus_client.registry import CollectorRegistry
 
 from gpufleet import wire
 from gpufleet.agent.health_seam import (
@@ -27,8 +28,8 @@ from gpufleet.agent.health_seam import (
     build_input,
     default_evaluator,
 )
-from gpufleet.agent.jobs import AgentJobs
-from gpufleet.agent.push import Pusher
+from gpufleet.agent.jobs import AgentJobs, slots_from_infos
+from gpufleet.agent.push import MAX_BACKOFF_S, Pusher
 from gpufleet.agent.spool import DEFAULT_MAX_BATCHES, DEFAULT_MAX_BYTES, AgentState, Spool
 from gpufleet.devices.backend import GpuBackend
 from gpufleet.health.types import Finding, Severity
@@ -40,7 +41,15 @@ from gpufleet.telemetry.exposition import (
     make_registry,
     render_text,
 )
-from gpufleet.telemetry.sampler import DEFAULT_CALL_TIMEOUT_S, Sampler, TickResult
+from gpufleet.telemetry.sampler import (
+    DEFAULT_CALL_TIMEOUT_S,
+    DEFAULT_FAST_CAPACITY,
+    DEFAULT_RECENT,
+    DEFAULT_SLOW_CAPACITY,
+    Sampler,
+    TickResult,
+)
+from gpufleet.telemetry.workers import CallPool
 
 log = logging.getLogger("gpufleet.agent")
 
@@ -63,6 +72,13 @@ class AgentConfig:
     spool_max_bytes: int = DEFAULT_MAX_BYTES
     hostname: str | None = None
     extra: dict[str, Any] = field(default_factory=dict)
+    # ring-buffer rows per GPU and the Sample objects kept for health (0: rebuilt from the
+    # rings); many simulated agents in one process size these down (gpufleet.agent.fleet)
+    fast_capacity: int = DEFAULT_FAST_CAPACITY
+    slow_capacity: int = DEFAULT_SLOW_CAPACITY
+    recent: int = DEFAULT_RECENT
+    heartbeat_interval_s: float | None = None  # announced in each batch; default: push interval
+    seq_block: int = 1  # sequence numbers reserved per state-file write (`AgentState`)
 
 
 def finding_to_wire(f: Finding) -> wire.WireFinding:
@@ -99,7 +115,11 @@ class Agent:
         clock: Callable[[], float] = time.time,
         evaluator: HealthEvaluator | None = None,
         transport: httpx.BaseTransport | None = None,
+        calls: CallPool | None = None,
+        client: httpx.Client | None = None,
     ) -> None:
+        """``calls``: a thread pool shared by many agents for their device calls (else one
+        thread per GPU); ``client``: an HTTP client shared by many agents (else their own)."""
         self.config = cfg = config or AgentConfig()
         self.clock = clock
         self.backend = backend
@@ -108,7 +128,11 @@ class Agent:
             fast_interval_s=cfg.fast_interval_s,
             slow_interval_s=cfg.slow_interval_s,
             call_timeout_s=cfg.call_timeout_s,
+            fast_capacity=cfg.fast_capacity,
+            slow_capacity=cfg.slow_capacity,
+            recent=cfg.recent,
             clock=clock,
+            calls=calls,
         )
         self.hostname = cfg.hostname or backend.node_name
         self.evaluate = evaluator or default_evaluator(clock, cfg.state_dir)
@@ -131,20 +155,39 @@ class Agent:
                 from gpufleet.errors import UsageError
 
                 raise UsageError("--controller needs --state-dir (sequence numbers and spool)")
-            self.state = AgentState(cfg.state_dir, backend.node_name)
+            self.state = AgentState(cfg.state_dir, backend.node_name, seq_block=cfg.seq_block)
             spool = Spool(
                 cfg.state_dir / "spool",
                 max_batches=cfg.spool_max_batches,
                 max_bytes=cfg.spool_max_bytes,
             )
             self.pusher = Pusher(
-                cfg.controller, cfg.token or "", self.state, spool, transport=transport, clock=clock
+                cfg.controller,
+                cfg.token or "",
+                self.state,
+                spool,
+                transport=transport,
+                clock=clock,
+                client=client,
+                # back in contact within a heartbeat interval once the control plane returns
+                max_backoff_s=min(MAX_BACKOFF_S, cfg.heartbeat_interval_s or cfg.push_interval_s),
             )
             self.pusher.on_ack = self.on_ack
-        self.collector = AgentCollector(
-            self.sampler, hostname=self.hostname, health=self.health_view, extra=self.extra_metrics
-        )
-        self.registry = make_registry(self.collector)
+        self._registry: CollectorRegistry | None = None
+        self._slots: tuple[int, list[wire.WireSlot]] = (-1, [])
+
+    @property
+    def registry(self) -> CollectorRegistry:
+        """The /metrics registry, made on first use (most simulated agents are never scraped)."""
+        if self._registry is None:
+            collector = AgentCollector(
+                self.sampler,
+                hostname=self.hostname,
+                health=self.health_view,
+                extra=self.extra_metrics,
+            )
+            self._registry = make_registry(collector)
+        return self._registry
 
     # ----- sampling and health ---------------------------------------------------------------
     def tick(self, now: float | None = None) -> TickResult | None:
@@ -169,7 +212,7 @@ class Agent:
                 GpuInputs(
                     index=g.index,
                     info=g.info,
-                    samples=tuple(g.recent),
+                    samples=s.window(g),
                     events=tuple(g.new_events),
                     lost=g.lost,
                     stalled=g.stalled,
@@ -295,7 +338,7 @@ class Agent:
             agent_id=self.state.agent_id,
             seq=seq,
             sent_at_s=self.clock(),
-            heartbeat_interval_s=self.config.push_interval_s,
+            heartbeat_interval_s=self.config.heartbeat_interval_s or self.config.push_interval_s,
             devices=devices,
             samples=samples,
             findings=[finding_to_wire(f) for f in h.findings],
@@ -305,10 +348,23 @@ class Agent:
         )
 
     def enable_jobs(self, jobs: AgentJobs) -> None:
-        """Run the jobs the control plane sends in its ``Ack``s, report them in each batch."""
+        """Run the jobs the control plane sends in its ``Ack``s, report them in each batch.
+        Jobs made without slots report the GPUs the sampler identified (`gpu_slots`)."""
+        if isinstance(jobs, AgentJobs) and not callable(jobs.slots) and not jobs.slots:
+            jobs.slots = self.gpu_slots
         self.jobs = jobs
         if self.pusher is not None:
             self.pusher.on_ack = self.on_ack
+
+    def gpu_slots(self) -> list[wire.WireSlot]:
+        """The node's schedulable GPUs as the sampler identified them (read on its lanes, so a
+        hung NVML call never blocks a job report; lost GPUs are left out)."""
+        s = self.sampler
+        with s.lock:
+            if self._slots[0] != s.devices_version:
+                infos = [(g.index, g.info) for g in s.gpus if g.info is not None and not g.lost]
+                self._slots = (s.devices_version, slots_from_infos(infos))
+            return self._slots[1]
 
     def on_ack(self, ack: wire.Ack) -> None:
         """What an ``Ack`` asks (the pusher's callback, on its thread): acknowledgements are
@@ -386,7 +442,10 @@ class Agent:
         while not stop.wait(self.config.push_interval_s):
             self.push_once()
 
-    def close(self) -> None:
-        self.sampler.close()
+    def close(self, wait_s: float = 2.0) -> bool:
+        """Stop sampling and release NVML (bounded: False when a hung call kept it
+        initialised, see `Sampler.close`), then the HTTP client."""
+        done = self.sampler.close(wait_s=wait_s)
         if self.pusher is not None:
             self.pusher.close()
+        return done

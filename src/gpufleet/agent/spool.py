@@ -4,6 +4,11 @@ batches the control plane has not acknowledged yet.
 Layout under the state directory::
 
     agent.json              {"agent_id": ..., "next_seq": N}   (atomic rename on every change)
+
+``next_seq`` is a reservation: with ``seq_block`` > 1 the state file is rewritten (and fsynced)
+once per block of sequence numbers, not once per batch, and a restart continues after the
+block (the control plane only needs sequence numbers never to repeat for an agent id; gaps
+are fine). Many agents in one process use blocks; the single agent writes every number.
     spool/<seq:012d>.json.gz  one gzip-compressed wire.Batch body per file, replayed in seq order
 
 The spool is bounded by ``max_batches`` (default 2000: at a 5 s push interval, ~2.8 hours of an
@@ -37,8 +42,9 @@ def _atomic_write(path: Path, data: bytes) -> None:
 class AgentState:
     """The agent's id and next sequence number, persisted so they survive a restart."""
 
-    def __init__(self, state_dir: Path, node: str) -> None:
+    def __init__(self, state_dir: Path, node: str, *, seq_block: int = 1) -> None:
         self.path = state_dir / "agent.json"
+        self.seq_block = max(1, seq_block)
         state_dir.mkdir(parents=True, exist_ok=True)
         if self.path.exists():
             try:
@@ -53,17 +59,20 @@ class AgentState:
         else:
             self.agent_id = f"{node}-{uuidlib.uuid4().hex[:12]}"
             self.next_seq = 1
-            self._save()
+            self._save(self.next_seq)
+        self._reserved = self.next_seq  # numbers below this are persisted as used
 
-    def _save(self) -> None:
-        doc = {"agent_id": self.agent_id, "next_seq": self.next_seq}
+    def _save(self, next_seq: int) -> None:
+        doc = {"agent_id": self.agent_id, "next_seq": next_seq}
         _atomic_write(self.path, json.dumps(doc).encode())
 
     def take_seq(self) -> int:
         """The next sequence number, persisted as used before the caller sends it."""
         seq = self.next_seq
         self.next_seq += 1
-        self._save()
+        if self.next_seq > self._reserved:
+            self._reserved = seq + self.seq_block
+            self._save(self._reserved)
         return seq
 
 

@@ -118,8 +118,7 @@ def register(app: typer.Typer) -> None:
             agent.run(stop, duration_s=duration or None)
         finally:
             server.stop()
-            agent.close()
-            fleet.close()
+            agent.close()  # shuts NVML down unless a call hangs (then exits leaving it up)
         if json_out:
             emit_json({"event": "stopped", "rounds": agent.sampler.ticks}, line=True)
 

@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import dataclasses
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -13,7 +11,7 @@ import typer
 
 from gpufleet.cli.common import JsonOption, SeedOption
 from gpufleet.cli.output import console, emit_json, err_console
-from gpufleet.errors import ConfigError, UsageError
+from gpufleet.errors import UsageError
 
 if TYPE_CHECKING:
     from gpufleet.control.auth import Principal
@@ -264,65 +262,43 @@ def register(app: typer.Typer) -> None:
         duration: float | None = typer.Option(
             None, "--duration", help="Seconds (default: run until Ctrl-C)."
         ),
-        sample_interval: float = typer.Option(1.0, "--sample-interval", min=0.05),
+        sample_interval: float = typer.Option(
+            1.0, "--sample-interval", min=0.05, help="Seconds between samples of each node."
+        ),
         push_interval: float = typer.Option(2.0, "--push-interval", min=0.1),
-        concurrency: int = typer.Option(64, "--concurrency", min=1, max=1024),
+        concurrency: int = typer.Option(
+            64, "--concurrency", min=1, max=1024, help="HTTP connections to the controller."
+        ),
         prefix: str = typer.Option("sim", "--prefix", help="Node name prefix."),
+        state_dir: Path | None = typer.Option(
+            None,
+            "--state-dir",
+            help="Agent state (identity, sequence numbers, spool) per node; default: temporary.",
+        ),
+        run_jobs: bool = typer.Option(
+            True, "--run-jobs/--no-run-jobs", help="Run the jobs the controller sends."
+        ),
         seed: int = SeedOption,
         json_out: bool = JsonOption,
     ) -> None:
-        """Many simulated agents in one process, pushing over HTTP."""
-        from gpufleet.control.simfleet import NodePusher, run_fleet
-        from gpufleet.devices.sim import SimFleet
-        from gpufleet.devices.sim.spec import parse_short_spec
+        """Many simulated nodes in one process, each a real agent, pushing over HTTP."""
+        from gpufleet.cli.simfleet import run_sim_fleet
 
-        spec = parse_short_spec(f"{nodes}x{gpus_per_node}x{model}", seed=seed, prefix=prefix)
-        if faults is not None:
-            spec = dataclasses.replace(
-                spec, faults=_load_faults(faults, {n.name for n in spec.nodes})
-            )
-        fleet = SimFleet(spec)
-        fleet.demo_activity()
-        pushers = [NodePusher(b) for b in fleet.backends()]
-        if not json_out:
-            err_console.print(
-                f"{nodes} simulated node(s) x {gpus_per_node} {model} pushing to "
-                f"{controller_url} every {push_interval:g} s (Ctrl-C stops)",
-                highlight=False,
-                soft_wrap=True,
-            )
-        try:
-            stats = asyncio.run(
-                run_fleet(
-                    controller_url,
-                    token,
-                    pushers,
-                    duration_s=duration,
-                    sample_interval_s=sample_interval,
-                    push_interval_s=push_interval,
-                    concurrency=concurrency,
-                )
-            )
-        except KeyboardInterrupt:
-            return
-        out = {
-            "nodes": nodes,
-            "gpus": nodes * gpus_per_node,
-            "batches_acked": stats.batches,
-            "samples_acked": stats.samples,
-            "errors": stats.errors,
-            "throttled": stats.throttled,
-            "p50_ms": stats.percentile(50),
-            "p99_ms": stats.percentile(99),
-        }
-        if json_out:
-            emit_json(out)
-        else:
-            console.print(
-                f"acked {stats.batches} batches ({stats.samples} GPU samples); "
-                f"errors {stats.errors}, throttled {stats.throttled}; "
-                f"p99 {out['p99_ms'] or 0:.1f} ms"
-            )
+        run_sim_fleet(
+            controller_url,
+            token,
+            f"{nodes}x{gpus_per_node}x{model}",
+            faults=faults,
+            duration=duration,
+            sample_interval=sample_interval,
+            push_interval=push_interval,
+            concurrency=concurrency,
+            prefix=prefix,
+            state_dir=state_dir,
+            run_jobs=run_jobs,
+            seed=seed,
+            json_out=json_out,
+        )
 
 
 def _scheduler(name: str, slurm_conf: str | None, kubeconfig: str | None) -> SchedulerBackend:
@@ -330,16 +306,6 @@ def _scheduler(name: str, slurm_conf: str | None, kubeconfig: str | None) -> Sch
     from gpufleet.schedulers.registry import SchedulerOptions, make_scheduler
 
     return make_scheduler(name, SchedulerOptions(slurm_conf=slurm_conf, kubeconfig=kubeconfig))
-
-
-def _load_faults(path: Path, names: set[str]) -> tuple:  # type: ignore[type-arg]
-    from gpufleet.devices.sim.spec import parse_faults_yaml
-
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: {exc.strerror}") from exc
-    return parse_faults_yaml(text, str(path), names)
 
 
 def _serve(
@@ -389,8 +355,10 @@ def _up(
     policy: Path | None,
     scheduler: SchedulerBackend,
 ) -> None:
+
+    from gpufleet.agent.fleet import FleetConfig, FleetDriver, job_runners, open_backends
     from gpufleet.control.remediation import load_policy
-    from gpufleet.control.up import LocalAgents, admin_token, build_service, choose_backends, serve
+    from gpufleet.control.up import DEFAULT_SIM, admin_token, build_service, serve
     from gpufleet.schedulers.base import Feature
 
     service = build_service(
@@ -399,14 +367,23 @@ def _up(
     service.start()
     token = admin_token(service)
     agent_token, _ = service.store.tokens.create("agent", name="up-local-agents")
-    source, backends, simfleet = choose_backends(sim, seed)
+    source, backends, simfleet = open_backends(sim, seed, DEFAULT_SIM)
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
-    jobs = None
+    jobs = {}
     if scheduler.capabilities().supports(Feature.AGENT_JOBS):
-        from gpufleet.control.scheduling import agent_jobs_for
-
-        jobs = agent_jobs_for(backends, simfleet, _data_dir(data_dir) / "jobs")
-    agents = LocalAgents(url, agent_token, backends, jobs)
+        jobs = job_runners(backends, simfleet, _data_dir(data_dir) / "jobs")
+    # the real agent for every node (sampler, health, spool, push, jobs), a few threads in all
+    agents = FleetDriver(
+        backends,
+        FleetConfig(
+            controller=url,
+            token=agent_token,
+            state_dir=_data_dir(data_dir) / "agents",
+            fast_interval_s=1.0,
+            push_interval_s=2.0,
+        ),
+        jobs=jobs,
+    )
 
     def ready() -> None:
         agents.start()
@@ -439,7 +416,7 @@ def _up(
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
-        agents.stop()
+        agents.stop(flush=False, close_wait_s=0.5)  # the server is gone; a hung call: 0.5 s
         service.stop()
         if not json_out:
             err_console.print("gpufleet stopped")

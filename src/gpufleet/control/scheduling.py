@@ -16,7 +16,7 @@ import queue
 import threading
 from collections import deque
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from gpufleet.control.lifecycle import NodeState
 from gpufleet.errors import GpufleetError
@@ -128,24 +128,3 @@ class SchedulerEvents:
             log.exception("scheduler %s: %s %s failed", self.backend.name, event, node)
         if node:
             self.done.append((event, node, outcome))
-
-
-def agent_jobs_for(
-    backends: list[Any], simfleet: Any, root: Any, lease_s: float = 30.0
-) -> dict[str, Any]:
-    """``AgentJobs`` for the in-process agents of ``gpufleet up``: simulated nodes run simulated
-    jobs (``SimExecutor``), this machine's GPUs run processes (``LocalProcessExecutor``)."""
-    from pathlib import Path
-
-    from gpufleet.agent.jobs import AgentJobs, slots_from_backend
-    from gpufleet.schedulers.embedded import JobExecutor, LocalProcessExecutor, SimExecutor
-
-    executor: JobExecutor = (
-        SimExecutor(simfleet, lease_s=lease_s)
-        if simfleet is not None
-        else LocalProcessExecutor(root=Path(root))
-    )
-    return {
-        b.node_name: AgentJobs(b.node_name, executor, slots_from_backend(b), lease_s=lease_s)
-        for b in backends
-    }

@@ -6,6 +6,17 @@ import math
 
 import numpy as np
 
+_INDEXES: dict[tuple[str, ...], dict[str, int]] = {}
+
+
+def _index_of(columns: tuple[str, ...]) -> dict[str, int]:
+    """Column name -> position, one shared (read-only) mapping per column tuple: thousands of
+    rings of the same tier hold one dict, not one each."""
+    index = _INDEXES.get(columns)
+    if index is None:
+        index = _INDEXES.setdefault(columns, {name: i for i, name in enumerate(columns)})
+    return index
+
 
 class RingBuffer:
     """The last ``capacity`` rows of ``columns``, with their timestamps; NaN marks "no value".
@@ -19,7 +30,7 @@ class RingBuffer:
         if capacity < 1:
             raise ValueError("ring buffer capacity must be at least 1")
         self.columns = columns
-        self.index = {name: i for i, name in enumerate(columns)}
+        self.index = _index_of(columns)
         self.capacity = capacity
         self._t = np.full(capacity, math.nan, dtype=np.float64)
         self._data = np.full((capacity, len(columns)), math.nan, dtype=np.float64)

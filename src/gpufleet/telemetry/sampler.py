@@ -1,26 +1,32 @@
 """The two-tier sampler: a fast tier (default every 1 s) and a slow tier (default every 30 s)
 over a `GpuBackend`, into per-GPU numeric ring buffers.
 
-Each GPU's device work runs on that GPU's own worker thread and the sampler waits for it at
-most ``call_timeout_s``: a hung NVML call (``FaultKind.HUNG_CALL`` in the simulator) marks only
-that GPU *stalled*, and the GPU is skipped (no new work queued behind the hung call) until the
-call returns. A lost GPU (``GpuLostError``) is marked lost and the others keep sampling. Event
-polling runs on its own worker under the same bound.
+Each GPU's device work runs on that GPU's own lane (a worker thread of its own, or a lane of a
+shared `CallPool` when many simulated nodes run in one process; `gpufleet.telemetry.workers`)
+and the sampler waits for it at most ``call_timeout_s``: a hung NVML call
+(``FaultKind.HUNG_CALL`` in the simulator) marks only that GPU *stalled*, and the GPU is skipped
+(no new work queued behind the hung call) until the call returns. A lost GPU
+(``GpuLostError``) is marked lost and the others keep sampling. Event polling runs on its own
+lane under the same bound.
 
 ``tick(now)`` does one round and is what tests drive with a manual clock; the agent's real-time
 loop calls it on schedule (`Sampler.next_due`).
+
+The health rules' window: the last ``recent`` `Sample` objects per GPU (the agent on a real
+node), or, with ``recent=0``, samples rebuilt from the ring buffers on demand (`window`), which
+keeps a thousand simulated nodes in a few hundred KB each. ``close`` waits (bounded) for calls
+still running before it shuts NVML down, and leaves NVML initialised when one hangs.
 """
 
 from __future__ import annotations
 
 import logging
 import math
-import queue
 import threading
 import time
 from collections import Counter, deque
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -31,6 +37,7 @@ from gpufleet.errors import GpuLostError
 from gpufleet.telemetry.fields import FAST_COLUMNS, SLOW_COLUMNS, sample_row
 from gpufleet.telemetry.metrics import MIG_COLUMNS
 from gpufleet.telemetry.ring import RingBuffer
+from gpufleet.telemetry.workers import CallJob, CallPool, Lane, ThreadLane
 
 MIG_RING_ROWS = 120  # per MIG instance: two minutes at the default 1 s fast tier
 
@@ -43,54 +50,7 @@ DEFAULT_FAST_CAPACITY = 600  # 10 minutes at 1 s
 DEFAULT_SLOW_CAPACITY = 120  # 1 hour at 30 s
 EVENT_HISTORY = 1024
 DEFAULT_RECENT = 130  # Sample objects kept for health rules (~2 min at 1 s, plus slow ones)
-
-
-class _Job:
-    __slots__ = ("done", "error", "fn", "result")
-
-    def __init__(self, fn: Callable[[], Any]) -> None:
-        self.fn = fn
-        self.done = threading.Event()
-        self.result: Any = None
-        self.error: BaseException | None = None
-
-
-class _Worker:
-    """A daemon thread that runs one job at a time for one GPU (or for event polling)."""
-
-    def __init__(self, name: str) -> None:
-        self._q: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
-        self.current: _Job | None = None
-        self.busy_since: float | None = None
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    @property
-    def busy(self) -> bool:
-        job = self.current
-        return job is not None and not job.done.is_set()
-
-    def submit(self, fn: Callable[[], Any]) -> _Job:
-        job = _Job(fn)
-        self.current = job
-        self.busy_since = time.monotonic()
-        self._q.put(job)
-        return job
-
-    def stop(self) -> None:
-        self._q.put(None)
-
-    def _run(self) -> None:
-        while True:
-            job = self._q.get()
-            if job is None:
-                return
-            try:
-                job.result = job.fn()
-            except BaseException as exc:  # reported to the sampler, never raised here
-                job.error = exc
-            finally:
-                job.done.set()
+DEFAULT_CLOSE_WAIT_S = 2.0  # how long `close` waits for device calls still running
 
 
 @dataclass
@@ -110,9 +70,6 @@ class GpuState:
     fast: RingBuffer
     slow: RingBuffer
     info: DeviceInfo | None = None
-    latest: Sample | None = None
-    latest_fast: Sample | None = None
-    latest_slow: Sample | None = None
     lost: bool = False
     stalled: bool = False
     stalls: int = 0
@@ -126,6 +83,25 @@ class GpuState:
     @property
     def uuid(self) -> str:
         return self.info.uuid if self.info else f"unknown-{self.index}"
+
+    # the newest readings come from the rings (no Sample objects kept besides them)
+    @property
+    def latest_fast(self) -> Sample | None:
+        newest = self.fast.latest()
+        return None if newest is None else row_sample(newest[0], newest[1], FAST_COLUMNS)
+
+    @property
+    def latest_slow(self) -> Sample | None:
+        newest = self.slow.latest()
+        return None if newest is None else row_sample(newest[0], newest[1], SLOW_COLUMNS)
+
+    @property
+    def latest(self) -> Sample | None:
+        """The newest fast reading with the newest slow-tier fields merged in."""
+        base, other = self.latest_fast, self.latest_slow
+        if base is None or other is None:
+            return base or other
+        return base.merged(replace(other, timestamp_s=base.timestamp_s))
 
 
 @dataclass(frozen=True)
@@ -163,7 +139,9 @@ class Sampler:
         fast_capacity: int = DEFAULT_FAST_CAPACITY,
         slow_capacity: int = DEFAULT_SLOW_CAPACITY,
         recent: int = DEFAULT_RECENT,
+        window_s: float = 130.0,
         clock: Callable[[], float] = time.time,
+        calls: CallPool | None = None,
     ) -> None:
         if fast_interval_s <= 0 or slow_interval_s <= 0:
             raise ValueError("sampling intervals must be positive")
@@ -185,9 +163,16 @@ class Sampler:
             )
             for i in range(count)
         ]
-        self._workers = [_Worker(f"gpufleet-gpu{i}") for i in range(count)]
-        self._event_worker = _Worker("gpufleet-events")
-        self._event_job: _Job | None = None
+        self.window_s = window_s
+        self._recent = recent
+        self._workers: list[Lane] = [
+            calls.lane() if calls is not None else ThreadLane(f"gpufleet-gpu{i}")
+            for i in range(count)
+        ]
+        self._event_worker: Lane = (
+            calls.lane() if calls is not None else ThreadLane("gpufleet-events")
+        )
+        self._event_job: CallJob | None = None
         self.events: deque[GpuEvent] = deque(maxlen=EVENT_HISTORY)
         self.events_total = 0
         self.event_errors = 0
@@ -230,7 +215,7 @@ class Sampler:
     def _tick(self, now: float, started: float) -> TickResult:
         fast = self.fast_due(now)
         slow = self.slow_due(now)
-        jobs: dict[int, _Job] = {}
+        jobs: dict[int, CallJob] = {}
         stalled: list[int] = []
         if fast or slow:
             for gpu, worker in zip(self.gpus, self._workers, strict=True):
@@ -249,7 +234,7 @@ class Sampler:
                 )
         if self._event_job is None or self._event_job.done.is_set():
             self._event_job = self._event_worker.submit(self.backend.poll_events)
-            event_job: _Job | None = self._event_job
+            event_job: CallJob | None = self._event_job
         else:
             event_job = None  # still stuck in the previous poll
         deadline = time.monotonic() + self.call_timeout_s
@@ -277,6 +262,7 @@ class Sampler:
                     self._record_error(gpu, job.error)
                     continue
                 self._store(gpu, job.result)
+                job.result = None  # stored in the rings; the lane keeps the job until the next
                 sampled.append(idx)
             for idx in stalled:
                 self.gpus[idx].stalled = True
@@ -286,6 +272,7 @@ class Sampler:
                     log.warning("event poll failed: %s", event_job.error)
                 else:
                     new_events = list(event_job.result or [])
+                    event_job.result = None
                     self._store_events(new_events)
             if fast:
                 self.last_fast_s = now
@@ -359,21 +346,12 @@ class Sampler:
             self.devices_version += 1  # the push sends the devices again
         if result.fast is not None:
             gpu.fast.append(result.fast.timestamp_s, sample_row(result.fast, FAST_COLUMNS))
-            gpu.latest_fast = result.fast
             gpu.recent.append(result.fast)
         if result.slow is not None:
             gpu.slow.append(result.slow.timestamp_s, sample_row(result.slow, SLOW_COLUMNS))
-            gpu.latest_slow = result.slow
             gpu.recent.append(result.slow)
         if result.mig is not None and result.fast is not None:
             self._store_mig(gpu, result.fast.timestamp_s, result.mig)
-        base, other = gpu.latest_fast, gpu.latest_slow
-        if base is None:
-            gpu.latest = other
-        elif other is None:
-            gpu.latest = base
-        else:
-            gpu.latest = base.merged(replace(other, timestamp_s=base.timestamp_s))
 
     def _store_mig(
         self, gpu: GpuState, t: float, values: dict[int, tuple[str, dict[str, float]]]
@@ -427,7 +405,78 @@ class Sampler:
             return math.inf
         return time.monotonic() - self.last_tick_wall
 
-    def close(self) -> None:
-        """Stop the worker threads (a thread stuck in a hung call exits when it returns)."""
-        for w in [*self._workers, self._event_worker]:
-            w.stop()
+    def window(self, gpu: GpuState) -> tuple[Sample, ...]:
+        """The samples the health rules see for ``gpu``, oldest first: the kept `Sample`
+        objects, or (``recent=0``) the ring rows of the last ``window_s`` rebuilt as samples."""
+        if self._recent > 0:
+            return tuple(gpu.recent)
+        out: list[Sample] = []
+        for ring, columns, interval in (
+            (gpu.fast, FAST_COLUMNS, self.fast_interval_s),
+            (gpu.slow, SLOW_COLUMNS, self.slow_interval_s),
+        ):
+            t, rows = ring.last(math.ceil(self.window_s / interval) + 1)
+            out.extend(row_sample(ts, row, columns) for ts, row in zip(t, rows, strict=True))
+        out.sort(key=lambda smp: smp.timestamp_s)
+        return tuple(out)
+
+    def close(self, *, wait_s: float = DEFAULT_CLOSE_WAIT_S, shutdown: bool = True) -> bool:
+        """Stop the lanes, wait up to ``wait_s`` for device calls still running, then release
+        the library (``backend.close()``: nvmlShutdown). When a call is still inside NVML after
+        the wait, NVML is left initialised (shutting it down under a running call is undefined
+        in the driver) and False is returned: a hung call never blocks exit."""
+        lanes = [*self._workers, self._event_worker]
+        for lane in lanes:
+            lane.stop()
+        deadline = time.monotonic() + wait_s
+        for lane in lanes:
+            job = lane.current
+            if job is not None:
+                job.done.wait(max(0.0, deadline - time.monotonic()))
+        hung = sum(1 for lane in lanes if lane.busy)
+        if hung:
+            log.warning(
+                "%s: %d NVML call(s) still running after %.1f s; NVML left initialised",
+                self.node,
+                hung,
+                wait_s,
+            )
+            return False
+        if shutdown:
+            try:
+                self.backend.close()
+            except Exception as exc:  # closing must not raise on the way out
+                log.warning("%s: closing the device backend failed: %s", self.node, exc)
+        return True
+
+
+def _converter(type_text: str) -> Callable[[float], Any]:
+    if "bool" in type_text:
+        return bool
+    if "int" in type_text:
+        return int
+    return float
+
+
+# Sample field -> how a ring value (float64) becomes that field's type again
+_FIELD_TYPES: dict[str, Callable[[float], Any]] = {
+    f.name: _converter(str(f.type))
+    for f in fields(Sample)
+    if f.name not in ("timestamp_s", "extra")
+}
+
+
+def row_sample(t: float, row: np.ndarray, columns: tuple[str, ...]) -> Sample:
+    """A ring-buffer row as the `Sample` it was stored from (NaN -> None, 0/1 -> bool, ints
+    back to int, GPM ratios into ``extra``)."""
+    values: dict[str, Any] = {}
+    extra: dict[str, float] = {}
+    for name, v in zip(columns, row.tolist(), strict=True):
+        if v != v:  # NaN: the field had no value
+            continue
+        conv = _FIELD_TYPES.get(name)
+        if conv is None:
+            extra[name] = v
+        else:
+            values[name] = conv(v)
+    return Sample(timestamp_s=float(t), extra=extra, **values)

@@ -1,18 +1,18 @@
 """A whole gpufleet on loopback, for end-to-end tests and the failover benchmark.
 
-``Testbed`` runs a real controller (``ControlService`` + the REST API under uvicorn, in threads)
-with a scheduler plugged in (a name from `gpufleet.schedulers.registry`, or a backend), and
-simulated agents (one ``NodePusher`` per node of a ``SimFleet``, pushing over HTTP like
-``gpufleet sim-fleet``; with ``run_jobs`` each runs the jobs the controller sends through
-``AgentJobs`` + ``SimExecutor``).
+``Controller`` runs a real controller (``ControlService`` + the REST API under uvicorn, in
+threads) with a scheduler plugged in (a name from `gpufleet.schedulers.registry`, or a
+backend); ``Agents`` runs the real agent of every node of a ``SimFleet``
+(`gpufleet.agent.fleet.FleetDriver`, pushing over HTTP like ``gpufleet sim-fleet``; with ``run_jobs`` each runs the jobs the controller sends
+through ``AgentJobs`` + ``SimExecutor``).
 The controller can be stopped and started again on the same database and port, which is how
 the restart tests and the chaos runs cut it mid-stream.
 """
 
 from __future__ import annotations
 
-import asyncio
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Callable
@@ -37,7 +37,7 @@ def free_port() -> int:
 
 @dataclass
 class Agents:
-    """Simulated agents of a ``SimFleet`` pushing to a controller from one thread."""
+    """The real agents of a ``SimFleet``'s nodes pushing to a controller (a `FleetDriver`)."""
 
     url: str
     token: str
@@ -47,58 +47,45 @@ class Agents:
     sample_interval_s: float = 0.2
     push_interval_s: float = 0.4
     heartbeat_interval_s: float = 1.0
-    pushers: list[Any] = field(default_factory=list)
+    driver: Any = None
     executor: Any = None
-    _loop: asyncio.AbstractEventLoop | None = None
-    _stop: asyncio.Event | None = None
-    _thread: threading.Thread | None = None
+    _tmp: tempfile.TemporaryDirectory[str] | None = None
+
+    @property
+    def agents(self) -> list[Any]:
+        """The `gpufleet.agent.runner.Agent` of each node, in the fleet's order."""
+        return list(self.driver.agents) if self.driver is not None else []
 
     def start(self) -> Agents:
-        from gpufleet.agent.jobs import AgentJobs, slots_from_backend
-        from gpufleet.control.simfleet import NodePusher
+        from gpufleet.agent.fleet import FleetConfig, FleetDriver
+        from gpufleet.agent.jobs import AgentJobs
         from gpufleet.schedulers.embedded import SimExecutor
 
         self.executor = SimExecutor(self.fleet, lease_s=self.lease_s)
-        for b in self.fleet.backends():
-            p = NodePusher(b, heartbeat_interval_s=self.heartbeat_interval_s)
-            if self.run_jobs:
-                p.jobs = AgentJobs(
-                    b.node_name, self.executor, slots_from_backend(b), lease_s=self.lease_s
-                )
-            self.pushers.append(p)
-        ready = threading.Event()
-        self._thread = threading.Thread(target=self._run, args=(ready,), daemon=True)
-        self._thread.start()
-        ready.wait(5)
+        backends = self.fleet.backends()
+        jobs = {
+            b.node_name: AgentJobs(b.node_name, self.executor, lease_s=self.lease_s)
+            for b in backends
+            if self.run_jobs
+        }
+        self._tmp = tempfile.TemporaryDirectory(prefix="gpufleet-testbed-")
+        cfg = FleetConfig(
+            controller=self.url,
+            token=self.token,
+            state_dir=Path(self._tmp.name),
+            fast_interval_s=self.sample_interval_s,
+            push_interval_s=self.push_interval_s,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+        )
+        self.driver = FleetDriver(backends, cfg, jobs=jobs).start()
         return self
 
-    def _run(self, ready: threading.Event) -> None:
-        from gpufleet.control.simfleet import run_fleet
-
-        self._loop = asyncio.new_event_loop()
-        self._stop = asyncio.Event()
-        ready.set()
-        try:
-            self._loop.run_until_complete(
-                run_fleet(
-                    self.url,
-                    self.token,
-                    self.pushers,
-                    duration_s=None,
-                    sample_interval_s=self.sample_interval_s,
-                    push_interval_s=self.push_interval_s,
-                    gzip_body=False,
-                    stop=self._stop,
-                )
-            )
-        finally:
-            self._loop.close()
-
     def stop(self) -> None:
-        if self._loop is not None and self._stop is not None and not self._loop.is_closed():
-            self._loop.call_soon_threadsafe(self._stop.set)
-        if self._thread is not None:
-            self._thread.join(timeout=10)
+        if self.driver is not None:
+            self.driver.stop(flush=False)
+        if self._tmp is not None:
+            self._tmp.cleanup()
+            self._tmp = None
 
     def inject_xid79(self, node: str, gpu: int) -> float:
         """The GPU falls off the bus now (XID 79); returns the fleet-clock time of the fault."""

@@ -1,0 +1,100 @@
+"""`gpufleet sim-fleet`: many simulated nodes in one process, each a real agent
+(`gpufleet.agent.fleet.FleetDriver`), pushing to a control plane over HTTP."""
+
+from __future__ import annotations
+
+import dataclasses
+import signal
+import tempfile
+import threading
+from pathlib import Path
+from typing import Any
+
+from gpufleet.cli.output import console, emit_json, err_console
+from gpufleet.errors import ConfigError
+
+
+def run_sim_fleet(
+    controller_url: str,
+    token: str,
+    short_spec: str,
+    *,
+    faults: Path | None,
+    duration: float | None,
+    sample_interval: float,
+    push_interval: float,
+    concurrency: int,
+    prefix: str,
+    state_dir: Path | None,
+    run_jobs: bool,
+    seed: int,
+    json_out: bool,
+) -> None:
+    from gpufleet.agent.fleet import FleetConfig, FleetDriver, job_runners
+    from gpufleet.devices.sim import SimFleet
+    from gpufleet.devices.sim.spec import parse_short_spec
+
+    spec = parse_short_spec(short_spec, seed=seed, prefix=prefix)
+    if faults is not None:
+        spec = dataclasses.replace(spec, faults=load_faults(faults, {n.name for n in spec.nodes}))
+    fleet = SimFleet(spec)
+    fleet.demo_activity()
+    backends = fleet.backends()
+    tmp = tempfile.TemporaryDirectory(prefix="gpufleet-sim-fleet-") if state_dir is None else None
+    root = Path(tmp.name) if tmp is not None else state_dir
+    assert root is not None
+    try:
+        driver = FleetDriver(
+            backends,
+            FleetConfig(
+                controller=controller_url,
+                token=token,
+                state_dir=root / "agents",
+                fast_interval_s=sample_interval,
+                push_interval_s=push_interval,
+                connections=concurrency,
+            ),
+            jobs=job_runners(backends, fleet, root / "jobs") if run_jobs else {},
+        )
+        if not json_out:
+            gpus = sum(b.device_count() for b in backends)
+            err_console.print(
+                f"{len(backends)} simulated node(s), {gpus} GPUs, sampled every "
+                f"{sample_interval:g} s, pushing to {controller_url} every {push_interval:g} s "
+                "(Ctrl-C stops)",
+                highlight=False,
+                soft_wrap=True,
+            )
+        stop = threading.Event()
+        previous = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM)}
+        for sig in previous:
+            signal.signal(sig, lambda *_: stop.set())
+        try:
+            stats = driver.run(stop, duration)
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+    finally:
+        if tmp is not None:
+            tmp.cleanup()
+    out = dataclasses.asdict(stats)
+    if json_out:
+        emit_json(out)
+    else:
+        console.print(
+            f"acked {stats.batches_acked} batches ({stats.gpu_samples} GPU samples taken); "
+            f"errors {stats.errors}, throttled {stats.throttled}, spooled {stats.spooled}; "
+            f"push p99 {stats.push_p99_ms or 0:.1f} ms"
+        )
+
+
+def load_faults(path: Path, names: set[str]) -> tuple[Any, ...]:
+    """The faults of a YAML file (a list, or a mapping with ``faults``), checked against the
+    fleet's node names; errors name the file, line and field."""
+    from gpufleet.devices.sim.spec import parse_faults_yaml
+
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: {exc.strerror}") from exc
+    return parse_faults_yaml(text, str(path), names)
