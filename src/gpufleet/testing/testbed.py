@@ -3,8 +3,8 @@
 ``Controller`` runs a real controller (``ControlService`` + the REST API under uvicorn, in
 threads) with a scheduler plugged in (a name from `gpufleet.schedulers.registry`, or a
 backend); ``Agents`` runs the real agent of every node of a ``SimFleet``
-(`gpufleet.agent.fleet.FleetDriver`, pushing over HTTP like ``gpufleet sim-fleet``; with ``run_jobs`` each runs the jobs the controller sends
-through ``AgentJobs`` + ``SimExecutor``).
+(`gpufleet.agent.fleet.FleetDriver`, pushing over HTTP like ``gpufleet sim-fleet``; with
+``run_jobs`` each runs the jobs the controller sends through ``AgentJobs`` + ``SimExecutor``).
 The controller can be stopped and started again on the same database and port, which is how
 the restart tests and the chaos runs cut it mid-stream.
 """
