@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 
 from gpufleet.wire import JOB_SPEC, Ack, JobSpec, JobSubmit, WireCommand
 from gpufleet.wire.problems import first_problem
@@ -45,6 +45,9 @@ def test_submission_takes_the_tenant_it_is_given() -> None:
     assert (spec.tenant, spec.gpus, spec.priority, spec.command) == ("team-a", 4, 5, ("true",))
 
 
+SUBMIT: TypeAdapter[JobSubmit] = TypeAdapter(JobSubmit)
+
+
 @pytest.mark.parametrize(
     ("bad", "where"),
     [
@@ -58,5 +61,10 @@ def test_submission_takes_the_tenant_it_is_given() -> None:
 )
 def test_bad_specs_are_refused_naming_the_field(bad: dict[str, object], where: str) -> None:
     with pytest.raises(ValidationError) as exc:
-        JOB_SPEC.validate_python({"name": "j", **bad})
+        SUBMIT.validate_python({"name": "j", **bad})
     assert first_problem(exc.value)[0] == where
+
+
+def test_a_job_seen_in_a_scheduler_may_ask_for_no_gpu() -> None:
+    # a CPU job listed by squeue is a JobSpec with gpus=0; a submission of one is refused above
+    assert JOB_SPEC.validate_python({"name": "cpu-only", "gpus": 0}).gpus == 0

@@ -137,7 +137,7 @@ def submit(
     command: list[str] = typer.Argument(None, help="The command to run (after --)."),
     name: str = typer.Option(None, "--name", help="Job name (default: the command's name)."),
     tenant: str = typer.Option("default", "--tenant"),
-    gpus: int = typer.Option(1, "--gpus", help="GPUs per node."),
+    gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs per node."),
     nodes: int = typer.Option(1, "--nodes"),
     gpu_model: str = typer.Option(None, "--gpu-model", help="e.g. h100-sxm (aliases accepted)."),
     min_mem_gib: float = typer.Option(None, "--min-gpu-memory-gib"),

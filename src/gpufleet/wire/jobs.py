@@ -34,7 +34,9 @@ class JobRequest:
     name: JobName
     command: tuple[Annotated[str, Field(max_length=4096)], ...] = ()
     image: Annotated[str | None, Field(max_length=500)] = None
-    gpus: Annotated[int, Field(ge=1, le=1024)] = 1
+    # 0 only for a job seen in a scheduler that asks for none (a CPU job in Slurm); submissions
+    # (`JobSubmit`, the CLI) need at least one
+    gpus: Annotated[int, Field(ge=0, le=1024)] = 1
     gpu_model: Annotated[str | None, Field(max_length=64)] = None
     min_gpu_memory_bytes: Annotated[int | None, Field(ge=0)] = None
     mig_profile: Annotated[str | None, Field(max_length=64)] = None
@@ -59,6 +61,7 @@ class JobSubmit(JobRequest):
     ``default``)."""
 
     tenant: Tenant | None = None
+    gpus: Annotated[int, Field(ge=1, le=1024)] = 1
 
     def to_spec(self, tenant: str) -> JobSpec:
         """The spec to schedule, for ``tenant``."""

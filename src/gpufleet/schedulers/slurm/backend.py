@@ -345,7 +345,7 @@ def _job(j: Mapping[str, Any]) -> JobStatus:
     comment = str(j.get("comment") or "")
     tenant = comment.split("=", 1)[1] if comment.startswith("tenant=") else "default"
     spec = JobSpec(
-        name=str(j.get("name", "")),
+        name=str(j.get("name") or f"slurm-{j.get('job_id')}"),  # a spec needs a name
         tenant=tenant,
         gpus=_gpus(j.get("tres_per_node")),
         nodes=int(j.get("node_count") or 1),
