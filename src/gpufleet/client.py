@@ -3,8 +3,8 @@
 ``Client(url, token)`` covers what the CLI asks a controller: nodes, findings, lifecycle actions
 (cordon, drain, resume, ...), node attributes, and jobs (submit, list, show, cancel, logs). Every
 call sends the bearer token; an HTTP error becomes ``ApiError`` with the status and the server's
-``detail``; a connection failure becomes ``ControllerUnreachable``. Answers are typed records
-(``Node``, ``Finding``, ``Job``) that keep the whole JSON document in ``raw``.
+``detail``; a connection failure becomes ``ControllerUnreachable``. Answers are the API's own
+models (``Node``, ``Finding``, ``Job`` from `gpufleet.wire.views`), validated on arrival.
 
 Neither the agent nor the control plane imports this module: it sits beside the CLI, above them.
 """
@@ -12,13 +12,13 @@ Neither the agent nor the control plane imports this module: it sits beside the 
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
 from types import TracebackType
-from typing import Any, Self, TypeVar
+from typing import Any, Self
 
 import httpx
 
 from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.wire.views import FindingOut, JobOut, NodeOut
 
 #: Lifecycle actions ``POST /nodes/{name}/actions/{action}`` accepts.
 NODE_ACTIONS = (
@@ -48,68 +48,12 @@ class ControllerUnreachable(GpufleetError):
     """No answer from the controller (connection refused, timeout, bad URL)."""
 
 
-_R = TypeVar("_R", bound="_Record")
-
-
-@dataclass(frozen=True)
-class _Record:
-    """A typed view of one JSON object; ``raw`` keeps every field the server sent."""
-
-    raw: dict[str, Any] = field(repr=False, compare=False)
-
-    @classmethod
-    def from_json(cls: type[_R], doc: Mapping[str, Any]) -> _R:
-        names = [f.name for f in fields(cls) if f.name != "raw"]
-        missing = [n for n in names if n not in doc]
-        if missing:
-            raise GpufleetError(f"controller answer lacks {', '.join(missing)} for {cls.__name__}")
-        return cls(raw=dict(doc), **{n: doc[n] for n in names})
-
-
-@dataclass(frozen=True)
-class Node(_Record):
-    """A node: lifecycle ``state``, ``health`` (0 ok, 1 warn, 2 fail, 3 unknown), counts."""
-
-    name: str
-    state: str
-    health: int
-    cordoned: bool
-    rack: str | None
-    model: str | None
-    tenant: str | None
-    gpus: int
-    state_reason: str
-    findings_active: int
-
-
-@dataclass(frozen=True)
-class Finding(_Record):
-    """A health finding on a node (``severity`` 0 ok .. 2 fail; ``action`` recommended)."""
-
-    id: int
-    node: str
-    code: str
-    component: str
-    severity: int
-    message: str
-    action: str
-    gpu_index: int | None
-    active: bool
-
-
-@dataclass(frozen=True)
-class Job(_Record):
-    """A job: ``state`` (queued, running, succeeded, failed, cancelled, ...), where it runs."""
-
-    id: str
-    name: str
-    tenant: str
-    state: str
-    nodes: list[str]
-    gpus: int
-    restarts: int
-    exit_code: int | None
-    reason: str
+#: A node (lifecycle ``state``, ``health`` 0 ok .. 3 unknown, counts), as the API answers it.
+Node = NodeOut
+#: A health finding on a node (``severity`` 0 ok .. 2 fail; ``action`` recommended).
+Finding = FindingOut
+#: A job: ``state`` (queued, running, succeeded, failed, cancelled, ...), where it runs.
+Job = JobOut
 
 
 class Client:
@@ -211,7 +155,7 @@ class Client:
             "offset": offset,
         }
         doc = self.request("GET", "/nodes", params=params)
-        return [Node.from_json(n) for n in doc["nodes"]]
+        return [Node.model_validate(n) for n in doc["nodes"]]
 
     def node(self, name: str) -> dict[str, Any]:
         """One node in detail: GPUs, active findings, last validation (the JSON document)."""
@@ -229,7 +173,7 @@ class Client:
         params = {"node": node, "severity": severity, "limit": limit}
         if active is not None:
             params["active"] = "true" if active else "false"
-        return [Finding.from_json(f) for f in self.request("GET", "/findings", params=params)]
+        return [Finding.model_validate(f) for f in self.request("GET", "/findings", params=params)]
 
     # -- lifecycle ------------------------------------------------------------------------------
     def node_action(self, name: str, action: str, reason: str = "") -> Node:
@@ -237,7 +181,9 @@ class Client:
         if action not in NODE_ACTIONS:
             raise UsageError(f"action {action!r}: expected one of {', '.join(NODE_ACTIONS)}")
         body = {"reason": reason} if reason else None
-        return Node.from_json(self.request("POST", f"/nodes/{name}/actions/{action}", json=body))
+        return Node.model_validate(
+            self.request("POST", f"/nodes/{name}/actions/{action}", json=body)
+        )
 
     def cordon(self, name: str, reason: str = "") -> Node:
         """Stop new work landing on the node; running work stays."""
@@ -266,7 +212,7 @@ class Client:
         """Set a node's rack, tenant or labels (only the ones given)."""
         body = {"rack": rack, "tenant": tenant, "labels": labels}
         payload = {k: v for k, v in body.items() if v is not None}
-        return Node.from_json(self.request("PATCH", f"/nodes/{name}", json=payload))
+        return Node.model_validate(self.request("PATCH", f"/nodes/{name}", json=payload))
 
     # -- jobs -----------------------------------------------------------------------------------
     def submit(self, name: str, command: list[str], **options: Any) -> Job:
@@ -275,12 +221,12 @@ class Client:
         Unknown fields are refused by the controller with the field's name."""
         body = {"name": name, "command": list(command)}
         body.update({k: v for k, v in options.items() if v is not None})
-        return Job.from_json(self.request("POST", "/jobs", json=body))
+        return Job.model_validate(self.request("POST", "/jobs", json=body))
 
     def jobs(self, *, state: str | None = None, tenant: str | None = None) -> list[Job]:
         """Jobs, oldest first (a tenant token sees its tenant's only)."""
         doc = self.request("GET", "/jobs", params={"state": state, "tenant": tenant})
-        return [Job.from_json(j) for j in doc["jobs"]]
+        return [Job.model_validate(j) for j in doc["jobs"]]
 
     def job(self, job_id: str) -> dict[str, Any]:
         """One job with its spec and every attempt (the JSON document)."""
@@ -288,7 +234,7 @@ class Client:
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job (its running copies are killed)."""
-        return Job.from_json(self.request("POST", f"/jobs/{job_id}/cancel"))
+        return Job.model_validate(self.request("POST", f"/jobs/{job_id}/cancel"))
 
     def logs(self, job_id: str, *, tail: int = 0) -> str:
         """The output of the job's newest copy (``tail``: only the last N lines)."""

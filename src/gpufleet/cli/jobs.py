@@ -182,7 +182,7 @@ def submit(
         with _client(controller, token) as client:
             job = client.submit(name, command, **body)
         if as_json:
-            emit_json(job.raw)
+            emit_json(job.model_dump(mode="json"))
         else:
             console.print(f"job {job.id} ({job.name}): {job.state} {job.reason}")
         return
@@ -210,7 +210,7 @@ def list_jobs(
         with _client(controller, token) as client:
             remote_jobs = client.jobs()
         if as_json:
-            emit_json({"jobs": [j.raw for j in remote_jobs]})
+            emit_json({"jobs": [j.model_dump(mode="json") for j in remote_jobs]})
             return
         table = Table("id", "name", "tenant", "state", "nodes", "gpus", "restarts", "reason")
         for rj in remote_jobs:
@@ -303,7 +303,7 @@ def cancel(
         with _client(controller, token) as client:
             cancelled = client.cancel(job_id)
         if as_json:
-            emit_json(cancelled.raw)
+            emit_json(cancelled.model_dump(mode="json"))
         else:
             console.print(f"job {job_id}: {cancelled.state}")
         return

@@ -32,26 +32,9 @@ from gpufleet.schedulers.base import (
     UnsupportedFeature,
 )
 from gpufleet.wire.jobs import JobSubmit
+from gpufleet.wire.views import JobOut
 
 JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
-
-
-class JobOut(BaseModel):
-    """One job as the Jobs view lists it (``gpus``: GPUs it asks for, per node x nodes)."""
-
-    id: str
-    name: str
-    tenant: str
-    state: str
-    nodes: list[str]
-    gpus: int
-    restarts: int
-    exit_code: int | None
-    reason: str
-    priority: int
-    submitted_at_s: float | None
-    started_at_s: float | None
-    ended_at_s: float | None
 
 
 class JobList(BaseModel):

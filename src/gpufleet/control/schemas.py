@@ -10,6 +10,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.wire import Ack
 from gpufleet.wire.validation import ValidationPost
+from gpufleet.wire.views import FindingOut as FindingOut
+from gpufleet.wire.views import NodeOut as NodeOut
 
 
 def _no_nul(v: str) -> str:
@@ -23,24 +25,6 @@ Text = Annotated[str, AfterValidator(_no_nul)]
 
 class _Out(BaseModel):
     model_config = ConfigDict(from_attributes=True)
-
-
-class NodeOut(_Out):
-    """A node in lists: lifecycle state, health (0 ok, 1 warn, 2 fail, 3 unknown), counts."""
-
-    name: str
-    state: str
-    health: int
-    cordoned: bool
-    rack: str | None
-    model: str | None
-    tenant: str | None
-    gpus: int
-    last_seen_s: float | None
-    state_since_s: float
-    state_reason: str
-    findings_active: int
-    findings_fail: int
 
 
 class GpuLatest(_Out):
@@ -71,26 +55,6 @@ class GpuOut(_Out):
     name: str
     model: str | None
     info: dict[str, Any]
-
-
-class FindingOut(_Out):
-    id: int
-    node: str
-    code: str
-    component: str
-    rule: str
-    severity: int
-    message: str
-    action: str
-    evidence: dict[str, Any]
-    sticky: bool
-    gpu_index: int | None
-    first_seen_s: float
-    last_seen_s: float
-    active: bool
-    cleared_s: float | None
-    acknowledged_by: str | None
-    acknowledged_s: float | None
 
 
 class EventOut(_Out):
