@@ -10,7 +10,7 @@ import pytest
 
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.devices.sim import ManualClock
-from gpufleet.errors import UsageError
+from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.schedulers.base import (
     Capabilities,
     Capability,
@@ -115,3 +115,54 @@ def test_embedded_in_the_service_fail_drain_requeues(service: ControlService) ->
     assert moved.state is JobState.REQUEUED and moved.restarts == 1 and node in moved.reason
     assert backend.is_idle(node)
     assert backend.attempts(jid)[0].outcome.startswith("requeued")
+
+
+class _FlakyDrain(NoScheduler):
+    """A scheduler whose drain fails while ``failing`` is set (scontrol down, API refusing)."""
+
+    name = "flaky"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.failing = True
+        self.drains = 0
+
+    def drain(self, node: str, reason: str, *, fail: bool = False) -> None:
+        self.drains += 1
+        if self.failing:
+            raise GpufleetError("scontrol: Unable to contact slurm controller")
+        super().drain(node, reason, fail=fail)
+
+
+def test_a_drain_the_scheduler_refused_never_completes_and_is_sent_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import gpufleet.control.scheduling as scheduling
+
+    monkeypatch.setattr(scheduling, "RETRY_DRAIN_S", 0.0)
+    flaky = _FlakyDrain()
+    svc = ControlService(
+        ServiceConfig(data_dir=tmp_path / "data", tick_s=60.0, min_drain_s=0.0),
+        clock=ManualClock(T0),
+        scheduler=flaky,
+    )
+    svc.start()
+    try:
+        for node in ("n1", "n2"):
+            push(svc, batch(node, 1))
+        push(svc, batch("n1", 2, devices=False, findings=[fail_finding("n1")], health=2))
+        assert svc.store.nodes["n1"].state == "draining"
+        for _ in range(3):  # the backend refuses: the node still takes work there
+            assert svc.events.flush()
+            svc.store.check_nodes()
+            assert svc.store.view.nodes["n1"].state == "draining"
+        assert flaky.drains >= 3  # sent again after each failure
+        flaky.failing = False
+        assert svc.events.flush()
+        svc.store.check_nodes()  # sends the drain again; this time the backend takes it
+        assert svc.events.flush()
+        svc.store.check_nodes()
+        assert svc.store.view.nodes["n1"].state == "drained"
+        assert ("drain", "n1") in flaky.calls
+    finally:
+        svc.stop()

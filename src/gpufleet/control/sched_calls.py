@@ -1,12 +1,13 @@
 """Every call from the control plane into the plugged-in scheduler, on worker threads of its
 own: never on the event loop, never on the writer, never under a lock.
 
-Three lanes, one daemon thread each, so a slow answer on one does not hold up the others:
+The lifecycle's drain/resume/lost calls go, after the snapshot that holds the transition is
+published, to `SchedulerEvents`, whose own thread runs them against the backend in commit
+order. Two more lanes, one daemon thread each, so a slow answer on one does not hold up the
+others:
 
-- ``notify``: the lifecycle's drain/resume/lost calls, in commit order, handed after the
-  snapshot that holds the transition is published to `SchedulerEvents`, whose own thread
-  runs them against the backend;
-- ``ask``: ``is_idle`` for draining nodes; the answer returns to the writer as a command;
+- ``ask``: ``is_idle`` for draining nodes whose drain the backend confirmed; the answer
+  returns to the writer as a command;
 - ``exchange``: the agents' job reports and commands. Ingest never waits for it: the commands a
   report produces wait in a per-node outbox and ride on that node's next ``Ack``.
 
@@ -88,10 +89,13 @@ class SchedulerCalls:
             _logged(fn)()
 
     def idle(self, node: str, since_s: float, then: Callable[[str, float, bool], None]) -> bool:
-        """Is ``node`` idle? True only when known at once (no scheduler attached); otherwise
-        the scheduler is asked on the ask lane (once at a time per node) and ``then(node,
-        since_s, answer)`` runs later on the writer."""
+        """Is ``node`` idle? False until the backend confirmed its drain; then True at once
+        for a backend that cannot tell (``min_drain_s`` decides); otherwise the scheduler is
+        asked on the ask lane (once at a time per node) and ``then(node, since_s, answer)``
+        runs later on the writer."""
         events = self._events()
+        if not events.drain_confirmed(node):  # queued, failed (queued again) or never sent
+            return False
         if not events.reports_idle:  # the backend cannot tell: min_drain_s decides
             return True
         with self._lock:

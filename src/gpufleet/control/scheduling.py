@@ -7,6 +7,12 @@ a failure (a fail finding, or the node sent to repair/failed: its jobs move now)
 backend's call on one scheduler thread, in order, so a slow ``scontrol`` or Kubernetes API call
 never runs on the ingest path. Until ``start`` (unit tests driving ``tick()`` by hand) calls run
 inline. A failed call is logged and recorded in ``done``; it never undoes the transition.
+
+A drain completes only once the backend confirmed it: `drain_confirmed` is False while the
+backend's drain is queued or after it failed (then it is queued again, at most every
+``RETRY_DRAIN_S``), and a node this process never drained (a controller restart mid-drain) is
+drained again first, so a dead or slow scheduler can never let a node that still takes work
+count as drained.
 """
 
 from __future__ import annotations
@@ -14,6 +20,7 @@ from __future__ import annotations
 import logging
 import queue
 import threading
+import time
 from collections import deque
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -26,6 +33,7 @@ if TYPE_CHECKING:
     from gpufleet.control.store import ControlStore
 
 log = logging.getLogger("gpufleet.control.scheduling")
+RETRY_DRAIN_S = 10.0  # a failed backend drain is sent again no sooner than this
 
 Call = tuple[str, str, Callable[[], None]]
 
@@ -62,6 +70,9 @@ class SchedulerEvents:
         self.done: deque[tuple[str, str, str]] = deque(maxlen=1000)  # (event, node, outcome)
         self._calls: queue.Queue[Call | None] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()  # guards _drains
+        # node -> (confirmed, monotonic time of the newest failure or None while queued)
+        self._drains: dict[str, tuple[bool, float | None]] = {}
 
     def start(self) -> None:
         self._thread = threading.Thread(
@@ -84,20 +95,45 @@ class SchedulerEvents:
     # ----- what the lifecycle calls ------------------------------------------------------------
     def drain(self, node: str, reason: str) -> None:
         fail = self.is_fail(node)  # now, as the transition left the node
-        self._put(
-            "fail" if fail else "drain", node, lambda: self.backend.drain(node, reason, fail=fail)
-        )
+        with self._lock:
+            self._drains[node] = (False, None)
+
+        def call() -> None:
+            try:
+                self.backend.drain(node, reason, fail=fail)
+            except Exception:
+                with self._lock:
+                    self._drains[node] = (False, time.monotonic())
+                raise
+            with self._lock:
+                self._drains[node] = (True, None)
+
+        self._put("fail" if fail else "drain", node, call)
 
     def resume(self, node: str) -> None:
+        with self._lock:
+            self._drains.pop(node, None)
         self._put("resume", node, lambda: self.backend.resume(node))
 
     def lost(self, node: str) -> None:
         self._put("lost", node, lambda: self.backend.node_lost(node))
 
+    def drain_confirmed(self, node: str) -> bool:
+        """Has the backend drained ``node``? If it never was (this process did not drain it) or
+        its drain failed ``RETRY_DRAIN_S`` ago, the drain is queued (again) and the answer is
+        False until it succeeds."""
+        with self._lock:
+            state = self._drains.get(node)
+        if state is not None:
+            confirmed, failed_at = state
+            if confirmed or failed_at is None or time.monotonic() - failed_at < RETRY_DRAIN_S:
+                return confirmed
+        self.drain(node, "gpufleet: drain (again: the scheduler had not confirmed it)")
+        with self._lock:
+            return self._drains[node][0]
+
     def is_idle(self, node: str) -> bool:
-        """Asked while a node drains; a backend that cannot tell lets ``min_drain_s`` decide."""
-        if not self.reports_idle:
-            return True
+        """Does work still run on ``node``? Asked once its drain is confirmed; an error: no."""
         try:
             return self.backend.is_idle(node)
         except GpufleetError as exc:
