@@ -282,3 +282,9 @@ def test_unknown_node_names_known_nodes() -> None:
     with pytest.raises(UnknownNameError) as ei:
         backend(r).drain("gpu3", "test")
     assert ei.value.name == "gpu3" and "gpu1" in str(ei.value)
+
+
+def test_a_node_whose_job_is_still_configuring_is_not_idle() -> None:
+    doc = json.dumps({"jobs": [{"job_id": 5, "job_state": "CONFIGURING", "nodes": "gpu2"}]})
+    b = backend(FakeRunner([(0, doc, ""), (0, doc, "")]))
+    assert not b.is_idle("gpu2") and b.is_idle("gpu1")

@@ -68,3 +68,11 @@ def test_bad_specs_are_refused_naming_the_field(bad: dict[str, object], where: s
 def test_a_job_seen_in_a_scheduler_may_ask_for_no_gpu() -> None:
     # a CPU job listed by squeue is a JobSpec with gpus=0; a submission of one is refused above
     assert JOB_SPEC.validate_python({"name": "cpu-only", "gpus": 0}).gpus == 0
+
+
+@pytest.mark.parametrize("job_id", ["../../tmp/x", "a/b", "", "x" * 65, "a b"])
+def test_a_job_id_the_agent_would_turn_into_a_path_elsewhere_is_refused(job_id: str) -> None:
+    # the agent's executor writes under <root>/job-<id>/: a lying controller cannot escape it
+    with pytest.raises(ValidationError) as exc:
+        WireCommand.model_validate({"op": "kill", "job_id": job_id, "generation": 1})
+    assert first_problem(exc.value)[0] == "job_id"

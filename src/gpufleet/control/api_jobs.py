@@ -31,10 +31,10 @@ from gpufleet.schedulers.base import (
     SchedulerBackend,
     UnsupportedFeature,
 )
-from gpufleet.wire.jobs import JobSubmit
+from gpufleet.wire.jobs import JOB_ID_PATTERN, MAX_JOB_ID, JobSubmit
 from gpufleet.wire.views import JobOut
 
-JobId = Annotated[str, Path(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.\-]+$")]
+JobId = Annotated[str, Path(min_length=1, max_length=MAX_JOB_ID, pattern=JOB_ID_PATTERN)]
 
 
 class JobList(BaseModel):

@@ -18,7 +18,8 @@ from gpufleet.wire.limits import WIRE_CONFIG, GpuIndex
 
 JOB_ID_PATTERN = r"^[A-Za-z0-9_.\-]+$"
 MAX_JOB_ID = 64
-JobId = Annotated[str, Field(min_length=1, max_length=MAX_JOB_ID)]
+# the agent builds paths from it (job-<id>/...): no separators, ever
+JobId = Annotated[str, Field(min_length=1, max_length=MAX_JOB_ID, pattern=JOB_ID_PATTERN)]
 JobName = Annotated[str, Field(min_length=1, max_length=200)]
 Tenant = Annotated[str, Field(min_length=1, max_length=100)]
 EnvVars = dict[Annotated[str, Field(max_length=256)], Annotated[str, Field(max_length=8192)]]

@@ -284,7 +284,8 @@ class SlurmBackend:
             jobs = self.list_jobs()
         except GpufleetError:
             return False
-        return not any(j.state is JobState.RUNNING and node in j.nodes for j in jobs)
+        busy = (JobState.RUNNING, JobState.STARTING)  # CONFIGURING (prolog, boot) counts
+        return not any(j.state in busy and node in j.nodes for j in jobs)
 
     def _node_cmd(self, argv: list[str], node: str) -> None:
         try:
