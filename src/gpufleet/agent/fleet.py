@@ -151,7 +151,11 @@ class FleetDriver:
 
     def __post_init__(self) -> None:
         cfg = self.config
-        self.calls = CallPool(cfg.call_threads, name="gpufleet-nvml")
+        # a thread stuck past the sampler's own timeout is replaced before healthy GPUs queue
+        # behind it long enough to count as stalled
+        self.calls = CallPool(
+            cfg.call_threads, stuck_after_s=cfg.call_timeout_s / 2, name="gpufleet-nvml"
+        )
         limits = httpx.Limits(
             max_connections=cfg.connections, max_keepalive_connections=cfg.connections
         )
@@ -227,8 +231,14 @@ class FleetDriver:
                 s.cond.notify_all()
         for t in self._threads:
             t.join(timeout=10)
-        if flush:
+        # a push thread still inside push_once (a slow controller) would race the flush on the
+        # same agent's sequence numbers and spool: flush only once every thread has ended, and
+        # give it one deadline for the whole fleet
+        if flush and not any(t.is_alive() for t in self._threads):
+            end = time.monotonic() + 2 * self.config.push_timeout_s
             for agent in self.agents:
+                if time.monotonic() >= end:
+                    break
                 if agent.pusher is not None and agent.pusher.retry_at <= agent.clock():
                     agent.push_once()
         deadline = time.monotonic() + close_wait_s

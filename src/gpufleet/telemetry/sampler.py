@@ -84,25 +84,6 @@ class GpuState:
     def uuid(self) -> str:
         return self.info.uuid if self.info else f"unknown-{self.index}"
 
-    # the newest readings come from the rings (no Sample objects kept besides them)
-    @property
-    def latest_fast(self) -> Sample | None:
-        newest = self.fast.latest()
-        return None if newest is None else row_sample(newest[0], newest[1], FAST_COLUMNS)
-
-    @property
-    def latest_slow(self) -> Sample | None:
-        newest = self.slow.latest()
-        return None if newest is None else row_sample(newest[0], newest[1], SLOW_COLUMNS)
-
-    @property
-    def latest(self) -> Sample | None:
-        """The newest fast reading with the newest slow-tier fields merged in."""
-        base, other = self.latest_fast, self.latest_slow
-        if base is None or other is None:
-            return base or other
-        return base.merged(replace(other, timestamp_s=base.timestamp_s))
-
 
 @dataclass(frozen=True)
 class TickResult:
@@ -389,10 +370,6 @@ class Sampler:
     def devices(self) -> list[DeviceInfo]:
         with self.lock:
             return [g.info for g in self.gpus if g.info is not None]
-
-    def latest_samples(self) -> dict[int, Sample]:
-        with self.lock:
-            return {g.index: g.latest for g in self.gpus if g.latest is not None}
 
     def buffer_depth(self) -> int:
         """Rows held across every ring buffer of the node."""
