@@ -61,6 +61,31 @@ def test_failed_command_reloads_the_cache(make_service: Callable[..., ControlSer
     assert not store.view.nodes["n1"].cordoned
 
 
+def test_the_writer_outlives_a_failed_reload(
+    make_service: Callable[..., ControlService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    svc = make_service()
+    push(svc, batch("n1", 1))
+    store = svc.store
+    real_load = store.load
+
+    def database_down() -> None:
+        raise RuntimeError("database is down")
+
+    monkeypatch.setattr(store, "load", database_down)  # the reload after the failure fails too
+
+    def fails() -> None:
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError, match="disk full"):
+        store.writer.call(fails, timeout_s=10)
+    monkeypatch.setattr(store, "load", real_load)
+    assert store.writer.running  # the thread lives: later commands run on it, not inline
+    assert store.writer.call(threading.get_ident, timeout_s=10) != threading.get_ident()
+    push(svc, batch("n1", 2, devices=False))  # ingest still commits
+    assert store.view.nodes["n1"].last_seen_s is not None
+
+
 def test_concurrent_batches_share_group_commits(
     make_service: Callable[..., ControlService],
 ) -> None:

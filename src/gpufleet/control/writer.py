@@ -197,14 +197,23 @@ class Writer:
                 self._commit(group)
 
     def _execute(self, cmd: _Command) -> None:
+        """Run one command; whatever fails (the command, the cache reload after it, the
+        snapshot), its caller gets the error and the writer thread lives on."""
         try:
             out = cmd.fn()
         except BaseException as exc:
-            self.store.after_failure(exc)
-            self.store.publish()
+            for recover in (self.store.after_failure, lambda _e: self.store.publish()):
+                try:
+                    recover(exc)
+                except Exception:  # e.g. the database is down: the next command retries
+                    log.exception("writer: recovering from a failed command failed")
             cmd.done.set_exception(exc)
             return
-        self.store.publish()
+        try:
+            self.store.publish()
+        except Exception as exc:
+            cmd.done.set_exception(exc)
+            return
         cmd.done.set_result(out)
 
     def _apply(self, items: list[IngestItem]) -> list[Result]:
