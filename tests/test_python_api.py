@@ -171,3 +171,27 @@ def test_up_gives_simulated_nodes_racks_through_the_client(controller: tuple[str
             time.sleep(0.3)
             racks = [n.rack for n in ctl.nodes()]
     assert racks == ["r00", "r00"]
+
+
+def test_client_keeps_names_inside_their_path_segment() -> None:
+    seen: list[str] = []
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        seen.append(request.url.raw_path.decode())
+        return httpx.Response(200, json={"text": ""})
+
+    with Client("http://ctl:8080", "gf_x", transport=httpx.MockTransport(answer)) as ctl:
+        ctl.node("a/../../tokens?x=1")
+        ctl.logs("../tokens")
+        with pytest.raises(gpufleet.UsageError, match="not a node name"):
+            ctl.node("..")
+    assert seen == [
+        "/api/v1/nodes/a%2F..%2F..%2Ftokens%3Fx%3D1",
+        "/api/v1/jobs/..%2Ftokens/logs?tail=0",
+    ]
+
+
+def test_an_http_error_from_the_controller_exits_2() -> None:
+    from gpufleet.client import ApiError
+
+    assert ApiError("GET", "/x", 404, "no").exit_code == 2

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import TracebackType
 from typing import Any, Self
+from urllib.parse import quote
 
 import httpx
 
@@ -34,7 +35,10 @@ NODE_ACTIONS = (
 
 
 class ApiError(GpufleetError):
-    """The controller answered with an HTTP error; ``status`` and ``detail`` say which."""
+    """The controller answered with an HTTP error; ``status`` and ``detail`` say which (the
+    CLI exits 2, as for any refused input)."""
+
+    exit_code = 2
 
     def __init__(self, method: str, path: str, status: int, detail: str) -> None:
         self.method = method
@@ -42,6 +46,13 @@ class ApiError(GpufleetError):
         self.status = status
         self.detail = detail
         super().__init__(f"{method} {path}: HTTP {status}: {detail}")
+
+
+def _seg(value: str) -> str:
+    """One path segment, quoted: a name holding ``/`` or ``?`` stays inside it."""
+    if value in ("", ".", ".."):
+        raise UsageError(f"{value!r} is not a node name or job id")
+    return quote(value, safe="")
 
 
 class ControllerUnreachable(GpufleetError):
@@ -159,7 +170,7 @@ class Client:
 
     def node(self, name: str) -> dict[str, Any]:
         """One node in detail: GPUs, active findings, last validation (the JSON document)."""
-        return dict(self.request("GET", f"/nodes/{name}"))
+        return dict(self.request("GET", f"/nodes/{_seg(name)}"))
 
     def findings(
         self,
@@ -182,7 +193,7 @@ class Client:
             raise UsageError(f"action {action!r}: expected one of {', '.join(NODE_ACTIONS)}")
         body = {"reason": reason} if reason else None
         return Node.model_validate(
-            self.request("POST", f"/nodes/{name}/actions/{action}", json=body)
+            self.request("POST", f"/nodes/{_seg(name)}/actions/{action}", json=body)
         )
 
     def cordon(self, name: str, reason: str = "") -> Node:
@@ -212,7 +223,7 @@ class Client:
         """Set a node's rack, tenant or labels (only the ones given)."""
         body = {"rack": rack, "tenant": tenant, "labels": labels}
         payload = {k: v for k, v in body.items() if v is not None}
-        return Node.model_validate(self.request("PATCH", f"/nodes/{name}", json=payload))
+        return Node.model_validate(self.request("PATCH", f"/nodes/{_seg(name)}", json=payload))
 
     # -- jobs -----------------------------------------------------------------------------------
     def submit(self, name: str, command: list[str], **options: Any) -> Job:
@@ -230,13 +241,13 @@ class Client:
 
     def job(self, job_id: str) -> dict[str, Any]:
         """One job with its spec and every attempt (the JSON document)."""
-        return dict(self.request("GET", f"/jobs/{job_id}"))
+        return dict(self.request("GET", f"/jobs/{_seg(job_id)}"))
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job (its running copies are killed)."""
-        return Job.model_validate(self.request("POST", f"/jobs/{job_id}/cancel"))
+        return Job.model_validate(self.request("POST", f"/jobs/{_seg(job_id)}/cancel"))
 
     def logs(self, job_id: str, *, tail: int = 0) -> str:
         """The output of the job's newest copy (``tail``: only the last N lines)."""
-        doc = self.request("GET", f"/jobs/{job_id}/logs", params={"tail": max(0, tail)})
+        doc = self.request("GET", f"/jobs/{_seg(job_id)}/logs", params={"tail": max(0, tail)})
         return str(doc["text"])

@@ -85,8 +85,12 @@ def _key_node(node: yaml.Node | None, loc: Loc) -> yaml.Node | None:
 def read_yaml(text: str, source: str) -> Document:
     """Parse YAML text; a syntax error names the file and line."""
     try:
-        root = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
+        loader = yaml.SafeLoader(text)  # one parse: the node tree (lines), then its data
+        try:
+            root = loader.get_single_node()
+            data = loader.construct_document(root) if root is not None else None
+        finally:
+            loader.dispose()
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "YAML"
