@@ -60,7 +60,7 @@ RULES: dict[str, Rule] = {
     ),
     "wire": Rule(
         "the messages between agent, control plane and CLI sit below both",
-        only=frozenset({"catalog", "errors"}),
+        only=frozenset({"catalog", "errors", "jsonable"}),
     ),
     "devices": Rule("the device layer knows nothing of services above it", never=ABOVE_DEVICES),
     "control": Rule(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import pytest
@@ -181,3 +182,26 @@ def test_level1_flags_a_stray_process() -> None:
     procs = {r.gpu: r for r in report.results if r.test == "processes"}
     assert procs[0].status == Status.FAIL and "10000" in procs[0].message
     assert procs[1].status == Status.PASS
+
+
+def test_report_file_reader_names_the_bad_field_and_keeps_missing_figures_null() -> None:
+    r = run_sim(spec="1x8xh200", seed=3, level=1)
+    d = json.loads(r.to_json())
+    # a figure nobody measured is written as null and reads back as NaN, never as 0
+    d["results"][0]["metrics"].append(
+        {
+            "name": "x",
+            "value": None,
+            "unit": "GB/s",
+            "expected": None,
+            "pass_min": None,
+            "status": "skip",
+        }
+    )
+    back = ValidationReport.from_dict(d)
+    assert math.isnan(back.results[0].metrics[-1].value)
+    d["results"][1]["status"] = "great"
+    with pytest.raises(ConfigError, match=r"run\.json: .*results\.1\.status"):
+        ValidationReport.from_dict(d, source="run.json")
+    with pytest.raises(ConfigError, match="schema"):
+        ValidationReport.from_dict([], source="run.json")  # type: ignore[arg-type]

@@ -1,10 +1,11 @@
 """Every message between agent, control plane and CLI, with all its constraints.
 
 The layer just above the catalog: it imports pydantic, the standard library and nothing else of
-gpufleet but `gpufleet.catalog` and `gpufleet.errors`. Modules: `limits` (the constants),
-`telemetry` (devices, samples, events), `findings` (findings, acknowledgements), `jobs` (job
-specs, jobs reports, commands), `batch` (`Batch`, `Ack`), `validation` (validation results),
-`problems` (a refused message's first problem, named by its field path).
+gpufleet but `gpufleet.catalog`, `gpufleet.errors` and `gpufleet.jsonable`. Modules: `limits`
+(the constants), `telemetry` (devices, samples, events), `findings` (findings,
+acknowledgements), `jobs` (job specs, jobs reports, commands), `batch` (`Batch`, `Ack`),
+`validation` (validation results), `validation_report` (the report file), `problems` (a
+refused message's first problem, named by its field path).
 """
 
 from gpufleet.wire.batch import Ack, Batch
