@@ -17,7 +17,7 @@ from gpufleet.catalog.models import (
     SystemModel,
     XidEntry,
 )
-from gpufleet.errors import CatalogError, UnknownNameError
+from gpufleet.errors import CatalogError, ConfigError, UnknownNameError
 
 T = TypeVar("T", bound=BaseModel)
 
@@ -162,3 +162,12 @@ def load_catalog() -> Catalog:
         if m.model not in gpus:
             raise CatalogError(f"catalog/data/mig.yaml: unknown model {m.model!r}")
     return Catalog(gpus=gpus, systems=systems, mig=mig, xids=xids, performance=_performance(gpus))
+
+
+def gpu_key(name: str, where: str) -> str:
+    """The catalog key of a GPU model name, or a `ConfigError` that names ``where`` the name
+    came from (a flag, a file and field) with the did-you-mean hint."""
+    try:
+        return load_catalog().gpu(name).key
+    except UnknownNameError as exc:
+        raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from exc

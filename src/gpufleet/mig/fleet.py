@@ -27,6 +27,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.catalog import load_catalog
+from gpufleet.catalog.loader import gpu_key
 from gpufleet.errors import ConfigError, ParseError, UnknownNameError
 from gpufleet.mig.layouts import Layout, layout_for_counts
 from gpufleet.yamldoc import field_error, read_yaml, validate
@@ -52,13 +53,6 @@ class FleetGpu:
     current: Layout | None = None  # None: unknown, treated as MIG off
 
 
-def _model_key(name: str, where: str) -> str:
-    try:
-        return load_catalog().gpu(name).key
-    except UnknownNameError as exc:
-        raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from exc
-
-
 def parse_gpus(text: str, source: str = "--gpus") -> list[FleetGpu]:
     """Parse ``[NODES x] GPUS x MODEL[, ...]`` into GPUs on named nodes."""
     out: list[FleetGpu] = []
@@ -75,7 +69,7 @@ def parse_gpus(text: str, source: str = "--gpus") -> list[FleetGpu]:
         per = int(m[2])
         if nodes < 1 or per < 1:
             raise ParseError(source, repr(raw.strip()), "counts must be at least 1")
-        key = _model_key(m[3], source)
+        key = gpu_key(m[3], source)
         for _ in range(nodes):
             out.extend(FleetGpu(f"node-{node_no}", i, key) for i in range(per))
             node_no += 1
@@ -108,7 +102,7 @@ def fleet_from_inventory(path: Path) -> list[FleetGpu]:
             model = gpu.get("model") or gpu.get("name")
             if not model:
                 raise ParseError(str(path), f"nodes[{n}].gpus[{g}]", "no model or name")
-            key = _model_key(str(model), f"{path}: nodes[{n}].gpus[{g}]")
+            key = gpu_key(str(model), f"{path}: nodes[{n}].gpus[{g}]")
             out.append(FleetGpu(name, int(gpu.get("index", g)), key))
     if not out:
         raise ConfigError(f"{path}: the inventory lists no GPUs")
@@ -126,7 +120,7 @@ def fleet_from_plan(path: Path) -> list[FleetGpu]:
         raise ParseError(str(path), "chosen", f"no candidate named {chosen!r}")
     server = cand.get("server") or {}
     try:
-        key = _model_key(str(server["gpu_key"]), f"{path}: server.gpu_key")
+        key = gpu_key(str(server["gpu_key"]), f"{path}: server.gpu_key")
         per, servers = int(server["gpus"]), int(cand["servers"])
     except (KeyError, TypeError, ValueError) as exc:
         raise ParseError(str(path), f"candidate {chosen}", f"missing field {exc}") from exc

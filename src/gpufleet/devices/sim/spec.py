@@ -22,6 +22,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from gpufleet.catalog import load_catalog
+from gpufleet.catalog.loader import gpu_key
 from gpufleet.devices.sim.faults import Fault, FaultKind
 from gpufleet.errors import ConfigError, UnknownNameError
 from gpufleet.yamldoc import Document, field_error, read_yaml, validate
@@ -133,13 +134,6 @@ class FleetSpec:
         return sum(n.gpus for n in self.nodes)
 
 
-def _model_key(name: str, where: str) -> str:
-    try:
-        return load_catalog().gpu(name).key
-    except UnknownNameError as exc:
-        raise ConfigError(f"{where}: {exc.message}", hint=exc.hint) from exc
-
-
 def _catalog_key(doc: Document, loc: tuple[int | str, ...], name: str) -> str:
     try:
         return load_catalog().gpu(name).key
@@ -161,7 +155,7 @@ def parse_short_spec(text: str, seed: int = 7, prefix: str = "sim") -> FleetSpec
         raise ConfigError(f"--sim {text!r}: node and GPU counts must be at least 1")
     if gpus > 64:
         raise ConfigError(f"--sim {text!r}: at most 64 GPUs per node")
-    key = _model_key(model, f"--sim {text!r}")
+    key = gpu_key(model, f"--sim {text!r}")
     width = max(2, len(str(nodes)))
     specs = tuple(
         NodeSpec(name=f"{prefix}-{i:0{width}d}", model=key, gpus=gpus) for i in range(nodes)
