@@ -230,3 +230,26 @@ def test_a_hung_call_on_a_shared_pool_holds_one_thread_and_no_other_node() -> No
     for s in samplers:
         s.close()
     pool.close()
+
+
+def test_idle_extra_threads_never_leave_the_pool_short() -> None:
+    # Several extra threads going idle at once each check "one too many?" and leave: they must
+    # leave one at a time, so the pool settles at exactly its size, never below it.
+    pool = CallPool(2, max_threads=12, stuck_after_s=0.005, idle_exit_s=0.05)
+    lanes = [pool.lane() for _ in range(10)]
+    try:
+        for _ in range(5):
+            jobs = []
+            for lane in lanes:  # each submit finds the earlier calls stuck and adds a thread
+                jobs.append(lane.submit(lambda: time.sleep(0.1)))
+                time.sleep(0.01)
+            for job in jobs:
+                assert job.done.wait(5)
+            assert pool.size > pool.threads  # the slow calls made it grow
+            deadline = time.monotonic() + 5
+            while pool.size > pool.threads and time.monotonic() < deadline:
+                time.sleep(0.01)
+            time.sleep(0.2)  # every idle extra has had its timeout more than once
+            assert pool.size == pool.threads
+    finally:
+        pool.close()

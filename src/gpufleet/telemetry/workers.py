@@ -226,8 +226,12 @@ class CallPool:
                 try:
                     job = self._q.get(timeout=self.idle_exit_s if w.extra else None)
                 except queue.Empty:
-                    with self._lock:  # an extra thread leaves once the pool is whole again
+                    # An extra thread leaves once the pool is whole again; it leaves the list in
+                    # the same critical section as the check, so two idle extras never both see
+                    # "one too many" and leave the pool short.
+                    with self._lock:
                         if len(self._workers) - self._stuck_locked() > self.threads:
+                            self._workers.remove(w)
                             return
                     continue
                 if job is None:
@@ -237,7 +241,8 @@ class CallPool:
                 w.busy_since = None
         finally:
             with self._lock:
-                self._workers.remove(w)
+                if w in self._workers:
+                    self._workers.remove(w)
 
     def _stuck_locked(self) -> int:
         now = time.monotonic()
