@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+import subprocess
 import sys
 import time
 from collections.abc import Iterator
@@ -111,8 +112,11 @@ def test_failing_health_check_program_drains_the_node(tmp_path: Path) -> None:
     dev = DevCluster(root=root, nodes=3, gpus_per_node=2, health_check_program=str(hc))
     # slurmd runs the program with an almost empty environment: the generated wrapper sets
     # SLURM_CONF; SLURMD_NODENAME tells which of the three slurmd (one host) is asking.
+    # One check per node at a time (flock -n: a check still running makes the next one a
+    # no-op), so a loaded machine does not pile up hundreds of them at a 1 s interval.
     inner = (
-        f'exec {sys.executable} -m gpufleet health --sim "$(cat {select})" '
+        f'exec flock -n "{tmp_path}/hc-$SLURMD_NODENAME.lock" '
+        f'{sys.executable} -m gpufleet health --sim "$(cat {select})" '
         '--node "$SLURMD_NODENAME" --duration 0.3 --exit-code --slurm-drain'
     )
     hc.write_text(cg.health_check_wrapper(str(dev.slurm_conf), ["sh", "-c", inner]))
@@ -134,3 +138,5 @@ def test_failing_health_check_program_drains_the_node(tmp_path: Path) -> None:
             assert "drain" not in _node_state(b, ok)[0]
     finally:
         dev.down()
+        # slurmd's health checks still running outlive it: stop them with the cluster
+        subprocess.run(["pkill", "-f", f"-m gpufleet health --sim {tmp_path}/"], check=False)
