@@ -7,7 +7,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from gpufleet.wire.limits import NoNul
+from gpufleet.wire.limits import NodeName, NoNul
 
 Verdict = Literal["pass", "warn", "fail"]
 
@@ -19,6 +19,6 @@ class ValidationPost(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
-    node: NoNul = Field(min_length=1, max_length=253)
+    node: NodeName
     verdict: Verdict
     summary: NoNul | None = Field(None, max_length=2000)
