@@ -64,15 +64,20 @@ VERDICT_UNKNOWN = 3
 INPUT_FAILURES = (UnicodeDecodeError, RecursionError, MemoryError)
 
 
-def _command(argv: list[str]) -> str | None:
-    """The command word of ``argv`` (the first argument that is not an option)."""
-    return next((a for a in argv if not a.startswith("-")), None)
+NOT_VERDICTS = frozenset({"ack"})  # subcommands of a verdict command that give no verdict
+
+
+def is_verdict_command(argv: list[str]) -> bool:
+    """Whether ``argv`` runs a verdict command (its words that are not options: the command,
+    then no subcommand of `NOT_VERDICTS`)."""
+    words = [a for a in argv if not a.startswith("-")]
+    return bool(words) and words[0] in VERDICT_COMMANDS and not set(words[1:2]) & NOT_VERDICTS
 
 
 def main() -> None:
     """Console-script entry point: run the app; print errors as one line, no traceback, and
     exit with the documented code (`VERDICT_COMMANDS`)."""
-    verdict = _command(sys.argv[1:]) in VERDICT_COMMANDS
+    verdict = is_verdict_command(sys.argv[1:])
     bad_input = VERDICT_UNKNOWN if verdict else 2
     try:
         code = app(standalone_mode=False)

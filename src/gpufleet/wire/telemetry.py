@@ -113,7 +113,9 @@ def screen_samples(
             fields[name] = vals
         t = [s.t[i] for i in keep]
         out.append(
-            s.model_construct(gpu_uuid=s.gpu_uuid, gpu_index=s.gpu_index, t=t, fields=fields)
+            WireSamples.model_construct(
+                gpu_uuid=s.gpu_uuid, gpu_index=s.gpu_index, t=t, fields=fields
+            )
         )
     return out, dropped
 
