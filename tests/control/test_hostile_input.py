@@ -19,10 +19,10 @@ from gpufleet.control.api import create_app
 from gpufleet.control.models import EventRow, Rollup
 from gpufleet.control.service import ControlService
 from gpufleet.control.telemetry_store import FIELD_INDEX, NF
+from gpufleet.devices.sim import ManualClock
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.slurm.commands import SlurmCommands
 from gpufleet.wire.limits import SAMPLE_AHEAD_S, SAMPLE_BEHIND_S
-from gpufleet.devices.sim import ManualClock
 from tests.control.conftest import T0, batch, fail_finding
 
 Env = tuple[TestClient, dict[str, str], ControlService]
