@@ -172,3 +172,8 @@ def test_non_finite_numbers_in_bodies_are_422_naming_the_field(env: Env, number:
     r = client.post("/api/v1/jobs", content=job, headers=admin)
     assert r.status_code == 422, r.text
     assert r.json()["detail"][0]["loc"][-1] == "duration_s"
+    # a validation result keeps extra fields as posted: they must be JSON numbers too
+    result = f'{{"node": "n1", "verdict": "pass", "report": {{"gbps": [1.5, {number}]}}}}'
+    r = client.post("/api/v1/validation-results", content=result, headers=admin)
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"][0]["msg"].startswith("report.gbps[1]: must be a finite number")
