@@ -25,7 +25,7 @@ from gpufleet.schedulers.slurm.commands import SlurmCommands
 from gpufleet.wire.limits import SAMPLE_AHEAD_S, SAMPLE_BEHIND_S
 from tests.control.conftest import T0, batch, fail_finding
 
-Env = tuple[TestClient, dict[str, str], ControlService]
+Env = tuple[TestClient, dict[str, dict[str, str]], ControlService]
 
 
 @pytest.fixture
@@ -33,7 +33,7 @@ def env(make_service: Callable[..., ControlService]) -> Iterator[Env]:
     svc = make_service()
     agent = {"Authorization": f"Bearer {svc.store.tokens.create('agent')[0]}"}
     admin = {"Authorization": f"Bearer {svc.store.tokens.create('admin')[0]}"}
-    yield TestClient(create_app(svc)), {"agent": agent, "admin": admin}, svc  # type: ignore[misc]
+    yield TestClient(create_app(svc)), {"agent": agent, "admin": admin}, svc
 
 
 def _push(env: Env, body: dict[str, Any]) -> Any:

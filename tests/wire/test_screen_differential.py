@@ -45,7 +45,7 @@ times = st.one_of(
 @st.composite
 def reading(draw: st.DrawFn, name: str) -> float | int | None:
     lo, hi = SAMPLE_RANGES.get(name, (-1e6, 1e6))
-    return draw(
+    value: float | int | None = draw(
         st.one_of(
             st.none(),
             st.floats(lo, hi),
@@ -55,6 +55,7 @@ def reading(draw: st.DrawFn, name: str) -> float | int | None:
             st.integers(-(2**70), 2**70),
         )
     )
+    return value
 
 
 @st.composite
