@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Collection, Iterator, Mapping, Sequence
+from pathlib import Path
 from typing import Any, TypeVar, get_args
 
 import yaml
@@ -19,7 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from gpufleet.errors import ParseError
 
-__all__ = ["Document", "FieldError", "field_error", "read_yaml", "validate"]
+__all__ = ["Document", "FieldError", "field_error", "read_text_file", "read_yaml", "validate"]
 
 M = TypeVar("M", bound=BaseModel)
 Loc = tuple[int | str, ...]
@@ -82,12 +83,54 @@ def _key_node(node: yaml.Node | None, loc: Loc) -> yaml.Node | None:
     return None
 
 
+MAX_DOCUMENT_BYTES = 16 * 2**20  # a hand-written file; anything larger is not one
+MAX_DEPTH = 64  # nesting of mappings and lists; gpufleet's documents need a handful
+
+
+def read_text_file(path: Path, what: str = "file") -> str:
+    """A hand-written document's text: one clear error (naming the file) for a missing,
+    unreadable, oversized or non-UTF-8 (binary) file."""
+    try:
+        with path.open("rb") as fh:
+            raw = fh.read(MAX_DOCUMENT_BYTES + 1)
+    except OSError as exc:
+        raise ParseError(str(path), what, f"cannot read: {exc.strerror or exc}") from exc
+    if len(raw) > MAX_DOCUMENT_BYTES:
+        raise ParseError(str(path), what, f"larger than {MAX_DOCUMENT_BYTES} bytes")
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ParseError(str(path), f"byte {exc.start}", "not UTF-8 text (a binary file?)") from exc
+
+
+def _depth_ok(node: yaml.Node | None) -> bool:
+    """Whether ``node`` nests at most `MAX_DEPTH` levels (iteratively: no recursion; a node
+    that aliases make appear many times is walked once)."""
+    todo = [(node, 0)] if node is not None else []
+    seen: set[int] = set()
+    while todo:
+        n, depth = todo.pop()
+        if depth > MAX_DEPTH:
+            return False
+        if id(n) in seen:
+            continue
+        seen.add(id(n))
+        if isinstance(n, yaml.MappingNode):
+            todo.extend((v, depth + 1) for pair in n.value for v in pair)
+        elif isinstance(n, yaml.SequenceNode):
+            todo.extend((v, depth + 1) for v in n.value)
+    return True
+
+
 def read_yaml(text: str, source: str) -> Document:
-    """Parse YAML text; a syntax error names the file and line."""
+    """Parse YAML text; a syntax error names the file and line, nesting deeper than
+    `MAX_DEPTH` is refused."""
     try:
         loader = yaml.SafeLoader(text)  # one parse: the node tree (lines), then its data
         try:
             root = loader.get_single_node()
+            if not _depth_ok(root):
+                raise ParseError(source, "YAML", f"nested deeper than {MAX_DEPTH} levels")
             data = loader.construct_document(root) if root is not None else None
         finally:
             loader.dispose()
@@ -95,6 +138,8 @@ def read_yaml(text: str, source: str) -> Document:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "YAML"
         raise ParseError(source, where, f"not valid YAML: {getattr(exc, 'problem', exc)}") from exc
+    except RecursionError as exc:  # the composer recurses per level, before the depth check
+        raise ParseError(source, "YAML", f"nested deeper than {MAX_DEPTH} levels") from exc
     return Document(data, source, root)
 
 

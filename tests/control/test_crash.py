@@ -76,7 +76,8 @@ def test_kill9_mid_ingest(tmp_path: Path) -> None:
                 seq += 1
                 sent[node] = seq
                 try:
-                    r = c.post(url, json=batch(node, seq, devices=seq == 1, k=4), headers=h)
+                    body = batch(node, seq, t=time.time(), devices=seq == 1, k=4)
+                    r = c.post(url, json=body, headers=h)
                 except httpx.HTTPError:
                     return
                 if r.status_code == 200:
@@ -98,7 +99,8 @@ def test_kill9_mid_ingest(tmp_path: Path) -> None:
         with httpx.Client(timeout=10) as c:
             for node, last in sent.items():
                 for seq in range(1, last + 1):  # replay everything, acked or not
-                    r = c.post(url, json=batch(node, seq, devices=seq == 1, k=4), headers=h)
+                    body = batch(node, seq, t=time.time(), devices=seq == 1, k=4)
+                    r = c.post(url, json=body, headers=h)
                     assert r.status_code == 200, r.text
                     if seq in before[node]:
                         assert r.json()["duplicate"] is True

@@ -82,7 +82,7 @@ def test_bad_config_names_the_field(doc: object, needle: str) -> None:
 def test_bad_yaml_and_missing_file_name_the_file(tmp_path: Path) -> None:
     bad = tmp_path / "bad.yaml"
     bad.write_text("health: [unclosed\n")
-    with pytest.raises(ConfigError, match=r"bad\.yaml: not valid YAML"):
+    with pytest.raises(ConfigError, match=r"bad\.yaml: line 2: not valid YAML"):
         load_health_config(bad)
     with pytest.raises(ConfigError, match="no such config file"):
         load_health_config(tmp_path / "nope.yaml")

@@ -43,6 +43,7 @@ good_name = st.one_of(
 )
 good_uuid = st.text(min_size=1, max_size=40).filter(lambda s: "\x00" not in s)
 good_index = st.integers(0, MAX_GPUS_PER_NODE - 1)
+good_node = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._-]{0,30}", fullmatch=True)
 
 # ----- dirty values: a slot's clean values, or values that are wrong (or just barely right) ---
 NASTY: list[Any] = [
@@ -158,7 +159,7 @@ REST_EDITS: dict[str, Any] = {
     "seq": [0, 2**63, "1", 1.5, True],
     "sent_at_s": [math.nan, math.inf, "now", None],
     "heartbeat_interval_s": [0, -1.0, 3600.5],
-    "node": ["", "a\x00b", "n" * 254, 7],
+    "node": ["", "a\x00b", "n" * 254, 7, "a/b", "a b", "gpu[001-128]", "x\n", "-n", "n" * 253],
     "agent_id": [None, ""],
     "schema_version": [2],
     "health": [4, -1],
@@ -185,7 +186,7 @@ def batches(draw: st.DrawFn) -> Any:
     """A clean batch, or one with a defect or two in one place (a batch full of problems would
     be refused by any parser and prove nothing)."""
     body: dict[str, Any] = {
-        "node": draw(st.text(min_size=1, max_size=20).filter(lambda s: "\x00" not in s)),
+        "node": draw(st.one_of(good_node, good_node, st.text(min_size=1, max_size=20))),
         "agent_id": "agent-1",
         "seq": draw(st.integers(1, 2**63 - 1)),
         "sent_at_s": 1.7e9,

@@ -97,13 +97,15 @@ def test_ingest_refuses_past_the_stated_limits(client: Any) -> None:
     h = {"Authorization": f"Bearer {token}", "Content-Type": "application/json"}
 
     def push(seq: int, t: list[float], gpu_index: int = 0) -> Any:
-        block = {"gpu_uuid": "GPU-0", "gpu_index": gpu_index, "t": t, "fields": {"power_w": t}}
-        body = {"node": "n1", "agent_id": "a1", "seq": seq, "sent_at_s": 1.7e9, "samples": [block]}
+        power = [float(i % 700) for i in range(len(t))]
+        block = {"gpu_uuid": "GPU-0", "gpu_index": gpu_index, "t": t, "fields": {"power_w": power}}
+        body = {"node": "n1", "agent_id": "a1", "seq": seq, "sent_at_s": t0, "samples": [block]}
         return c.post("/api/v1/ingest", content=json.dumps(body), headers=h)
 
-    at_limit = [1.7e9 + i for i in range(3600)]
+    t0 = svc.store.clock() - 3600  # an hour of samples, all inside the controller's window
+    at_limit = [t0 + i for i in range(3600)]
     assert push(1, at_limit).status_code == 200
-    r = push(2, [*at_limit, 1.7e9 + 3600])
+    r = push(2, [*at_limit, t0 + 3600])
     assert r.status_code == 422 and r.json()["detail"].startswith("samples.0.t: ")
-    r = push(3, [1.7e9], gpu_index=1024)
+    r = push(3, [t0], gpu_index=1024)
     assert r.status_code == 422 and r.json()["detail"].startswith("samples.0.gpu_index: ")

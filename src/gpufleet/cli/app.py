@@ -55,16 +55,47 @@ for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
 
 
-def main() -> None:
-    """Console-script entry point: run the app; print gpufleet errors as one line, no traceback.
+# Commands whose exit status is a verdict (docs/cli.md "Exit codes"): 0 ok, 1 warn, 2 fail,
+# 3 unknown, which is also what bad or unusable input gives them, so a Slurm health check
+# never reads a typo as a failed GPU. Every other command exits 2 on bad input.
+VERDICT_COMMANDS = frozenset({"health", "doctor", "validate"})
+VERDICT_UNKNOWN = 3
+# Errors of hostile or broken input that escaped a parser's own checks: one line, no traceback.
+INPUT_FAILURES = (UnicodeDecodeError, RecursionError, MemoryError)
 
-    Click (inside Typer) handles usage errors and ``typer.Exit`` itself in standalone mode;
-    everything gpufleet raises on purpose is a ``GpufleetError`` and is printed here.
-    """
+
+NOT_VERDICTS = frozenset({"ack"})  # subcommands of a verdict command that give no verdict
+
+
+def is_verdict_command(argv: list[str]) -> bool:
+    """Whether ``argv`` runs a verdict command (its words that are not options: the command,
+    then no subcommand of `NOT_VERDICTS`)."""
+    words = [a for a in argv if not a.startswith("-")]
+    return bool(words) and words[0] in VERDICT_COMMANDS and not set(words[1:2]) & NOT_VERDICTS
+
+
+def main() -> None:
+    """Console-script entry point: run the app; print errors as one line, no traceback, and
+    exit with the documented code (`VERDICT_COMMANDS`)."""
+    verdict = is_verdict_command(sys.argv[1:])
+    bad_input = VERDICT_UNKNOWN if verdict else 2
     try:
-        app()
+        code = app(standalone_mode=False)
+    except typer.TyperException as exc:  # a bad option or argument, as click words it
+        show = getattr(exc, "show", None)
+        if show is not None:
+            show()
+        else:
+            print_error(str(exc))
+        status = int(getattr(exc, "exit_code", 2))
+        sys.exit(bad_input if status == 2 else status)
     except GpufleetError as exc:
         print_error(exc.message, exc.hint)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
+        sys.exit(VERDICT_UNKNOWN if verdict else exc.exit_code)
+    except INPUT_FAILURES as exc:
+        what = "input nested too deeply" if isinstance(exc, RecursionError) else str(exc)
+        print_error(f"unusable input: {type(exc).__name__}: {what}"[:300])
+        sys.exit(bad_input)
+    except (KeyboardInterrupt, typer.Abort):
         sys.exit(130)
+    sys.exit(code if isinstance(code, int) else 0)

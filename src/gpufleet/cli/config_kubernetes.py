@@ -12,15 +12,11 @@ import yaml
 from gpufleet.cli.common import JsonOption
 from gpufleet.cli.output import console, emit_json
 from gpufleet.errors import ConfigError, ParseError, UsageError
+from gpufleet.yamldoc import read_text_file, read_yaml
 
 
 def _load_yaml(path: Path) -> dict[str, Any]:
-    try:
-        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    except yaml.YAMLError as exc:
-        raise ParseError(str(path), "YAML", str(exc)) from exc
+    doc = read_yaml(read_text_file(path, "mig-parted config"), str(path)).data
     if not isinstance(doc, dict) or doc.get("version") != "v1" or "mig-configs" not in doc:
         raise ParseError(str(path), "version/mig-configs", "not a mig-parted config (version: v1)")
     return doc

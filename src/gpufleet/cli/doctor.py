@@ -18,7 +18,7 @@ def doctor(sim: str | None = SimOption, seed: int = SeedOption, as_json: bool = 
     """NVML present and loadable, driver/library match, functions not found, permissions,
     persistence mode and ECC; each problem with a hint.
 
-    Exit 0 ok, 1 warnings or failures, 2 no GPU (no NVML, no device)."""
+    Exit 0 ok, 1 warnings, 2 failures (no GPU, no NVML: a failure too), 3 bad input."""
     env = check_environment(simulated=bool(sim))
     reports: list[DoctorReport] = []
     try:
@@ -65,7 +65,7 @@ def doctor(sim: str | None = SimOption, seed: int = SeedOption, as_json: bool = 
                 )
         console.print(fit(table))
     if overall != "ok":
-        raise typer.Exit(2 if fleet is None else 1)
+        raise typer.Exit(2 if overall == "fail" else 1)
 
 
 def register(app: typer.Typer) -> None:

@@ -139,10 +139,9 @@ def plan_command(
         return
     if spec is None:
         raise UsageError("give a spec file", hint="gpufleet plan --example > spec.yaml")
-    try:
-        text = spec.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{spec}: cannot read: {exc.strerror or exc}") from exc
+    from gpufleet.yamldoc import read_text_file
+
+    text = read_text_file(spec, "spec")
     from gpufleet.plan.bom import bom_csv, bom_rows
     from gpufleet.plan.planner import plan
     from gpufleet.plan.report_html import render_html

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 from gpufleet.cli.output import console, emit_json, err_console
-from gpufleet.errors import ConfigError
 
 
 def run_sim_fleet(
@@ -92,9 +91,6 @@ def load_faults(path: Path, names: set[str]) -> tuple[Any, ...]:
     """The faults of a YAML file (a list, or a mapping with ``faults``), checked against the
     fleet's node names; errors name the file, line and field."""
     from gpufleet.devices.sim.spec import parse_faults_yaml
+    from gpufleet.yamldoc import read_text_file
 
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: {exc.strerror}") from exc
-    return parse_faults_yaml(text, str(path), names)
+    return parse_faults_yaml(read_text_file(path, "faults file"), str(path), names)

@@ -1,7 +1,7 @@
 """`gpufleet validate`: acceptance and burn-in diagnostics, collectives, straggler analysis.
 
-Exit code 0 pass, 1 warn, 2 fail. ``--out`` writes the versioned JSON result, ``--html`` the
-self-contained report.
+Exit code 0 pass, 1 warn, 2 fail, 3 bad or unusable input (`gpufleet.cli.app.main`). ``--out``
+writes the versioned JSON result, ``--html`` the self-contained report.
 """
 
 from __future__ import annotations

@@ -8,15 +8,19 @@ takes ``agent`` tokens (bound to the batch's node) and ``admin``. Refused writes
 Reads come from the writer's snapshot or the database; writes are commands to the writer.
 """
 
+import math
 from typing import Any
 
 from fastapi import APIRouter, FastAPI, Request
+from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from fastapi.staticfiles import StaticFiles
 
 from gpufleet import __version__
 from gpufleet.control import api_jobs
 from gpufleet.control.auth import install_log_redaction
+from gpufleet.control.bodylimits import WriteGuard
 from gpufleet.control.ingest_http import IngestFastPath, IngestReply, handle_ingest
 from gpufleet.control.lifecycle import TransitionError
 from gpufleet.control.routes import findings, ingest, meta, nodes, policy, stream, tokens
@@ -48,6 +52,7 @@ def create_app(service: ControlService) -> FastAPI:
     app.state.service = service
     for exc_type, status in ERROR_STATUS.items():
         app.add_exception_handler(exc_type, _answer(status))
+    app.add_exception_handler(RequestValidationError, _invalid_request)
 
     auth = Auth(store)
     api = APIRouter(prefix="/api/v1", responses=ERRORS)
@@ -60,6 +65,7 @@ def create_app(service: ControlService) -> FastAPI:
     api.include_router(stream.router(service, auth))
     api_jobs.register(api, service, auth.need)
     app.include_router(api)
+    app.add_middleware(WriteGuard, store=store)  # token and size before a write's body
     app.add_middleware(IngestFastPath, service=service)  # ingest skips routing (ingest_http)
     base_openapi = app.openapi
 
@@ -94,3 +100,22 @@ def _answer(status: int) -> Any:
         return JSONResponse({"detail": str(exc)}, status_code=status)
 
     return handler
+
+
+def _json_safe(value: Any) -> Any:
+    """``value`` with every non-finite number (NaN, infinities: a body's ``1e309``) as its
+    text, so the answer is valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return repr(value)
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+async def _invalid_request(_r: Request, exc: Exception) -> JSONResponse:
+    """422 for a request that fails validation, in FastAPI's shape (``detail``: one entry
+    per problem, with ``loc`` naming the field), JSON-safe whatever the body held."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    return JSONResponse({"detail": _json_safe(jsonable_encoder(errors))}, status_code=422)

@@ -20,10 +20,12 @@ from typing import Any
 import numpy as np
 from pydantic import ValidationError
 
+from gpufleet.control.sample_screen import has_readings, screen_groups
 from gpufleet.control.store import ControlStore, IngestItem
 from gpufleet.control.telemetry_store import FIELDS, NF, SampleGroup, clean_matrix
 from gpufleet.wire import MAX_BATCH_BYTES, Ack, Batch, WireSamples
 from gpufleet.wire.problems import reason
+from gpufleet.wire.telemetry import screen_events
 
 log = logging.getLogger("gpufleet.control.ingest")
 
@@ -61,10 +63,14 @@ def decode_body(body: bytes, content_encoding: str | None) -> bytes:
 
 @dataclass(frozen=True)
 class Parsed:
-    """A validated batch and its samples as arrays (groups of GPUs with equal sample counts)."""
+    """A validated batch and its samples as arrays (groups of GPUs with equal sample counts);
+    screened (`sample_screen`): ``dropped`` counts what was left out by field, ``unusable``
+    says that something was and nothing is left to store but the heartbeat."""
 
     batch: Batch
     arrays: list[SampleGroup]
+    dropped: dict[str, int] = field(default_factory=dict)
+    unusable: bool = False
 
 
 @dataclass
@@ -74,10 +80,10 @@ class _Group:
     flat: list[Any] = field(default_factory=list)  # kept metrics, FIELDS order, block by block
 
 
-def sample_arrays(samples: list[WireSamples]) -> list[SampleGroup]:
+def sample_arrays(samples: list[WireSamples], *, clean: bool = True) -> list[SampleGroup]:
     """Validated samples as arrays for the telemetry store: one numpy conversion per group of
     GPUs with the same sample count (a GPU seen twice starts a new group); metrics the store
-    does not keep are dropped."""
+    does not keep are dropped. ``clean=False`` leaves readings as sent (for screening)."""
     groups: dict[int, list[_Group]] = {}
     for s in samples:
         k = len(s.t)
@@ -97,21 +103,32 @@ def sample_arrays(samples: list[WireSamples]) -> list[SampleGroup]:
         for grp in runs:
             mat = np.array(grp.flat, dtype=np.float64).reshape(len(grp.gpus), NF, k)
             tarr = np.array(grp.ts, dtype=np.float64)
-            arrays.append(SampleGroup(grp.gpus, tarr, clean_matrix(mat)))
+            arrays.append(SampleGroup(grp.gpus, tarr, clean_matrix(mat) if clean else mat))
     return arrays
 
 
-def parse_batch(raw: bytes) -> Parsed:
+def parse_batch(raw: bytes, now_s: float | None = None) -> Parsed:
     """Validate against the wire contract, `Batch` itself (pydantic's JSON validation, measured
     faster than the hand-written parser it replaced: ``benchmarks/parse_batch.py``); 422 with
-    the first problem's field path and message."""
+    the first problem's field path and message. With ``now_s`` (the controller's clock),
+    samples and events outside their window or range are dropped and counted."""
     try:
         batch = Batch.model_validate_json(raw)
     except ValidationError as exc:
         raise IngestRejected(422, reason(exc)) from exc
     if b"\\u0000" in raw:  # also inside free-form mappings (evidence, device info)
         raise IngestRejected(422, "strings must not contain NUL characters")
-    return Parsed(batch, sample_arrays(batch.samples))
+    if now_s is None:
+        return Parsed(batch, sample_arrays(batch.samples))
+    arrays, dropped = screen_groups(sample_arrays(batch.samples, clean=False), now_s)
+    if batch.events:
+        events = screen_events(batch.events, now_s, dropped)
+        if len(events) < len(batch.events):
+            batch = batch.model_copy(update={"events": events})
+    unusable = bool(dropped) and not (
+        has_readings(arrays) or batch.findings or batch.events or batch.devices or batch.jobs
+    )
+    return Parsed(batch, arrays, dropped, unusable)
 
 
 class IngestQueue:

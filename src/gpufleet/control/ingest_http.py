@@ -10,7 +10,6 @@ documents it; it calls the same `handle_ingest`), so the two can never answer di
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -18,7 +17,14 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gpufleet.control.auth import Role
+from gpufleet.control.auth import Principal, Role
+from gpufleet.control.bodylimits import (
+    INGEST_WIRE_BYTES,
+    bearer_principal,
+    declared_length,
+    header,
+    read_capped,
+)
 from gpufleet.control.ingest import IngestRejected, decode_body, parse_batch
 from gpufleet.control.store import IngestItem
 
@@ -26,7 +32,7 @@ if TYPE_CHECKING:
     from gpufleet.control.service import ControlService
 
 INGEST_PATH = "/api/v1/ingest"
-MAX_WIRE_BYTES = 64 * 2**20  # a request body past this is refused before it is all read
+MAX_WIRE_BYTES = INGEST_WIRE_BYTES  # a request body past this is refused before it is all read
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -44,6 +50,9 @@ class IngestReply:
     headers: tuple[tuple[str, str], ...] = ()
 
 
+CLOSE = (("Connection", "close"),)  # answered before the body was read: the client may still send
+
+
 def _problem(status: int, detail: str, headers: tuple[tuple[str, str], ...] = ()) -> IngestReply:
     return IngestReply(status, orjson.dumps({"detail": detail}), headers)
 
@@ -55,25 +64,37 @@ async def handle_ingest(
     body: bytes,
 ) -> IngestReply:
     """Everything the ingest endpoint does, from headers and body to the answer."""
+    who = _authorized(await bearer_principal(service.store, authorization))
+    if isinstance(who, IngestReply):
+        return who
+    return await ingest_body(service, who, content_encoding, body)
+
+
+def _authorized(who: Principal | None) -> Principal | IngestReply:
+    """``who`` when it may push, else its 401/403 answer."""
+    if who is None:
+        return _problem(401, "missing, unknown or revoked token", CLOSE)
+    if not (who.role is Role.AGENT or who.role is Role.ADMIN):
+        return _problem(403, f"ingest needs an agent token; this one is {who.role}", CLOSE)
+    return who
+
+
+async def ingest_body(
+    service: ControlService, who: Principal, content_encoding: str | None, body: bytes
+) -> IngestReply:
+    """The ingest answer for a body pushed with ``who``'s token (checked already)."""
     store = service.store
     received = store.clock()
-    scheme, _, token = (authorization or "").partition(" ")
-    who = None
-    if scheme.lower() == "bearer":
-        known, who = store.tokens.cached(token.strip())
-        if not known:  # first sight of this token: the database lookup runs off the loop
-            who = await asyncio.to_thread(store.tokens.resolve, token.strip())
-    if who is None:
-        return _problem(401, "missing, unknown or revoked token")
-    if not (who.role is Role.AGENT or who.role is Role.ADMIN):
-        return _problem(403, f"ingest needs an agent token; this one is {who.role}")
     try:
         service.ingest.check_capacity("")
-        parsed = parse_batch(decode_body(body, content_encoding))
+        parsed = parse_batch(decode_body(body, content_encoding), received)
         batch = parsed.batch
         if not who.may_push_for(batch.node):
             return _problem(403, f"this agent token is bound to node {who.node!r}")
         service.ingest.check_capacity(batch.node)
+        if parsed.unusable:  # every sample was out of range: nothing to store but the heartbeat
+            store.writer.submit(lambda: store.touch(batch.node, received))
+            raise IngestRejected(422, f"no usable sample in the batch: dropped {parsed.dropped}")
     except IngestRejected as exc:
         retry = (("Retry-After", str(exc.retry_after_s)),) if exc.retry_after_s else ()
         return _problem(exc.status, exc.reason, retry)
@@ -88,6 +109,8 @@ async def handle_ingest(
         out["commands"] = [c.model_dump(mode="json") for c in cmds]
     if ack.acks:  # findings acknowledged on the control plane that the agent still reports
         out["acks"] = [a.model_dump(mode="json") for a in ack.acks]
+    if parsed.dropped:  # samples and events refused one by one, counted by field
+        out["dropped"] = parsed.dropped
     return IngestReply(200, orjson.dumps(out))
 
 
@@ -108,17 +131,7 @@ class IngestFastPath:
         ):
             await self.app(scope, receive, send)
             return
-        auth = enc = None
-        for k, v in scope["headers"]:
-            if k == b"authorization":
-                auth = v.decode("latin-1")
-            elif k == b"content-encoding":
-                enc = v.decode("latin-1")
-        body, too_big = await _read_body(receive)
-        if too_big:
-            reply = _problem(413, f"request body is over {MAX_WIRE_BYTES} bytes")
-        else:
-            reply = await handle_ingest(self.service, auth, enc, body)
+        reply = await self._reply(scope, receive)
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(reply.body)).encode()),
@@ -127,24 +140,19 @@ class IngestFastPath:
         await send({"type": "http.response.start", "status": reply.status, "headers": headers})
         await send({"type": "http.response.body", "body": reply.body})
 
-
-async def _read_body(receive: Receive) -> tuple[bytes, bool]:
-    """The request body, or (b"", True) once it passes MAX_WIRE_BYTES."""
-    first = await receive()
-    chunk = first.get("body", b"")
-    if not first.get("more_body", False):
-        return chunk, False
-    parts = [chunk]
-    size = len(chunk)
-    more = True
-    while more:
-        msg = await receive()
-        if msg["type"] == "http.disconnect":
-            break
-        chunk = msg.get("body", b"")
-        size += len(chunk)
-        if size > MAX_WIRE_BYTES:
-            return b"", True
-        parts.append(chunk)
-        more = msg.get("more_body", False)
-    return b"".join(parts), False
+    async def _reply(self, scope: Scope, receive: Receive) -> IngestReply:
+        # token and declared size first: a refused client's body is never read
+        who = _authorized(
+            await bearer_principal(self.service.store, header(scope, b"authorization"))
+        )
+        if isinstance(who, IngestReply):
+            return who
+        length = declared_length(scope)
+        if length == -1:
+            return _problem(400, "Content-Length is not a number", CLOSE)
+        if length is not None and length > MAX_WIRE_BYTES:
+            return _problem(413, f"body is {length} bytes; the limit is {MAX_WIRE_BYTES}", CLOSE)
+        body, too_big = await read_capped(receive, MAX_WIRE_BYTES)
+        if too_big:
+            return _problem(413, f"request body is over {MAX_WIRE_BYTES} bytes", CLOSE)
+        return await ingest_body(self.service, who, header(scope, b"content-encoding"), body)

@@ -4,6 +4,8 @@ idempotency window) and events."""
 
 from __future__ import annotations
 
+import logging
+import math
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -15,10 +17,33 @@ from gpufleet.control.telemetry_store import merge_stats
 if TYPE_CHECKING:
     from gpufleet.control.store import ControlStore
 
+log = logging.getLogger("gpufleet.control")
+
+
+MAX_MINUTE_S = 2**53  # a rollup's minute must fit the signed 64-bit column (and a float exactly)
+Item = tuple[str, int, int, int, dict[str, list[float]]]
+
+
+def storable(item: Item) -> bool:
+    """Whether a closed minute can be written: its minute in range, its numbers finite. Ingest
+    drops samples outside the time window and readings outside their range, so this only
+    guards the flush (every node's rollups in one transaction) against one bad value."""
+    _node, _gpu, minute, n, stats = item
+    if not -MAX_MINUTE_S <= minute <= MAX_MINUTE_S or not 0 <= n <= MAX_MINUTE_S:
+        return False
+    return all(math.isfinite(v) for vals in stats.values() for v in vals)
+
 
 def flush_rollups(store: ControlStore, *, everything: bool = False) -> int:
-    """Persist closed minutes (all of them when ``everything``, at shutdown)."""
-    items = store.telemetry.take_closed_minutes(store.clock(), all_minutes=everything)
+    """Persist closed minutes (all of them when ``everything``, at shutdown); a minute that
+    cannot be stored (`storable`) is logged and left out, never the flush of the others."""
+    taken = store.telemetry.take_closed_minutes(store.clock(), all_minutes=everything)
+    items = [it for it in taken if storable(it)]
+    if len(items) < len(taken):
+        bad = sorted({(it[0], it[1]) for it in taken if not storable(it)})
+        log.warning(
+            "left out %d rollups beyond range: (node, gpu) %s", len(taken) - len(items), bad
+        )
     if not items:
         return 0
     with store.sessions.begin() as s:

@@ -15,11 +15,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from gpufleet.errors import ConfigError, UnknownNameError
 from gpufleet.health.registry import Rule, RuleParams, all_rules
+from gpufleet.yamldoc import read_text_file, read_yaml
 
 
 class HealthConfig(BaseModel):
@@ -110,8 +110,5 @@ def load_health_config(path: Path | str | None) -> HealthConfig:
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"{p}: no such config file")
-    try:
-        doc = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{p}: not valid YAML: {exc}") from exc
+    doc = read_yaml(read_text_file(p, "config file"), str(p)).data
     return health_config_from_mapping(doc, source=str(p))

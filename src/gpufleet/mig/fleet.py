@@ -23,14 +23,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field
 
 from gpufleet.catalog import load_catalog
 from gpufleet.catalog.loader import gpu_key
 from gpufleet.errors import ConfigError, ParseError, UnknownNameError
 from gpufleet.mig.layouts import Layout, layout_for_counts
-from gpufleet.yamldoc import field_error, read_yaml, validate
+from gpufleet.yamldoc import field_error, read_text_file, read_yaml, validate
 
 __all__ = [
     "FleetGpu",
@@ -79,14 +78,13 @@ def parse_gpus(text: str, source: str = "--gpus") -> list[FleetGpu]:
 
 
 def _read_doc(path: Path) -> Any:
+    text = read_text_file(path, "document")
+    if path.suffix != ".json":
+        return read_yaml(text, str(path)).data
     try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        return json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (ValueError, yaml.YAMLError) as exc:
-        raise ParseError(str(path), "document", f"not valid JSON/YAML: {exc}") from exc
+        return json.loads(text)
+    except (ValueError, RecursionError) as exc:
+        raise ParseError(str(path), "document", f"not valid JSON: {exc}") from exc
 
 
 def fleet_from_inventory(path: Path) -> list[FleetGpu]:
@@ -148,11 +146,7 @@ class CurrentFile(BaseModel):
 
 def load_current(path: Path) -> list[FleetGpu]:
     """GPUs with today's layouts, from a current-layout file (YAML, or JSON as YAML reads it)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
-    doc = read_yaml(text, str(path))
+    doc = read_yaml(read_text_file(path, "layout file"), str(path))
     if not isinstance(doc.data, dict):
         raise field_error(doc, (), "expected a mapping with a nodes list (name, model, gpus)")
     current = validate(CurrentFile, doc)

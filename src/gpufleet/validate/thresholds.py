@@ -29,7 +29,7 @@ from gpufleet.catalog import performance as perf
 from gpufleet.errors import ConfigError, UnknownNameError
 from gpufleet.validate.results import Metric, Status
 from gpufleet.validate.suite import TESTS
-from gpufleet.yamldoc import Document, field_error, read_yaml, validate
+from gpufleet.yamldoc import Document, field_error, read_text_file, read_yaml, validate
 
 DEFAULT_PASS_FRACTION = 0.90
 DEFAULT_WARN_FRACTION = 0.95
@@ -157,7 +157,7 @@ def load_thresholds(path: Path | None) -> Thresholds:
         return Thresholds()
     if not path.is_file():
         raise ConfigError(f"{path}: no such thresholds file")
-    return parse_thresholds(path.read_text(encoding="utf-8"), source=str(path))
+    return parse_thresholds(read_text_file(path, "thresholds file"), source=str(path))
 
 
 # ----- expected values per model (the catalog's performance model) --------------------------

@@ -9,6 +9,14 @@ finding missing from a later batch has cleared on the node.
 
 Responses: 200 ``Ack`` once the batch is durable; 400/422 malformed (with a reason naming the
 field); 401/403 bad token; 413 oversized; 429 with ``Retry-After`` under back-pressure.
+``node`` follows the node-name rule (``limits.NODE_NAME_RULE``: host name characters).
+
+Samples and device events are screened one by one (``limits.SAMPLE_AHEAD_S``,
+``SAMPLE_BEHIND_S``, ``SAMPLE_RANGES``): one whose time is outside the window around the
+control plane's clock, or a reading outside its field's range, is left out and counted in the
+``Ack``'s ``dropped``; the rest of the batch (heartbeat, findings, other samples) is stored.
+Only a batch with nothing left to store but its heartbeat is answered 422 (the heartbeat
+still counts).
 
 Jobs ride on the same exchange, as additive optional fields (``schema_version`` stays 1: a
 batch or ack without them means what it always meant): an agent that runs jobs puts a ``jobs``
@@ -40,6 +48,7 @@ from gpufleet.wire.limits import (
     MAX_SEQ,
     WIRE_CONFIG,
     FiniteNumber,
+    NodeName,
     NoNul,
 )
 from gpufleet.wire.telemetry import WireDevice, WireEvent, WireSamples
@@ -51,7 +60,7 @@ class Batch(BaseModel):
     model_config = WIRE_CONFIG
 
     schema_version: Literal[1] = 1  # SCHEMA_VERSION
-    node: NoNul = Field(min_length=1, max_length=253)
+    node: NodeName
     agent_id: NoNul = Field(min_length=1, max_length=128)
     seq: int = Field(ge=1, le=MAX_SEQ)
     sent_at_s: FiniteNumber
@@ -81,3 +90,7 @@ class Ack(BaseModel):
     duplicate: bool = False
     commands: list[WireCommand] = Field(default_factory=list)  # jobs to start/kill
     acks: list[WireAck] = Field(default_factory=list)  # findings acknowledged
+    # samples and events the control plane left out, counted by field: a reading outside its
+    # range under the field's name, a sample whose time is outside the window under "t",
+    # events under "events" (`gpufleet.wire.limits`); left out of the answer when empty
+    dropped: dict[str, int] = Field(default_factory=dict)

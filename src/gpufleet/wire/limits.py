@@ -4,9 +4,11 @@ document does and the ingest path enforces them), and the agent sizes its batche
 
 from __future__ import annotations
 
+import re
 from typing import Annotated
 
-from pydantic import ConfigDict, Field
+from pydantic import AfterValidator, ConfigDict, Field
+from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION = 1
 MAX_BATCH_BYTES = 8 * 2**20  # uncompressed JSON
@@ -28,3 +30,75 @@ GpuIndex = Annotated[int, Field(strict=True, ge=0, lt=MAX_GPUS_PER_NODE)]
 NoNul = Annotated[str, Field(pattern=r"^[^\x00]*$")]
 
 WIRE_CONFIG = ConfigDict(extra="forbid", frozen=True)
+
+# --- node names -------------------------------------------------------------------------------
+# One rule everywhere a node is named (ingest, validation results, the Slurm commands): host name
+# characters only, so a name is one URL path segment, one Prometheus label value, one argument
+# that scontrol reads as one node (no hostlist brackets or commas), one line in a log.
+MAX_NODE_NAME = 253  # a DNS name's limit
+NODE_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,252}$"
+NODE_NAME_RULE = (
+    "letters, digits, '.', '-' and '_', starting with a letter or digit, "
+    f"at most {MAX_NODE_NAME} characters"
+)
+_NODE_NAME = re.compile(NODE_NAME_PATTERN.rstrip("$") + r"\Z")
+
+
+def is_node_name(name: str) -> bool:
+    """Whether ``name`` follows the node-name rule (`NODE_NAME_RULE`)."""
+    return bool(_NODE_NAME.match(name))
+
+
+def _node_name(name: str) -> str:
+    if not is_node_name(name):
+        raise PydanticCustomError(
+            "node_name",
+            "'{name}' is not a node name: {rule}",
+            {"name": name[:80], "rule": NODE_NAME_RULE},
+        )
+    return name
+
+
+NodeName = Annotated[
+    str,
+    Field(min_length=1, max_length=MAX_NODE_NAME, json_schema_extra={"pattern": NODE_NAME_PATTERN}),
+    AfterValidator(_node_name),
+]
+
+# --- what a sample may hold ---------------------------------------------------------------------
+# A sample is kept when its time lies within this window around the controller's clock: ahead,
+# agents' clocks drift a little (NTP keeps them within seconds; 5 min is generous), and a sample
+# from the future would pin a GPU's "latest" value until real time caught up. Behind, an agent
+# replays its spool after an outage; the spool is bounded by batch count, not age (agent.spool),
+# so the window is the control plane's own horizon: the idempotency window and rollup retention
+# (7 days, control.service): an older sample has no rollup left to join.
+SAMPLE_AHEAD_S = 300.0
+SAMPLE_BEHIND_S = 7 * 86400.0
+
+# Readings outside these ranges are dropped (one by one, counted by field in the Ack), for every
+# metric the control plane keeps (control.telemetry_store.FIELDS; the names and units of
+# gpufleet.devices.types.Sample).
+SAMPLE_RANGES: dict[str, tuple[float, float]] = {
+    # NVML utilisation rates are percentages of a sample period
+    "gpu_util_pct": (0.0, 100.0),
+    "mem_util_pct": (0.0, 100.0),
+    # board power: never negative; no GPU module draws 10 kW (a GB200 superchip is ~2.7 kW)
+    "power_w": (0.0, 10_000.0),
+    # NVML reports degrees C; silicon shuts down long before 200 C, -40 C is the cold limit
+    # of datacentre hardware
+    "gpu_temp_c": (-40.0, 200.0),
+    "mem_temp_c": (-40.0, 200.0),
+    # clocks in MHz: never negative; 100 GHz is far beyond any GPU
+    "sm_clock_mhz": (0.0, 100_000.0),
+    "mem_clock_mhz": (0.0, 100_000.0),
+    # bytes of frame buffer in use: never negative; 1 PiB is far beyond any one GPU
+    "mem_used_bytes": (0.0, 2.0**50),
+    # PCIe throughput: never negative; 1 TB/s is beyond PCIe 7 x16
+    "pcie_tx_bytes_per_s": (0.0, 1e12),
+    "pcie_rx_bytes_per_s": (0.0, 1e12),
+    # a 64-bit mask of NVML clocks-event reasons and a 64-bit error counter
+    "clock_event_reasons": (0.0, 2.0**64),
+    "ecc_dbe_volatile": (0.0, 2.0**64),
+}
+TIME_FIELD = "t"  # the key under which dropped samples (time outside the window) are counted
+EVENT_FIELD = "events"  # the key for device events dropped for the same reason

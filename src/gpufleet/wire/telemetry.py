@@ -1,18 +1,25 @@
-"""What an agent reports of its GPUs: device records, columnar samples and device events."""
+"""What an agent reports of its GPUs: device records, columnar samples and device events, and
+which samples and events a control plane keeps (`screen_samples`, `screen_events`)."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated, Any
 
 from pydantic import BaseModel, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from gpufleet.wire.limits import (
+    EVENT_FIELD,
     FIELD_NAME_PATTERN,
     MAX_FIELD_NAME,
     MAX_FIELDS_PER_BLOCK,
     MAX_SAMPLES_PER_BLOCK,
     MAX_UUID,
+    SAMPLE_AHEAD_S,
+    SAMPLE_BEHIND_S,
+    SAMPLE_RANGES,
+    TIME_FIELD,
     WIRE_CONFIG,
     FiniteNumber,
     GpuIndex,
@@ -73,3 +80,58 @@ class WireEvent(BaseModel):
     timestamp_s: FiniteNumber
     xid: int | None = None
     detail: str = Field("", max_length=4000)
+
+
+def _count(dropped: dict[str, int], key: str, n: int = 1) -> None:
+    if n:
+        dropped[key] = dropped.get(key, 0) + n
+
+
+def screen_samples(
+    samples: Sequence[WireSamples], now_s: float
+) -> tuple[list[WireSamples], dict[str, int]]:
+    """The samples a control plane keeps at ``now_s``, and what it dropped, counted by field:
+    a sample whose time is outside ``now_s - SAMPLE_BEHIND_S .. now_s + SAMPLE_AHEAD_S``
+    (under ``"t"``, its readings uncounted), a reading outside its field's `SAMPLE_RANGES`
+    (the rest of its sample stays). The reference for the ingest path's array version
+    (`gpufleet.control.sample_screen`), which must agree with it."""
+    lo, hi = now_s - SAMPLE_BEHIND_S, now_s + SAMPLE_AHEAD_S
+    dropped: dict[str, int] = {}
+    out = []
+    for s in samples:
+        keep = [i for i, t in enumerate(s.t) if lo <= float(t) <= hi]
+        _count(dropped, TIME_FIELD, len(s.t) - len(keep))
+        fields: dict[str, list[float | None]] = {}
+        for name, col in s.fields.items():
+            vals = [col[i] for i in keep]
+            rng = SAMPLE_RANGES.get(name)
+            if rng is not None:
+                bad = [j for j, v in enumerate(vals) if v is not None and not in_range(v, rng)]
+                for j in bad:
+                    vals[j] = None
+                _count(dropped, name, len(bad))
+            fields[name] = vals
+        t = [s.t[i] for i in keep]
+        out.append(
+            WireSamples.model_construct(
+                gpu_uuid=s.gpu_uuid, gpu_index=s.gpu_index, t=t, fields=fields
+            )
+        )
+    return out, dropped
+
+
+def in_range(value: float, rng: tuple[float, float]) -> bool:
+    """Whether a reading lies within ``rng`` (compared as the float64 the store keeps)."""
+    v = float(value)
+    return rng[0] <= v <= rng[1]
+
+
+def screen_events(
+    events: Sequence[WireEvent], now_s: float, dropped: dict[str, int]
+) -> list[WireEvent]:
+    """The device events whose time is inside the same window as samples' (the others counted
+    in ``dropped`` under ``"events"``)."""
+    lo, hi = now_s - SAMPLE_BEHIND_S, now_s + SAMPLE_AHEAD_S
+    kept = [e for e in events if lo <= float(e.timestamp_s) <= hi]
+    _count(dropped, EVENT_FIELD, len(events) - len(kept))
+    return kept

@@ -25,10 +25,13 @@ from gpufleet.catalog import load_catalog
 from gpufleet.catalog.loader import gpu_key
 from gpufleet.devices.sim.faults import Fault, FaultKind
 from gpufleet.errors import ConfigError, UnknownNameError
-from gpufleet.yamldoc import Document, field_error, read_yaml, validate
+from gpufleet.yamldoc import Document, field_error, read_text_file, read_yaml, validate
 
 _SHORT = re.compile(r"^\s*(?:(\d+)\s*x\s*)?(?:(\d+)\s*x\s*)?([A-Za-z][\w.\-]*)\s*$", re.IGNORECASE)
 MAX_GPUS_PER_NODE = 64
+# A simulated fleet lives in one process: 100,000 nodes (10x the 10,000-node benchmark) is the
+# most it is sized for; a bigger count is a typo, refused before any memory is spent on it
+MAX_SIM_NODES = 100_000
 Count = Annotated[int, Field(strict=True, ge=1)]
 Seconds = Annotated[float, Field(strict=True, ge=0)]
 
@@ -153,6 +156,8 @@ def parse_short_spec(text: str, seed: int = 7, prefix: str = "sim") -> FleetSpec
     nodes, gpus = (int(a), int(b)) if b is not None else (1, int(a) if a else 8)
     if nodes < 1 or gpus < 1:
         raise ConfigError(f"--sim {text!r}: node and GPU counts must be at least 1")
+    if nodes > MAX_SIM_NODES:
+        raise ConfigError(f"--sim {text!r}: at most {MAX_SIM_NODES:,} simulated nodes")
     if gpus > 64:
         raise ConfigError(f"--sim {text!r}: at most 64 GPUs per node")
     key = gpu_key(model, f"--sim {text!r}")
@@ -213,6 +218,8 @@ def parse_fleet_yaml(text: str, source: str = "<fleet>") -> FleetSpec:
     if not isinstance(doc.data, dict):
         raise field_error(doc, (), "expected a mapping with a non-empty 'nodes' list")
     fleet = validate(FleetFile, doc)
+    if sum(item.count for item in fleet.nodes) > MAX_SIM_NODES:
+        raise field_error(doc, ("nodes",), f"at most {MAX_SIM_NODES:,} simulated nodes in all")
     nodes: list[NodeSpec] = []
     for i, item in enumerate(fleet.nodes):
         key = _catalog_key(doc, ("nodes", i, "model"), item.model)
@@ -257,5 +264,5 @@ def parse_fleet_spec(spec: str, seed: int = 7) -> FleetSpec:
     if spec.endswith((".yaml", ".yml")) or path.is_file():
         if not path.is_file():
             raise ConfigError(f"{spec}: no such fleet file")
-        return parse_fleet_yaml(path.read_text(encoding="utf-8"), source=spec)
+        return parse_fleet_yaml(read_text_file(path, "fleet file"), source=spec)
     return parse_short_spec(spec, seed=seed)

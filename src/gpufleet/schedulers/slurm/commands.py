@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.base import JobSpec
+from gpufleet.wire.limits import NODE_NAME_RULE, is_node_name
 
 
 @dataclass(frozen=True)
@@ -89,6 +90,15 @@ def reason_text(text: str) -> str:
     return text if len(text) <= MAX_REASON_CHARS else text[: MAX_REASON_CHARS - 3] + "..."
 
 
+def node_arg(node: str) -> str:
+    """``NodeName=<node>`` for one node: a name outside the node-name rule is refused, since
+    scontrol would read ``gpu[001-128]`` or ``a,b`` as many nodes (and a space or ``=`` as
+    another argument)."""
+    if not is_node_name(node):
+        raise GpufleetError(f"refusing to name node {node[:80]!r} to Slurm: {NODE_NAME_RULE}")
+    return f"NodeName={node}"
+
+
 def gres_arg(gpus: int, gres_type: str | None = None) -> str:
     """``--gres=gpu:N`` or ``--gres=gpu:TYPE:N``."""
     return f"--gres=gpu:{gres_type}:{gpus}" if gres_type else f"--gres=gpu:{gpus}"
@@ -157,13 +167,13 @@ class SlurmCommands:
         return [
             self.binaries.scontrol,
             "update",
-            f"NodeName={node}",
+            node_arg(node),
             "State=DRAIN",
             f"Reason={reason}",
         ]
 
     def resume_args(self, node: str) -> list[str]:
-        return [self.binaries.scontrol, "update", f"NodeName={node}", "State=RESUME"]
+        return [self.binaries.scontrol, "update", node_arg(node), "State=RESUME"]
 
     def requeue_args(self, job_id: str) -> list[str]:
         return [self.binaries.scontrol, "requeue", job_id]
