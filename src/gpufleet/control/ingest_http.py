@@ -20,6 +20,7 @@ import orjson
 
 from gpufleet.control.auth import Role
 from gpufleet.control.ingest import IngestRejected, decode_body, parse_batch
+from gpufleet.control.job_slots import trusted_jobs_report
 from gpufleet.control.store import IngestItem
 
 if TYPE_CHECKING:
@@ -71,8 +72,11 @@ async def handle_ingest(
         service.ingest.check_capacity("")
         parsed = parse_batch(decode_body(body, content_encoding))
         batch = parsed.batch
-        if not who.may_push_for(batch.node):
-            return _problem(403, f"this agent token is bound to node {who.node!r}")
+        nc = store.view.nodes.get(batch.node)
+        if not who.may_push_for(batch.node, nc.tenant if nc else None, nc is not None):
+            if who.node is not None and who.node != batch.node:
+                return _problem(403, f"this agent token is bound to node {who.node!r}")
+            return _problem(403, f"node {batch.node!r} is not of this token's tenant")
         service.ingest.check_capacity(batch.node)
     except IngestRejected as exc:
         retry = (("Retry-After", str(exc.retry_after_s)),) if exc.retry_after_s else ()
@@ -83,6 +87,7 @@ async def handle_ingest(
     out: dict[str, Any] = {"agent_id": ack.agent_id, "seq": ack.seq, "duplicate": ack.duplicate}
     # the scheduler sees the batch's job report later, on its own thread; the commands it has
     # for this node (from earlier reports) ride on this Ack
+    batch = trusted_jobs_report(batch, who, store.view.nodes.get(batch.node))
     cmds = store.sched.exchange(batch, store.clock())
     if cmds:  # an Ack without commands is exactly what it was before jobs existed
         out["commands"] = [c.model_dump(mode="json") for c in cmds]
