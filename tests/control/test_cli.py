@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
+from gpufleet.control.db import head_revision
 from gpufleet.control.service import ControlService
 from gpufleet.errors import UsageError
 from tests.control.conftest import free_port, wait_for
@@ -30,7 +31,7 @@ def test_migrate_and_tokens(tmp_path: Path) -> None:
     d = str(tmp_path / "d")
     r = runner.invoke(app, ["controller", "migrate", "--data-dir", d, "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["revision"] == "0002"
+    assert json.loads(r.output)["revision"] == head_revision()
     r = runner.invoke(
         app, ["token", "create", "--role", "operator", "--tenant", "t1", "--data-dir", d, "--json"]
     )
@@ -128,16 +129,27 @@ def test_up_rejects_a_bad_policy_file_naming_the_field(tmp_path: Path) -> None:
 def test_up_revokes_the_tokens_of_its_earlier_runs(
     make_service: Callable[..., ControlService],
 ) -> None:
-    from gpufleet.control.up import admin_token
+    """`up` revokes the tokens it made (marked as its own), never an admin's token whose name
+    merely starts with ``up-`` (the bug: every ``up-*`` token was revoked)."""
+    from gpufleet.control.up import admin_token, node_agent_tokens
 
     svc = make_service()
     kept, _ = svc.store.tokens.create("operator", name="alice")
+    lookalike, _ = svc.store.tokens.create("admin", name="up-ops-team")
     first = admin_token(svc)
-    agent, _ = svc.store.tokens.create("agent", name="up-local-agents")
+    agents = node_agent_tokens(svc, ["n1", "n2"])
     second = admin_token(svc)
     rows = {r.name: r for r in svc.store.tokens.list()}
     assert rows["alice"].revoked_s is None
-    assert rows["up-local-agents"].revoked_s is not None
-    revoked = [r for r in svc.store.tokens.list() if r.name.startswith("up-") and r.revoked_s]
-    assert len(revoked) == 2  # the first admin token and the old local-agent token
-    assert first != second and kept not in (first, second) and agent
+    assert rows["up-ops-team"].revoked_s is None and rows["up-ops-team"].owner is None
+    assert svc.store.tokens.resolve(lookalike) is not None
+    for node, tok in agents.items():
+        row = rows[f"up-agent-{node}"]
+        assert (row.node, row.owner, row.revoked_s is not None) == (node, "up", True)
+        assert svc.store.tokens.resolve(tok) is None
+    assert svc.store.tokens.resolve(first) is None
+    who = svc.store.tokens.resolve(second)
+    assert who is not None and who.role.value == "admin" and who.tenant is None
+    assert first != second and kept not in (first, second)
+
+
