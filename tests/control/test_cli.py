@@ -151,5 +151,3 @@ def test_up_revokes_the_tokens_of_its_earlier_runs(
     who = svc.store.tokens.resolve(second)
     assert who is not None and who.role.value == "admin" and who.tenant is None
     assert first != second and kept not in (first, second)
-
-
