@@ -112,10 +112,14 @@ def load_faults(path: Path, names: set[str]) -> tuple[Any, ...]:
 def node_tokens(url: str, token: str, names: list[str]) -> tuple[dict[str, str], list[int]]:
     """Agent tokens bound to each node, made with an admin ``token`` (their ids, to revoke at
     the end); none (with a warning) for another kind of token."""
-    from gpufleet.client import Client
+    from gpufleet.client import Client, ControllerUnreachable
 
     with Client(url, token) as client:
-        me = client.whoami()
+        try:
+            me = client.whoami()
+        except ControllerUnreachable as exc:  # the agents spool until it answers
+            err_console.print(f"warning: {exc}; the nodes offer no job slots this run")
+            return {}, []
         if me.get("role") != "admin":
             if me.get("node") is None or len(names) > 1:
                 err_console.print(
