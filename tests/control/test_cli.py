@@ -91,6 +91,18 @@ def test_up_end_to_end(tmp_path: Path) -> None:
         assert all(g["metrics"]["power_w"] is not None for n in nodes for g in n["gpu_latest"])
         assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
         assert (tmp_path / ".local/share/gpufleet/gpufleet.db").exists()
+        token_file = tmp_path / ".local/share/gpufleet/admin.token"
+        assert token_file.read_text().strip() == token
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        # the agents push with node-bound tokens, so their nodes offer job slots: a job runs
+        body = {"name": "t", "command": ["sim"], "duration_s": 0.5}
+        jid = httpx.post(f"{base}/jobs", headers=h, json=body, timeout=5).json()["id"]
+
+        def job_done() -> bool:
+            j = httpx.get(f"{base}/jobs/{jid}", headers=h, timeout=5).json()
+            return bool(j["state"] == "succeeded")
+
+        assert wait_for(job_done, timeout=30)
     finally:
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=30)
