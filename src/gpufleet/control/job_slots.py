@@ -16,6 +16,16 @@ from gpufleet.control.cache import NodeView
 from gpufleet.wire import Batch
 
 log = logging.getLogger("gpufleet.control.job_slots")
+_warned: set[tuple[str, str]] = set()  # (node, what): each problem logged once per node
+
+
+def _warn_once(node: str, what: str, msg: str, *args: object) -> None:
+    if (node, what) in _warned:
+        return
+    if len(_warned) > 10_000:
+        _warned.clear()
+    _warned.add((node, what))
+    log.warning(msg, *args)
 
 
 def trusted_jobs_report(batch: Batch, who: Principal, node: NodeView | None) -> Batch:
@@ -24,7 +34,9 @@ def trusted_jobs_report(batch: Batch, who: Principal, node: NodeView | None) -> 
     if rep is None:
         return batch
     if who.role is not Role.AGENT or who.node != batch.node or node is None:
-        log.warning(
+        _warn_once(
+            batch.node,
+            "unbound",
             "node %s: jobs report ignored; only an agent token bound to the node may offer "
             "job slots (this one is %s)",
             batch.node,
@@ -34,7 +46,9 @@ def trusted_jobs_report(batch: Batch, who: Principal, node: NodeView | None) -> 
     slots = [s for s in rep.slots if s.index in node.gpus]
     if len(slots) == len(rep.slots):
         return batch
-    log.warning(
+    _warn_once(
+        batch.node,
+        "slots",
         "node %s: %d job slot(s) for GPUs it never registered ignored",
         batch.node,
         len(rep.slots) - len(slots),
