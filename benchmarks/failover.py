@@ -163,7 +163,7 @@ def controller_embedded_case(runs: int) -> dict[str, object]:
         for i in range(runs):
             ctl = Controller(work / f"run{i}", scheduler="embedded").start()
             fleet = SimFleet(FleetSpec(tuple(NodeSpec(f"n{k}", "h100-sxm", 2) for k in (1, 2, 3))))
-            agents = Agents(ctl.url, ctl.token("agent"), fleet).start()
+            agents = Agents(ctl.url, "", fleet, tokens=ctl.node_tokens(fleet)).start()
             try:
                 jobs = ctl.service.scheduler if ctl.service else None
                 assert isinstance(jobs, EmbeddedBackend)

@@ -19,6 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
+from gpufleet.control.db import head_revision
 from gpufleet.control.service import ControlService
 from gpufleet.errors import UsageError
 from tests.control.conftest import free_port, wait_for
@@ -30,7 +31,7 @@ def test_migrate_and_tokens(tmp_path: Path) -> None:
     d = str(tmp_path / "d")
     r = runner.invoke(app, ["controller", "migrate", "--data-dir", d, "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["revision"] == "0002"
+    assert json.loads(r.output)["revision"] == head_revision()
     r = runner.invoke(
         app, ["token", "create", "--role", "operator", "--tenant", "t1", "--data-dir", d, "--json"]
     )
@@ -90,6 +91,18 @@ def test_up_end_to_end(tmp_path: Path) -> None:
         assert all(g["metrics"]["power_w"] is not None for n in nodes for g in n["gpu_latest"])
         assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
         assert (tmp_path / ".local/share/gpufleet/gpufleet.db").exists()
+        token_file = tmp_path / ".local/share/gpufleet/admin.token"
+        assert token_file.read_text().strip() == token
+        assert token_file.stat().st_mode & 0o777 == 0o600
+        # the agents push with node-bound tokens, so their nodes offer job slots: a job runs
+        body = {"name": "t", "command": ["sim"], "duration_s": 0.5}
+        jid = httpx.post(f"{base}/jobs", headers=h, json=body, timeout=5).json()["id"]
+
+        def job_done() -> bool:
+            j = httpx.get(f"{base}/jobs/{jid}", headers=h, timeout=5).json()
+            return bool(j["state"] == "succeeded")
+
+        assert wait_for(job_done, timeout=30)
     finally:
         proc.send_signal(signal.SIGINT)
         rc = proc.wait(timeout=30)
@@ -128,16 +141,25 @@ def test_up_rejects_a_bad_policy_file_naming_the_field(tmp_path: Path) -> None:
 def test_up_revokes_the_tokens_of_its_earlier_runs(
     make_service: Callable[..., ControlService],
 ) -> None:
-    from gpufleet.control.up import admin_token
+    """`up` revokes the tokens it made (marked as its own), never an admin's token whose name
+    merely starts with ``up-`` (the bug: every ``up-*`` token was revoked)."""
+    from gpufleet.control.up import admin_token, node_agent_tokens
 
     svc = make_service()
     kept, _ = svc.store.tokens.create("operator", name="alice")
+    lookalike, _ = svc.store.tokens.create("admin", name="up-ops-team")
     first = admin_token(svc)
-    agent, _ = svc.store.tokens.create("agent", name="up-local-agents")
+    agents = node_agent_tokens(svc, ["n1", "n2"])
     second = admin_token(svc)
     rows = {r.name: r for r in svc.store.tokens.list()}
     assert rows["alice"].revoked_s is None
-    assert rows["up-local-agents"].revoked_s is not None
-    revoked = [r for r in svc.store.tokens.list() if r.name.startswith("up-") and r.revoked_s]
-    assert len(revoked) == 2  # the first admin token and the old local-agent token
-    assert first != second and kept not in (first, second) and agent
+    assert rows["up-ops-team"].revoked_s is None and rows["up-ops-team"].owner is None
+    assert svc.store.tokens.resolve(lookalike) is not None
+    for node, tok in agents.items():
+        row = rows[f"up-agent-{node}"]
+        assert (row.node, row.owner, row.revoked_s is not None) == (node, "up", True)
+        assert svc.store.tokens.resolve(tok) is None
+    assert svc.store.tokens.resolve(first) is None
+    who = svc.store.tokens.resolve(second)
+    assert who is not None and who.role.value == "admin" and who.tenant is None
+    assert first != second and kept not in (first, second)

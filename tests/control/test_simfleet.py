@@ -3,8 +3,10 @@ over HTTP, and an injected fault (XID 79 on one GPU) drains its node."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -14,15 +16,16 @@ from typer.testing import CliRunner
 from gpufleet.cli.app import app
 from gpufleet.control.api import create_app
 from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.schedulers.embedded.backend import EmbeddedBackend
 from tests.control.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.slow
 
 
-def test_sim_fleet_pushes_and_fault_drains(tmp_path: Path) -> None:
-    svc = ControlService(ServiceConfig(data_dir=tmp_path / "d", max_pending=5000))
+@contextlib.contextmanager
+def serving(svc: ControlService) -> Iterator[int]:
+    """``svc`` started and served by uvicorn on a free loopback port (yielded)."""
     svc.start()
-    token = svc.store.tokens.create("agent")[0]
     port = free_port()
     server = uvicorn.Server(
         uvicorn.Config(
@@ -31,26 +34,40 @@ def test_sim_fleet_pushes_and_fault_drains(tmp_path: Path) -> None:
     )
     th = threading.Thread(target=server.run, daemon=True)
     th.start()
-    assert wait_for(lambda: server.started, timeout=20)
-    faults = tmp_path / "faults.yaml"
-    faults.write_text("faults:\n  - {node: sim-02, gpu: 3, kind: fallen_off_bus, at_s: 1}\n")
     try:
+        assert wait_for(lambda: server.started, timeout=20)
+        yield port
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
+        svc.stop()
+
+
+def test_sim_fleet_with_an_admin_token_makes_one_node_bound_token_per_node(
+    tmp_path: Path,
+) -> None:
+    """Job slots are taken only from node-bound agent tokens: given an admin token (from a
+    file), sim-fleet makes one per node, its nodes join the scheduler, and the tokens are
+    revoked when it stops."""
+    svc = ControlService(ServiceConfig(data_dir=tmp_path / "d"), scheduler=EmbeddedBackend())
+    admin = svc.store.tokens.create("admin")[0]
+    token_file = tmp_path / "admin.token"
+    token_file.write_text(admin + "\n", encoding="utf-8")
+    with serving(svc) as port:
         r = CliRunner().invoke(
             app,
             [
                 "sim-fleet",
                 "--controller",
                 f"http://127.0.0.1:{port}",
-                "--token",
-                token,
+                "--token-file",
+                str(token_file),
                 "--nodes",
-                "12",
+                "2",
                 "--gpus-per-node",
-                "4",
-                "--faults",
-                str(faults),
+                "2",
                 "--duration",
-                "4",
+                "3",
                 "--sample-interval",
                 "0.25",
                 "--push-interval",
@@ -59,16 +76,56 @@ def test_sim_fleet_pushes_and_fault_drains(tmp_path: Path) -> None:
             ],
         )
         assert r.exit_code == 0, r.output
-        out = json.loads(r.output[r.output.index("{") :])
-        assert out["batches_acked"] >= 12 * 3 and out["errors"] == 0
-        states = {n: c.state for n, c in svc.store.nodes.items()}
-        assert len(states) == 12 and sum(len(c.gpus) for c in svc.store.nodes.values()) == 48
-        assert states["sim-02"] == "draining", states
-        # the agent's health rules: the lost GPU (GPU_LOST) or its XID 79, whichever came first
-        reason = svc.store.nodes["sim-02"].state_reason
-        assert "GPU_LOST" in reason or "XID_79" in reason, reason
-        assert sum(1 for s in states.values() if s == "in_service") == 11
-    finally:
-        server.should_exit = True
-        th.join(timeout=10)
-        svc.stop()
+        assert isinstance(svc.scheduler, EmbeddedBackend)
+        assert sorted(svc.scheduler.store.nodes()) == ["sim-00", "sim-01"]
+        made = [t for t in svc.store.tokens.list() if t.name.startswith("sim-fleet-")]
+        assert sorted((t.node, t.role) for t in made) == [
+            ("sim-00", "agent"),
+            ("sim-01", "agent"),
+        ]
+        assert all(t.revoked_s is not None for t in made)
+
+
+def test_sim_fleet_pushes_and_fault_drains(tmp_path: Path) -> None:
+    svc = ControlService(ServiceConfig(data_dir=tmp_path / "d", max_pending=5000))
+    token = svc.store.tokens.create("agent")[0]
+    with serving(svc) as port:
+        _pushes_and_drains(tmp_path, port, token, svc)
+
+
+def _pushes_and_drains(tmp_path: Path, port: int, token: str, svc: ControlService) -> None:
+    faults = tmp_path / "faults.yaml"
+    faults.write_text("faults:\n  - {node: sim-02, gpu: 3, kind: fallen_off_bus, at_s: 1}\n")
+    r = CliRunner().invoke(
+        app,
+        [
+            "sim-fleet",
+            "--controller",
+            f"http://127.0.0.1:{port}",
+            "--token",
+            token,
+            "--nodes",
+            "12",
+            "--gpus-per-node",
+            "4",
+            "--faults",
+            str(faults),
+            "--duration",
+            "4",
+            "--sample-interval",
+            "0.25",
+            "--push-interval",
+            "0.5",
+            "--json",
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output[r.output.index("{") :])
+    assert out["batches_acked"] >= 12 * 3 and out["errors"] == 0
+    states = {n: c.state for n, c in svc.store.nodes.items()}
+    assert len(states) == 12 and sum(len(c.gpus) for c in svc.store.nodes.values()) == 48
+    assert states["sim-02"] == "draining", states
+    # the agent's health rules: the lost GPU (GPU_LOST) or its XID 79, whichever came first
+    reason = svc.store.nodes["sim-02"].state_reason
+    assert "GPU_LOST" in reason or "XID_79" in reason, reason
+    assert sum(1 for s in states.values() if s == "in_service") == 11

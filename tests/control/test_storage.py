@@ -41,7 +41,7 @@ def test_migrations_from_empty(db_config: dict[str, Any]) -> None:
     engine = make_engine(database_url(db_config.get("data_dir"), db_config.get("db_url")))
     assert current_revision(engine) is None
     rev = migrate(engine)
-    assert rev == head_revision() == "0002"
+    assert rev == head_revision() == "0003"
     assert set(table_names(engine)) == EXPECTED_TABLES
     assert migrate(engine) == rev  # a second run changes nothing
     engine.dispose()
@@ -73,3 +73,35 @@ def test_ingest_idempotent_and_rollups(db_config: dict[str, Any]) -> None:
         assert (count, lo, mean, hi) == (6, 10.0, 11.0, 12.0)
     finally:
         svc.stop()
+
+
+def test_migration_0003_keeps_batches_and_keys_them_by_node(db_config: dict[str, Any]) -> None:
+    """Upgrading a database with batches keeps them (the table is rebuilt under the new key),
+    and afterwards two nodes may use the same (agent_id, seq)."""
+    from sqlalchemy import insert
+
+    from gpufleet.control.db import database_url
+
+    engine = make_engine(database_url(db_config.get("data_dir"), db_config.get("db_url")))
+    try:
+        assert migrate(engine, "0002") == "0002"
+        row = {
+            "agent_id": "a",
+            "seq": 1,
+            "node": "n1",
+            "received_s": T0,
+            "sent_at_s": T0,
+            "samples": 0,
+            "findings": 0,
+            "events": 0,
+            "buffered": False,
+        }
+        with engine.begin() as conn:
+            conn.execute(insert(IngestedBatch), [row])
+        assert migrate(engine) == head_revision()
+        with engine.begin() as conn:
+            conn.execute(insert(IngestedBatch), [{**row, "node": "n2"}])
+            kept = conn.execute(select(IngestedBatch.node).order_by(IngestedBatch.node)).all()
+        assert [k[0] for k in kept] == ["n1", "n2"]
+    finally:
+        engine.dispose()

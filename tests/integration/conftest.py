@@ -36,13 +36,14 @@ def bed(tmp_path: Path) -> Iterator[Callable[..., tuple[Controller, Agents]]]:
         **options: object,
     ) -> tuple[Controller, Agents]:
         ctl = Controller(tmp_path / "data", scheduler=scheduler, options=dict(options)).start()
-        agent_token = ctl.token("agent")
+        fleet = fleet_of(nodes or ["n1", "n2", "n3"])
         agents = Agents(
             ctl.url,
-            agent_token,
-            fleet_of(nodes or ["n1", "n2", "n3"]),
+            ctl.token("agent"),
+            fleet,
             run_jobs=run_jobs,
             lease_s=lease_s,
+            tokens=ctl.node_tokens(fleet),  # node-bound: only these may offer job slots
         ).start()
         started.append((ctl, agents))
         return ctl, agents

@@ -48,8 +48,11 @@ class FleetConfig:
     """How the agents of one process run (the CLI's flags)."""
 
     controller: str
-    token: str
+    token: str  # for every node without its own token in ``tokens``
     state_dir: Path  # one sub-directory per node: identity, sequence numbers, spool, acks
+    # node name -> an agent token bound to that node (only node-bound tokens may offer job
+    # slots: `gpufleet up` and `gpufleet sim-fleet` make one per node)
+    tokens: Mapping[str, str] = field(default_factory=dict)
     fast_interval_s: float = 1.0
     slow_interval_s: float = 30.0
     push_interval_s: float = 5.0
@@ -67,16 +70,17 @@ def _rows(window_s: float, push_s: float, interval_s: float) -> int:
     return max(math.ceil(window_s / interval_s), 2 * math.ceil(push_s / interval_s)) + 1
 
 
-def compact_config(cfg: FleetConfig, state_dir: Path) -> AgentConfig:
+def compact_config(cfg: FleetConfig, state_dir: Path, node: str = "") -> AgentConfig:
     """One node's `AgentConfig`: rings just long enough for the health window and the rows
-    between two pushes, no kept `Sample` objects (the window comes from the rings)."""
+    between two pushes, no kept `Sample` objects (the window comes from the rings); the node's
+    own token when ``cfg.tokens`` has one."""
     return AgentConfig(
         fast_interval_s=cfg.fast_interval_s,
         slow_interval_s=cfg.slow_interval_s,
         call_timeout_s=cfg.call_timeout_s,
         push_interval_s=cfg.push_interval_s,
         controller=cfg.controller,
-        token=cfg.token,
+        token=cfg.tokens.get(node, cfg.token),
         state_dir=state_dir,
         fast_capacity=_rows(HEALTH_WINDOW_S, cfg.push_interval_s, cfg.fast_interval_s),
         slow_capacity=_rows(HEALTH_WINDOW_S, cfg.push_interval_s, cfg.slow_interval_s),
@@ -165,7 +169,7 @@ class FleetDriver:
         for b in self.backends:
             agent = Agent(
                 b,
-                compact_config(cfg, cfg.state_dir / b.node_name),
+                compact_config(cfg, cfg.state_dir / b.node_name, b.node_name),
                 calls=self.calls,
                 client=self.client,
             )

@@ -10,7 +10,7 @@ from typing import Any
 
 import typer
 
-from gpufleet.cli.common import JsonOption, SeedOption, SimOption
+from gpufleet.cli.common import JsonOption, SeedOption, SimOption, read_token
 from gpufleet.cli.output import console, emit_json
 from gpufleet.errors import UsageError
 
@@ -29,7 +29,17 @@ def register(app: typer.Typer) -> None:
             None, "--controller", help="Control plane URL; batches go to URL/api/v1/ingest."
         ),
         token: str | None = typer.Option(
-            None, "--token", envvar="GPUFLEET_AGENT_TOKEN", help="Agent bearer token."
+            None,
+            "--token",
+            envvar="GPUFLEET_AGENT_TOKEN",
+            help="Agent bearer token (prefer --token-file: a --token shows in `ps`).",
+        ),
+        token_file: Path | None = typer.Option(
+            None,
+            "--token-file",
+            envvar="GPUFLEET_AGENT_TOKEN_FILE",
+            help="Read the agent token from this file (first line).",
+            metavar="FILE",
         ),
         state_dir: Path = typer.Option(
             Path("/var/lib/gpufleet/agent"),
@@ -63,8 +73,12 @@ def register(app: typer.Typer) -> None:
 
         if fast_interval <= 0 or slow_interval <= 0 or push_interval <= 0:
             raise UsageError("--fast-interval, --slow-interval and --push-interval must be > 0")
+        token = read_token(token, token_file)
         if controller and not token:
-            raise UsageError("--controller needs --token (or GPUFLEET_AGENT_TOKEN)")
+            raise UsageError(
+                "--controller needs --token-file (or GPUFLEET_AGENT_TOKEN_FILE, "
+                "GPUFLEET_AGENT_TOKEN, --token)"
+            )
         logging.basicConfig(
             level=getattr(logging, log_level.upper(), logging.INFO),
             format='{"t":"%(asctime)s","level":"%(levelname)s","msg":"%(message)s"}'

@@ -1,4 +1,6 @@
-"""Options shared by the device commands (``--sim``, ``--seed``, ``--import``, ``--json``)."""
+"""Options shared by the commands (``--sim``, ``--seed``, ``--import``, ``--json``, and how a
+token is given: ``--token-file``/``GPUFLEET_TOKEN_FILE`` preferred over ``--token``, which shows
+in ``ps``)."""
 
 from __future__ import annotations
 
@@ -42,3 +44,27 @@ def http_url(value: str, option: str) -> str:
     if parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
         raise UsageError(f"{option} {value!r}: expected a URL like https://HOST:PORT")
     return value
+
+
+TOKEN_FILE_HELP = "Read the token from this file (preferred: a --token shows in `ps`)."
+TokenFileOption = typer.Option(
+    None, "--token-file", envvar="GPUFLEET_TOKEN_FILE", help=TOKEN_FILE_HELP, metavar="FILE"
+)
+
+
+def read_token(token: str | None, token_file: Path | None, option: str = "--token") -> str | None:
+    """The token given by ``--token`` (or its env var) or ``--token-file`` (first line, blanks
+    stripped); a clear error for both at once, an unreadable or empty file."""
+    if token_file is None:
+        return token or None
+    if token:
+        raise UsageError(f"give {option} or --token-file, not both")
+    try:
+        text = token_file.expanduser().read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        why = exc.strerror if isinstance(exc, OSError) else "not UTF-8 text"
+        raise UsageError(f"--token-file {token_file}: {why}") from exc
+    lines = text.strip().splitlines()
+    if not lines or not lines[0].strip():
+        raise UsageError(f"--token-file {token_file}: the file is empty")
+    return lines[0].strip()

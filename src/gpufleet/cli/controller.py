@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from gpufleet.cli.common import JsonOption, SeedOption
+from gpufleet.cli.common import JsonOption, SeedOption, TokenFileOption, read_token
 from gpufleet.cli.output import console, emit_json, err_console
 from gpufleet.errors import UsageError
 
@@ -143,20 +143,36 @@ def register(app: typer.Typer) -> None:
         node: str | None = typer.Option(
             None, "--node", help="Agent token for one node (implies --role agent)."
         ),
+        out: Path | None = typer.Option(
+            None,
+            "--out",
+            help="Write the token to this file (mode 0600) instead of printing it; give the "
+            "file to --token-file.",
+            metavar="FILE",
+        ),
         data_dir: Path | None = DataDirOption,
         db_url: str | None = DbUrlOption,
         json_out: bool = JsonOption,
     ) -> None:
-        """Create a token and print it once (only its hash is stored)."""
+        """Create a token and print it once (only its hash is stored), or write it to --out."""
         from gpufleet.control import actions
+        from gpufleet.control.up import write_secret
 
         if node is not None and role not in ("agent",):
             raise UsageError("--node makes an agent token: use --role agent with it")
         store = _open_store(data_dir, db_url)
         token, tid = actions.create_token(store, _local_admin(), role, name, tenant, node)
         store.engine.dispose()
+        if out is not None:
+            try:
+                write_secret(out.expanduser(), token)
+            except OSError as exc:
+                raise UsageError(f"--out {out}: {exc.strerror}") from exc
+            token = f"written to {out}"
         if json_out:
             emit_json({"id": tid, "role": role, "tenant": tenant, "node": node, "token": token})
+        elif out is not None:
+            console.print(f"token {tid} ({role}) {token} (mode 0600)", highlight=False)
         else:
             console.print(f"token {tid} ({role}): [bold]{token}[/]", highlight=False)
             err_console.print("Store it now: it is not shown again.")
@@ -181,6 +197,7 @@ def register(app: typer.Typer) -> None:
                 "role": r.role,
                 "tenant": r.tenant,
                 "node": r.node,
+                "owner": r.owner,
                 "created_s": r.created_s,
                 "revoked_s": r.revoked_s,
             }
@@ -252,9 +269,13 @@ def register(app: typer.Typer) -> None:
     @app.command("sim-fleet")
     def sim_fleet(
         controller_url: str = typer.Option(..., "--controller", help="Control plane URL."),
-        token: str = typer.Option(
-            ..., "--token", envvar="GPUFLEET_TOKEN", help="Agent token (any node) or admin token."
+        token: str | None = typer.Option(
+            None,
+            "--token",
+            envvar="GPUFLEET_TOKEN",
+            help="Admin token (one node-bound agent token is made per node) or agent token.",
         ),
+        token_file: Path | None = TokenFileOption,
         nodes: int = typer.Option(4, "--nodes", min=1, max=20000),
         gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=64),
         model: str = typer.Option("h100-sxm", "--model", help="GPU model (catalog key)."),
@@ -284,9 +305,12 @@ def register(app: typer.Typer) -> None:
         """Many simulated nodes in one process, each a real agent, pushing over HTTP."""
         from gpufleet.cli.simfleet import run_sim_fleet
 
+        given = read_token(token, token_file)
+        if not given:
+            raise UsageError("sim-fleet needs --token-file (or GPUFLEET_TOKEN_FILE, --token)")
         run_sim_fleet(
             controller_url,
-            token,
+            given,
             f"{nodes}x{gpus_per_node}x{model}",
             faults=faults,
             duration=duration,
@@ -358,16 +382,24 @@ def _up(
 
     from gpufleet.agent.fleet import FleetConfig, FleetDriver, job_runners, open_backends
     from gpufleet.control.remediation import load_policy
-    from gpufleet.control.up import DEFAULT_SIM, admin_token, build_service, serve
+    from gpufleet.control.up import (
+        ADMIN_TOKEN_FILE,
+        DEFAULT_SIM,
+        admin_token,
+        build_service,
+        node_agent_tokens,
+        serve,
+    )
     from gpufleet.schedulers.base import Feature
 
     service = build_service(
         _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
     )
     service.start()
-    token = admin_token(service)
-    agent_token, _ = service.store.tokens.create("agent", name="up-local-agents")
+    token = admin_token(service, _data_dir(data_dir))
     source, backends, simfleet = open_backends(sim, seed, DEFAULT_SIM)
+    # one agent token per node, bound to it: only those may offer job slots
+    node_tokens = node_agent_tokens(service, [b.node_name for b in backends])
     url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     jobs = {}
     if scheduler.capabilities().supports(Feature.AGENT_JOBS):
@@ -377,7 +409,8 @@ def _up(
         backends,
         FleetConfig(
             controller=url,
-            token=agent_token,
+            token="",
+            tokens=node_tokens,
             state_dir=_data_dir(data_dir) / "agents",
             fast_interval_s=1.0,
             push_interval_s=2.0,
@@ -393,6 +426,7 @@ def _up(
             "url": url,
             "dashboard": f"{url}/#token={token}",
             "admin_token": token,
+            "admin_token_file": str(_data_dir(data_dir) / ADMIN_TOKEN_FILE),
             "source": source,
             "nodes": len(backends),
             "database": service.url.split("@")[-1],
@@ -409,6 +443,9 @@ def _up(
             console.print(f"  dashboard: {info['dashboard']}", highlight=False, soft_wrap=True)
             console.print(f"  API:       {url}/api/v1/docs", highlight=False)
             console.print(f"  admin token: {token}", highlight=False, soft_wrap=True)
+            console.print(
+                f"  token file:  {info['admin_token_file']} (use --token-file)", highlight=False
+            )
             console.print("Ctrl-C stops.", highlight=False)
 
     try:

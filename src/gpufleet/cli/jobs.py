@@ -3,8 +3,9 @@
 Without ``--controller`` every command works on a local embedded scheduler kept in a state
 directory (``--state-dir``; SQLite store plus one folder per job copy). Each call ticks the
 scheduler once: it records finished jobs and starts what fits, so no daemon is needed on one
-machine. With ``--controller URL --token T`` (or ``GPUFLEET_TOKEN``) they talk to a control
-plane's jobs API (``/api/v1/jobs``), whatever scheduler backend it runs (embedded, Slurm).
+machine. With ``--controller URL --token-file F`` (or ``GPUFLEET_TOKEN_FILE``; ``--token`` and
+``GPUFLEET_TOKEN`` work too but show in ``ps``/the environment) they talk to a control plane's
+jobs API (``/api/v1/jobs``), whatever scheduler backend it runs (embedded, Slurm).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from gpufleet.cli.common import JsonOption, SeedOption
+from gpufleet.cli.common import JsonOption, SeedOption, TokenFileOption, read_token
 from gpufleet.cli.output import console, emit_json, fmt
 from gpufleet.errors import NoDeviceError, UsageError
 from gpufleet.schedulers.base import JobSpec
@@ -66,7 +67,9 @@ def _client(controller: str, token: str | None) -> Client:
     from gpufleet.client import Client
 
     if not token:
-        raise UsageError("--controller needs --token (or GPUFLEET_TOKEN)")
+        raise UsageError(
+            "--controller needs --token-file (or GPUFLEET_TOKEN_FILE, GPUFLEET_TOKEN, --token)"
+        )
     return Client(controller, token)
 
 
@@ -136,7 +139,11 @@ def _env_pairs(values: list[str] | None) -> dict[str, str]:
 def submit(
     command: list[str] = typer.Argument(None, help="The command to run (after --)."),
     name: str = typer.Option(None, "--name", help="Job name (default: the command's name)."),
-    tenant: str = typer.Option("default", "--tenant"),
+    tenant: str = typer.Option(
+        None,
+        "--tenant",
+        help="Tenant (default: with --controller the token's tenant, else 'default').",
+    ),
     gpus: int = typer.Option(1, "--gpus", min=1, help="GPUs per node."),
     nodes: int = typer.Option(1, "--nodes"),
     gpu_model: str = typer.Option(None, "--gpu-model", help="e.g. h100-sxm (aliases accepted)."),
@@ -155,6 +162,7 @@ def submit(
     state_dir: Path = StateDirOption,
     controller: str = ControllerOption,
     token: str = TokenOption,
+    token_file: Path = TokenFileOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Submit a job: `gpufleet jobs submit --gpus 2 -- python train.py`."""
@@ -162,7 +170,7 @@ def submit(
         raise UsageError("give a command after -- (or --image)")
     spec = JobSpec(
         name=name or (Path(command[0]).name if command else str(image)),
-        tenant=tenant,
+        tenant=tenant or "default",
         command=tuple(command or ()),
         image=image,
         gpus=gpus,
@@ -179,7 +187,9 @@ def submit(
     if controller:
         body = JOB_SPEC.dump_python(spec, mode="json", exclude_none=True)
         name, command = body.pop("name"), body.pop("command")
-        with _client(controller, token) as client:
+        if tenant is None:  # the controller takes the token's tenant
+            body.pop("tenant", None)
+        with _client(controller, read_token(token, token_file)) as client:
             job = client.submit(name, command, **body)
         if as_json:
             emit_json(job.model_dump(mode="json"))
@@ -201,13 +211,14 @@ def list_jobs(
     state_dir: Path = StateDirOption,
     controller: str = ControllerOption,
     token: str = TokenOption,
+    token_file: Path = TokenFileOption,
     as_json: bool = JsonOption,
 ) -> None:
     """List jobs, newest last."""
     from rich.table import Table
 
     if controller:
-        with _client(controller, token) as client:
+        with _client(controller, read_token(token, token_file)) as client:
             remote_jobs = client.jobs()
         if as_json:
             emit_json({"jobs": [j.model_dump(mode="json") for j in remote_jobs]})
@@ -252,11 +263,12 @@ def show(
     state_dir: Path = StateDirOption,
     controller: str = ControllerOption,
     token: str = TokenOption,
+    token_file: Path = TokenFileOption,
     as_json: bool = JsonOption,
 ) -> None:
     """A job's spec, state and every attempt (where and how each copy ran)."""
     if controller:
-        with _client(controller, token) as client:
+        with _client(controller, read_token(token, token_file)) as client:
             d = client.job(job_id)
         if as_json:
             emit_json(d)
@@ -296,11 +308,12 @@ def cancel(
     state_dir: Path = StateDirOption,
     controller: str = ControllerOption,
     token: str = TokenOption,
+    token_file: Path = TokenFileOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Cancel a job (kills its running copies)."""
     if controller:
-        with _client(controller, token) as client:
+        with _client(controller, read_token(token, token_file)) as client:
             cancelled = client.cancel(job_id)
         if as_json:
             emit_json(cancelled.model_dump(mode="json"))
@@ -323,11 +336,12 @@ def logs(
     state_dir: Path = StateDirOption,
     controller: str = ControllerOption,
     token: str = TokenOption,
+    token_file: Path = TokenFileOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Print the output of the job's latest copy."""
     if controller:
-        with _client(controller, token) as client:
+        with _client(controller, read_token(token, token_file)) as client:
             text = client.logs(job_id, tail=tail)
         if as_json:
             emit_json({"job": job_id, "log": None, "text": text})

@@ -1,5 +1,10 @@
 """`gpufleet sim-fleet`: many simulated nodes in one process, each a real agent
-(`gpufleet.agent.fleet.FleetDriver`), pushing to a control plane over HTTP."""
+(`gpufleet.agent.fleet.FleetDriver`), pushing to a control plane over HTTP.
+
+With an admin token and ``--run-jobs`` it makes one agent token bound to each node (and revokes
+them when it stops): the control plane takes job slots only from node-bound agent tokens. With
+an agent token the nodes push telemetry under it, and offer no job slots unless it is bound to
+the only node."""
 
 from __future__ import annotations
 
@@ -39,6 +44,8 @@ def run_sim_fleet(
     fleet = SimFleet(spec)
     fleet.demo_activity()
     backends = fleet.backends()
+    names = [b.node_name for b in backends]
+    tokens, minted = node_tokens(controller_url, token, names) if run_jobs else ({}, [])
     tmp = tempfile.TemporaryDirectory(prefix="gpufleet-sim-fleet-") if state_dir is None else None
     root = Path(tmp.name) if tmp is not None else state_dir
     assert root is not None
@@ -48,6 +55,7 @@ def run_sim_fleet(
             FleetConfig(
                 controller=controller_url,
                 token=token,
+                tokens=tokens,
                 state_dir=root / "agents",
                 fast_interval_s=sample_interval,
                 push_interval_s=push_interval,
@@ -76,6 +84,7 @@ def run_sim_fleet(
     finally:
         if tmp is not None:
             tmp.cleanup()
+        revoke_tokens(controller_url, token, minted)
     out = dataclasses.asdict(stats)
     if json_out:
         emit_json(out)
@@ -94,3 +103,52 @@ def load_faults(path: Path, names: set[str]) -> tuple[Any, ...]:
     from gpufleet.yamldoc import read_text_file
 
     return parse_faults_yaml(read_text_file(path, "faults file"), str(path), names)
+
+
+def node_tokens(url: str, token: str, names: list[str]) -> tuple[dict[str, str], list[int]]:
+    """Agent tokens bound to each node, made with an admin ``token`` (their ids, to revoke at
+    the end); none (with a warning) for another kind of token."""
+    from gpufleet.client import Client, ControllerUnreachable
+
+    with Client(url, token) as client:
+        try:
+            me = client.whoami()
+        except ControllerUnreachable as exc:  # the agents spool until it answers
+            err_console.print(f"warning: {exc}; the nodes offer no job slots this run")
+            return {}, []
+        if me.get("role") != "admin":
+            if me.get("node") is None or len(names) > 1:
+                err_console.print(
+                    "warning: jobs are sent only to agents with a node-bound token; with this "
+                    f"{me.get('role')} token the nodes offer no job slots (give an admin token "
+                    "and sim-fleet makes one per node)",
+                    highlight=False,
+                    soft_wrap=True,
+                )
+            return {}, []
+        tokens: dict[str, str] = {}
+        ids: list[int] = []
+        for name in names:
+            made = client.request(
+                "POST",
+                "/tokens",
+                json={"role": "agent", "name": f"sim-fleet-{name}"[:128], "node": name},
+            )
+            tokens[name] = str(made["token"])
+            ids.append(int(made["id"]))
+        return tokens, ids
+
+
+def revoke_tokens(url: str, token: str, ids: list[int]) -> None:
+    """Revoke the node tokens this run made (best effort: the controller may be gone)."""
+    from gpufleet.client import Client
+    from gpufleet.errors import GpufleetError
+
+    if not ids:
+        return
+    try:
+        with Client(url, token, timeout_s=5.0) as client:
+            for tid in ids:
+                client.request("DELETE", f"/tokens/{tid}")
+    except GpufleetError as exc:
+        err_console.print(f"warning: could not revoke this run's node tokens: {exc}")

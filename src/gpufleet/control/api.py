@@ -5,6 +5,8 @@ at `/`. `create_app(service)` builds a FastAPI app over one `ControlService` fro
 Roles per endpoint: reads need ``viewer``; lifecycle actions, acknowledgements, node attributes,
 validation results and the audit log need ``operator``; tokens and policy need ``admin``; ingest
 takes ``agent`` tokens (bound to the batch's node) and ``admin``. Refused writes are audited.
+A token with a tenant is confined to it (`gpufleet.control.auth`; the full matrix is
+docs/tenants.md).
 Reads come from the writer's snapshot or the database; writes are commands to the writer.
 """
 

@@ -6,7 +6,11 @@ passwords, not random keys), and lookups stay O(1) on the ingest path. Roles, fr
 least powerful: ``admin`` (everything, tokens and policy), ``operator`` (lifecycle actions,
 acknowledge, post validation results), ``viewer`` (read only); ``agent`` tokens may only push
 batches, for the node they are bound to (or any node when created without ``--node``, for
-`gpufleet sim-fleet` and bootstrap).
+bootstrap; only node-bound agent tokens may offer job slots).
+
+A token with a tenant is confined to it (docs/tenants.md has the full matrix): it reads its
+tenant's nodes and shared ones (no tenant), writes only its tenant's nodes, jobs, findings and
+tokens, and reads only its tenant's audit rows. Only a global admin makes global tokens.
 """
 
 from __future__ import annotations
@@ -62,10 +66,32 @@ class Principal:
             return role is Role.AGENT
         return self.role.rank >= role.rank
 
-    def may_push_for(self, node: str) -> bool:
-        if self.role is Role.ADMIN:
-            return True
-        return self.role is Role.AGENT and (self.node is None or self.node == node)
+    @property
+    def is_global(self) -> bool:
+        """A token of no tenant: it sees and may touch the whole fleet (as its role allows)."""
+        return self.tenant is None
+
+    def sees(self, node_tenant: str | None) -> bool:
+        """Reads: a tenant token sees its tenant's nodes and shared ones (no tenant)."""
+        return self.tenant is None or node_tenant is None or node_tenant == self.tenant
+
+    def owns(self, node_tenant: str | None) -> bool:
+        """Writes: a tenant token changes only its tenant's nodes, never shared ones."""
+        return self.tenant is None or node_tenant == self.tenant
+
+    def may_push_for(self, node: str, node_tenant: str | None = None, known: bool = False) -> bool:
+        """May this token push batches for ``node`` (``known``: registered, of ``node_tenant``)?
+        Agent tokens bound to a node push for that node only; a tenant's agent or admin token
+        pushes for its tenant's nodes (and registers new ones, which join its tenant)."""
+        if self.role not in (Role.ADMIN, Role.AGENT):
+            return False
+        if self.node is not None and self.node != node:
+            return False
+        return not known or self.owns(node_tenant)
+
+    def may_mint(self, tenant: str | None) -> bool:
+        """Only a global admin makes global tokens; a tenant admin makes its tenant's only."""
+        return self.role is Role.ADMIN and (self.tenant is None or tenant == self.tenant)
 
 
 def hash_token(token: str) -> str:
@@ -125,6 +151,7 @@ class TokenStore:
         name: str = "",
         tenant: str | None = None,
         node: str | None = None,
+        owner: str | None = None,
         session: Session | None = None,
     ) -> tuple[str, ApiToken]:
         """A new token (returned once, in clear) and its stored row."""
@@ -145,6 +172,7 @@ class TokenStore:
             tenant=tenant,
             node=node,
             created_s=self._now(),
+            owner=owner,
         )
         if session is not None:
             session.add(row)

@@ -26,6 +26,7 @@ from gpufleet.control.bodylimits import (
     read_capped,
 )
 from gpufleet.control.ingest import IngestRejected, decode_body, parse_batch
+from gpufleet.control.job_slots import trusted_jobs_report
 from gpufleet.control.store import IngestItem
 
 if TYPE_CHECKING:
@@ -89,8 +90,11 @@ async def ingest_body(
         service.ingest.check_capacity("")
         parsed = parse_batch(decode_body(body, content_encoding), received)
         batch = parsed.batch
-        if not who.may_push_for(batch.node):
-            return _problem(403, f"this agent token is bound to node {who.node!r}")
+        nc = store.view.nodes.get(batch.node)
+        if not who.may_push_for(batch.node, nc.tenant if nc else None, nc is not None):
+            if who.node is not None and who.node != batch.node:
+                return _problem(403, f"this agent token is bound to node {who.node!r}")
+            return _problem(403, f"node {batch.node!r} is not of this token's tenant")
         service.ingest.check_capacity(batch.node)
         if parsed.unusable:  # every sample was out of range: nothing to store but the heartbeat
             store.writer.submit(lambda: store.touch(batch.node, received))
@@ -104,6 +108,7 @@ async def ingest_body(
     out: dict[str, Any] = {"agent_id": ack.agent_id, "seq": ack.seq, "duplicate": ack.duplicate}
     # the scheduler sees the batch's job report later, on its own thread; the commands it has
     # for this node (from earlier reports) ride on this Ack
+    batch = trusted_jobs_report(batch, who, store.view.nodes.get(batch.node))
     cmds = store.sched.exchange(batch, store.clock())
     if cmds:  # an Ack without commands is exactly what it was before jobs existed
         out["commands"] = [c.model_dump(mode="json") for c in cmds]

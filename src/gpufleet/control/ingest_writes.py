@@ -1,5 +1,5 @@
 """Ingest writes: one group of batches in one transaction (group commit), with Core
-executemany for the rows every batch writes (its (agent_id, seq) key, heartbeats, events) and
+executemany for the rows every batch writes (its (node, agent_id, seq) key, heartbeats, events) and
 the ORM only where something changed (a new node or GPU, changed device info, a finding that
 appeared, changed or cleared, a lifecycle transition).
 
@@ -28,7 +28,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("gpufleet.control")
 S = NodeState
-KEY_CHUNK = 400  # (agent_id, seq) pairs per lookup: under SQLite's 999 bound parameters
+KEY_CHUNK = 300  # (node, agent_id, seq) keys per lookup: under SQLite's 999 bound parameters
 
 
 def _ack(agent_id: str, seq: int, duplicate: bool, acks: list[WireAck]) -> Ack:
@@ -55,20 +55,19 @@ def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
     fresh: list[IngestItem] = []
     try:
         with store.sessions.begin() as s:
-            keys = list({(i.batch.agent_id, i.batch.seq) for i in items})
-            known: set[tuple[str, int]] = set()
+            keys = list({(i.batch.node, i.batch.agent_id, i.batch.seq) for i in items})
+            known: set[tuple[str, str, int]] = set()
             for chunk in range(0, len(keys), KEY_CHUNK):
                 part = keys[chunk : chunk + KEY_CHUNK]
-                q = select(IngestedBatch.agent_id, IngestedBatch.seq).where(
-                    tuple_(IngestedBatch.agent_id, IngestedBatch.seq).in_(part)
-                )
-                known.update((a, q_) for a, q_ in s.execute(q))
+                cols = (IngestedBatch.node, IngestedBatch.agent_id, IngestedBatch.seq)
+                q = select(*cols).where(tuple_(*cols).in_(part))
+                known.update((n, a, q_) for n, a, q_ in s.execute(q))
             rows = []
             node_updates: dict[int, dict[str, Any]] = {}
             events: list[dict[str, Any]] = []
             for item in items:
                 b = item.batch
-                key = (b.agent_id, b.seq)
+                key = (b.node, b.agent_id, b.seq)
                 if key in known:
                     acks.append(_ack(b.agent_id, b.seq, True, node_acks(store.nodes.get(b.node))))
                     store.touch(b.node, item.received_s)

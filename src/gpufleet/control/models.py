@@ -97,12 +97,14 @@ class Gpu(Base):
 
 
 class IngestedBatch(Base):
-    """One acknowledged batch: the (agent_id, seq) key makes ingest idempotent."""
+    """One acknowledged batch: the (node, agent_id, seq) key makes ingest idempotent. The node
+    is part of the key, so a batch for one node can never count as a duplicate of another
+    node's (an agent id is only a label the agent picks)."""
 
     __tablename__ = "ingested_batches"
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
     agent_id: Mapped[str] = mapped_column(String(128), primary_key=True)
     seq: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
-    node: Mapped[str] = mapped_column(String(253))
     received_s: Mapped[float] = mapped_column(Float, index=True)
     sent_at_s: Mapped[float] = mapped_column(Float)
     samples: Mapped[int] = mapped_column(Integer, default=0)
@@ -187,6 +189,8 @@ class AuditEntry(Base):
     target: Mapped[str] = mapped_column(String(300), default="")
     outcome: Mapped[str] = mapped_column(String(16), default="ok")
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # the acting token's tenant (None: a global token); a tenant token reads only its own rows
+    tenant: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
 
 
 class ApiToken(Base):
@@ -202,6 +206,8 @@ class ApiToken(Base):
     node: Mapped[str | None] = mapped_column(String(253), nullable=True)
     created_s: Mapped[float] = mapped_column(Float)
     revoked_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # what made it, when a program owns it ("up": `gpufleet up` revokes its own at each start)
+    owner: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 class ValidationResultRow(Base):

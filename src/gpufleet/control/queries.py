@@ -343,8 +343,20 @@ def transitions(store: ControlStore, node: str | None, limit: int) -> list[sc.Tr
     return [sc.TransitionOut.model_validate(r) for r in rows]
 
 
-def audit(store: ControlStore, limit: int, before_id: int | None) -> list[sc.AuditOut]:
+def finding_node(store: ControlStore, finding_id: int) -> str | None:
+    """The node a finding belongs to (None: no such finding)."""
+    with store.sessions() as s:
+        row = s.get(FindingRow, finding_id)
+        return row.node if row is not None else None
+
+
+def audit(
+    store: ControlStore, who: Principal, limit: int, before_id: int | None
+) -> list[sc.AuditOut]:
+    """Newest first; a tenant token reads only the rows its tenant's tokens wrote."""
     q = select(AuditEntry)
+    if who.tenant is not None:
+        q = q.where(AuditEntry.tenant == who.tenant)
     if before_id is not None:
         q = q.where(AuditEntry.id < before_id)
     with store.sessions() as s:
@@ -366,7 +378,7 @@ def gpus(
     view = store.view
     if node:
         nc = view.nodes.get(node)
-        if nc is None:
+        if nc is None or not visible(nc, who):
             return []
         q = q.where(Gpu.node_id == nc.id)
     names = {n.id: n.name for n in view.nodes.values() if visible(n, who)}

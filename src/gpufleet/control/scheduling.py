@@ -49,13 +49,14 @@ def fail_drain(store: ControlStore, node: str) -> bool:
 
 
 def node_facts(store: ControlStore, node: str) -> NodeFacts | None:
-    """What a scheduler may know of a node: usable (in service, not cordoned), why not, rack."""
+    """What a scheduler may know of a node: usable (in service, not cordoned), why not, rack,
+    tenant."""
     nc = store.view.nodes.get(node)  # the writer's snapshot (this runs off the writer)
     if nc is None:
         return None
     usable = nc.state == NodeState.IN_SERVICE.value and not nc.cordoned
     why = "" if usable else f"control plane state {nc.state}{' (cordoned)' * nc.cordoned}"
-    return NodeFacts(node, usable, why, nc.rack)
+    return NodeFacts(node, usable, why, nc.rack, nc.tenant)
 
 
 class SchedulerEvents:

@@ -199,6 +199,7 @@ class TokenOut(_Out):
     node: str | None
     created_s: float
     revoked_s: float | None
+    owner: str | None = None  # "up": made by `gpufleet up`, revoked at its next start
 
 
 class TokenCreated(_Out):

@@ -456,6 +456,7 @@ class ControlStore:
                 target=target,
                 outcome=outcome,
                 detail=detail or {},
+                tenant=who.tenant,
             )
         )
 

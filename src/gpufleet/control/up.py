@@ -8,6 +8,7 @@ remote agents; the CLI wires the two together.
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import threading
 import time
@@ -22,25 +23,58 @@ DEFAULT_SIM = "4x8xh100-sxm"
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "gpufleet"
 
 
-UP_TOKEN_PREFIX = "up-"  # tokens `gpufleet up` makes for itself; replaced at every start
+UP_OWNER = "up"  # the ``owner`` of the tokens `gpufleet up` makes for itself
+UP_TOKEN_PREFIX = "up-"  # their names (a label only: ownership is the ``owner`` column)
+ADMIN_TOKEN_FILE = "admin.token"  # in the data directory, mode 0600
 
 
 def revoke_previous_up_tokens(service: ControlService) -> int:
-    """Revoke the admin and local-agent tokens earlier `gpufleet up` runs created, so a data
-    directory does not collect valid tokens nobody holds any more. Tokens made with
-    `gpufleet token create` are left alone. Returns how many were revoked."""
+    """Revoke the admin and agent tokens earlier `gpufleet up` runs created (marked
+    ``owner="up"``), so a data directory does not collect valid tokens nobody holds any more.
+    Tokens made any other way are left alone, whatever their name. Returns how many."""
     n = 0
     for row in service.store.tokens.list():
-        if row.revoked_s is None and (row.name or "").startswith(UP_TOKEN_PREFIX):
+        if row.revoked_s is None and row.owner == UP_OWNER:
             n += int(service.store.tokens.revoke(row.id))
     return n
 
 
-def admin_token(service: ControlService) -> str:
-    """A fresh admin token for this session (printed once); earlier `up` tokens are revoked."""
+def admin_token(service: ControlService, data_dir: Path | None = None) -> str:
+    """A fresh admin token for this session (printed once, and written to ``admin.token``
+    (0600) in ``data_dir`` for ``--token-file``); earlier `up` tokens are revoked."""
     revoke_previous_up_tokens(service)
-    token, _ = service.store.tokens.create("admin", name=f"{UP_TOKEN_PREFIX}{int(time.time())}")
+    token, _ = service.store.tokens.create(
+        "admin", name=f"{UP_TOKEN_PREFIX}{int(time.time())}", owner=UP_OWNER
+    )
+    if data_dir is not None:
+        write_secret(data_dir / ADMIN_TOKEN_FILE, token)
     return token
+
+
+def node_agent_tokens(service: ControlService, nodes: list[str]) -> dict[str, str]:
+    """One agent token bound to each node (owned by `up`), made in one transaction: only a
+    node-bound token may offer job slots, so no agent can be handed another node's jobs."""
+    out = {}
+    with service.store.sessions.begin() as s:
+        for node in nodes:
+            out[node], _ = service.store.tokens.create(
+                "agent",
+                name=f"{UP_TOKEN_PREFIX}agent-{node}"[:128],
+                node=node,
+                owner=UP_OWNER,
+                session=s,
+            )
+    return out
+
+
+def write_secret(path: Path, text: str) -> None:
+    """Write ``text`` to a file only its owner can read (created 0600, never world-readable
+    for an instant)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        os.fchmod(f.fileno(), 0o600)
+        f.write(text + "\n")
 
 
 def serve(service: ControlService, host: str, port: int, *, on_ready: Callable[[], None]) -> None:

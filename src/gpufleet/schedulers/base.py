@@ -169,6 +169,7 @@ class NodeFacts:
     usable: bool  # in service and not cordoned
     why: str = ""  # why not usable
     rack: str | None = None
+    tenant: str | None = None  # None: shared by every tenant
 
 
 @dataclass(frozen=True)

@@ -40,9 +40,11 @@ class Agents:
     """The real agents of a ``SimFleet``'s nodes pushing to a controller (a `FleetDriver`)."""
 
     url: str
-    token: str
+    token: str  # for nodes without their own token in ``tokens``
     fleet: SimFleet
     run_jobs: bool = True
+    # node -> agent token bound to it (`Controller.node_tokens`): only these offer job slots
+    tokens: dict[str, str] = field(default_factory=dict)
     lease_s: float = 30.0
     sample_interval_s: float = 0.2
     push_interval_s: float = 0.4
@@ -72,6 +74,7 @@ class Agents:
         cfg = FleetConfig(
             controller=self.url,
             token=self.token,
+            tokens=dict(self.tokens),
             state_dir=Path(self._tmp.name),
             fast_interval_s=self.sample_interval_s,
             push_interval_s=self.push_interval_s,
@@ -174,6 +177,10 @@ class Controller:
         assert self.service is not None
         tok, _ = self.service.store.tokens.create(role, tenant=tenant, node=node)
         return tok
+
+    def node_tokens(self, fleet: SimFleet, tenant: str | None = None) -> dict[str, str]:
+        """An agent token bound to each node of ``fleet`` (what `gpufleet up` makes)."""
+        return {name: self.token("agent", tenant=tenant, node=name) for name in fleet.nodes}
 
     def call(self, method: str, path: str, token: str | None = None, **kw: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {token or self.admin}"}

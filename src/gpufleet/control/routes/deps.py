@@ -1,5 +1,6 @@
 """What every router shares: bearer-token resolution, role checks (refused writes are audited),
-visibility of a node to a token, path and query types, and the documented error answers."""
+visibility and ownership of a node for a token (tenants), path and query types, and the
+documented error answers."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from gpufleet.control.store import ControlStore, NodeView, NotFound
 bearer = HTTPBearer(auto_error=False, description="gpufleet API token (gf_...)")
 ERRORS: dict[int | str, dict[str, Any]] = {
     401: {"model": sc.Problem, "description": "missing or unknown token"},
-    403: {"model": sc.Problem, "description": "the token's role may not do this"},
+    403: {"model": sc.Problem, "description": "the token's role or tenant may not do this"},
     404: {"model": sc.Problem, "description": "no such node, finding or token"},
     409: {"model": sc.Problem, "description": "lifecycle transition not allowed"},
     422: {"model": sc.Problem, "description": "malformed request"},
@@ -74,3 +75,22 @@ class Auth:
         if nc is None or not qy.visible(nc, who):
             raise NotFound(f"node {name!r} not found")
         return nc
+
+    def node_to_change(self, name: str, who: Principal, doing: str) -> NodeView:
+        """The node, when ``who`` may change it: 404 when it may not see it, 403 (audited) for
+        a node it sees but does not own (a shared node, for a tenant token)."""
+        nc = self.node_for(name, who)
+        if not who.owns(nc.tenant):
+            self.store.audit_refusal(who, doing, name, "shared node; token is bound to a tenant")
+            raise HTTPException(
+                403, f"node {name!r} is shared: a token of tenant {who.tenant!r} may not change it"
+            )
+        return nc
+
+    def global_only(self, who: Principal, doing: str, target: str = "") -> None:
+        """403 (audited) unless ``who`` is a global token (no tenant)."""
+        if not who.is_global:
+            self.store.audit_refusal(who, doing, target, "needs a global token")
+            raise HTTPException(
+                403, f"{doing} needs a token of no tenant; this one is of tenant {who.tenant!r}"
+            )

@@ -9,7 +9,7 @@ from gpufleet.control import queries as qy
 from gpufleet.control import schemas as sc
 from gpufleet.control.auth import Principal
 from gpufleet.control.routes.deps import Auth, BigId, Limit, OptId
-from gpufleet.control.store import ControlStore
+from gpufleet.control.store import ControlStore, NotFound
 
 NodeQ = Annotated[str | None, Query(max_length=253)]
 
@@ -40,6 +40,14 @@ def router(store: ControlStore, auth: Auth) -> APIRouter:
 
     @api.post("/findings/{finding_id}/acknowledge", tags=["findings"])
     def finding_ack(finding_id: BigId, who: Operator) -> sc.FindingOut:
+        """Acknowledge one finding (a tenant token: of its tenant's nodes only)."""
+        node = qy.finding_node(store, finding_id)
+        if node is None:
+            raise NotFound(f"finding {finding_id} not found")
+        try:
+            auth.node_to_change(node, who, "finding.acknowledge")
+        except NotFound as exc:
+            raise NotFound(f"finding {finding_id} not found") from exc
         return sc.FindingOut.model_validate(act.acknowledge_finding(store, finding_id, who))
 
     @api.get("/events", tags=["events"])
@@ -58,7 +66,7 @@ def router(store: ControlStore, auth: Auth) -> APIRouter:
 
     @api.get("/audit", tags=["audit"])
     def audit(who: Operator, limit: Limit = 200, before_id: OptId = None) -> list[sc.AuditOut]:
-        _ = who
-        return qy.audit(store, limit, before_id)
+        """Newest first; a tenant token reads the rows its tenant's tokens wrote."""
+        return qy.audit(store, who, limit, before_id)
 
     return api

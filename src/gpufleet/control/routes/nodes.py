@@ -109,14 +109,17 @@ def router(service: ControlService, auth: Auth) -> APIRouter:
         name: NodeName, action: Action, who: Operator, body: sc.ActionIn | None = None
     ) -> sc.NodeOut:
         """cordon, uncordon, drain, resume, repair, validate, fail, acknowledge."""
-        auth.node_for(name, who)
+        auth.node_to_change(name, who, f"node.{action.value}")
         nc = act.node_action(store, name, action, who, body.reason if body else "")
         return qy.node_out(store, nc, with_gpus=False)
 
     @api.patch("/nodes/{name}", tags=["nodes"])
     def node_patch(name: NodeName, body: sc.NodePatch, who: Operator) -> sc.NodeOut:
-        """Set rack, tenant or labels."""
-        auth.node_for(name, who)
+        """Set rack, tenant or labels (the tenant: global admins only)."""
+        auth.node_to_change(name, who, "node.update")
+        if body.tenant is not None and not (who.is_global and who.at_least(Role.ADMIN)):
+            store.audit_refusal(who, "node.update", name, "re-tenanting needs a global admin")
+            raise HTTPException(403, "changing a node's tenant needs a global admin token")
         nc = act.update_node(
             store, name, who, rack=body.rack, tenant=body.tenant, labels=body.labels
         )
@@ -127,12 +130,14 @@ def router(service: ControlService, auth: Auth) -> APIRouter:
         """A `gpufleet validate` result. Minimal shape: ``{"node", "verdict": pass|warn|fail}``;
         other fields are kept as posted. Operators, admins, or the node's own agent token."""
         who = auth.resolve(creds)
-        if not (
-            who.at_least(Role.OPERATOR) or (who.role is Role.AGENT and who.may_push_for(body.node))
-        ):
+        nc = store.view.nodes.get(body.node)
+        own_agent = who.role is Role.AGENT and who.may_push_for(
+            body.node, nc.tenant if nc else None, nc is not None
+        )
+        if not (who.at_least(Role.OPERATOR) or own_agent):
             store.audit_refusal(who, f"POST {request.url.path}", body.node, "needs operator")
             raise HTTPException(403, "this needs role operator or the node's agent token")
-        auth.node_for(body.node, who)
+        auth.node_to_change(body.node, who, "validation.post")
         nc = act.post_validation(store, body.model_dump(), who)
         return qy.node_out(store, nc, with_gpus=False)
 

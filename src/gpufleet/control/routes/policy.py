@@ -1,4 +1,5 @@
-"""The remediation policy: read (viewer), replace (admin)."""
+"""The remediation policy: read (viewer), replace (a global admin: it governs the whole
+fleet)."""
 
 from typing import Annotated
 
@@ -23,6 +24,7 @@ def router(store: ControlStore, auth: Auth) -> APIRouter:
     def policy_put(
         body: RemediationPolicy, who: Annotated[Principal, auth.admin]
     ) -> RemediationPolicy:
+        auth.global_only(who, "policy.update", "remediation")
         act.set_policy(store, body, who)
         return store.view.policy
 

@@ -99,7 +99,18 @@ class EmbeddedBackend:
         with self.lock:
             if self.unverified:
                 self._verify()
+            self._refresh_tenants()
             self.eng.tick()
+
+    def _refresh_tenants(self) -> None:
+        """Give placement each node's current tenant (a node re-tenanted since it joined)."""
+        if self._context is None:
+            return
+        for name, row in self.store.nodes().items():
+            facts = self._context.node_facts(name)
+            tenant = facts.tenant if facts is not None else row.info.tenant
+            if tenant != row.info.tenant:
+                self.store.put_node(replace(row, info=replace(row.info, tenant=tenant)))
 
     def _loop(self) -> None:
         while not self._stop.wait(self.tick_s):
@@ -192,7 +203,7 @@ class EmbeddedBackend:
         with self.lock:
             row = self.store.nodes().get(info.name)
             if facts is not None:
-                info = replace(info, rack=facts.rack)
+                info = replace(info, rack=facts.rack, tenant=facts.tenant)
             if row is not None:
                 self.store.put_node(replace(row, info=info))
                 return

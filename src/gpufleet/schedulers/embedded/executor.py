@@ -26,6 +26,7 @@ from typing import Protocol, runtime_checkable
 
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.base import JobSpec
+from gpufleet.schedulers.embedded.jobenv import job_environment
 
 
 class ExecutorError(GpufleetError):
@@ -152,7 +153,7 @@ class LocalProcessExecutor:
             json.dumps({"command": list(spec.command), "gpus": list(launch.gpus)}),
             encoding="utf-8",
         )
-        env = {**os.environ, **launch.env}
+        env = job_environment(launch.env)  # a clean environment: never the agent's secrets
         argv = [self.python, "-m", "gpufleet.schedulers.embedded.runner", str(d), "--"]
         try:
             proc = self.popen(

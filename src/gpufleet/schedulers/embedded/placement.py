@@ -2,7 +2,8 @@
 
 A job asks for ``spec.gpus`` GPUs on each of ``spec.nodes`` nodes (Slurm's meaning of
 ``--nodes`` with ``--gres=gpu:N``: the GPU count is per node). Only GPUs that match the job's
-model and minimum memory count.
+model and minimum memory count, and only on nodes that serve the job's tenant (its own, or
+shared nodes of no tenant).
 
 - One node: the candidate with the fewest matching free GPUs that still fits (best fit, so big
   holes stay free for big jobs); ties go to the lower node name.
@@ -43,6 +44,11 @@ class NodeInfo:
     nvlink_domain: str | None = None  # GPUs of several nodes on one NVLink fabric (NVL72)
     leaf_switch: str | None = None
     rack: str | None = None
+    tenant: str | None = None  # None: a shared node, open to every tenant's jobs
+
+    def serves(self, tenant: str) -> bool:
+        """May a job of ``tenant`` run here (its tenant's node, or a shared one)?"""
+        return self.tenant is None or self.tenant == tenant
 
     def scope(self, name: str) -> str | None:
         value: str | None = getattr(self, name)
@@ -91,7 +97,7 @@ def check_feasible(spec: JobSpec, nodes: Iterable[NodeInfo]) -> None:
             hint="ask for whole GPUs, or use the slurm backend with MIG gres",
         )
     model_key = normalize_model(spec.gpu_model) if spec.gpu_model else None
-    nodes = list(nodes)
+    nodes = [n for n in nodes if n.serves(spec.tenant)]
     able = [n for n in nodes if len(matching(n, spec, model_key)) >= spec.gpus]
     if len(able) < spec.nodes:
         what = f"{spec.gpus} GPU(s)"
@@ -121,7 +127,7 @@ def place(
     free: dict[str, list[int]] = {}
     infos: dict[str, NodeInfo] = {}
     for node in nodes:
-        if node.name in skip:
+        if node.name in skip or not node.serves(spec.tenant):
             continue
         taken = set(used.get(node.name, ()))
         idx = sorted(g.index for g in matching(node, spec, model_key) if g.index not in taken)
