@@ -44,6 +44,9 @@ class ServiceConfig:
     event_retention_s: float = 30 * 86400.0
     max_pending: int = 2000
     policy: RemediationPolicy | None = None
+    # how often the token table is checked for changes made elsewhere (CLI, other replicas):
+    # a revocation takes effect within about this long on every controller
+    token_poll_s: float = 0.25
 
 
 class ControlService:
@@ -88,12 +91,14 @@ class ControlService:
         )
         self.events.start()
         self.ingest.start()
+        self.store.tokens.watch(self.config.token_poll_s)
         self._last_tick = self.clock()
         self._thread = threading.Thread(target=self._loop, name="gpufleet-control", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self.store.tokens.unwatch()
         if self._thread is not None:
             self._thread.join(timeout=10)
         try:
