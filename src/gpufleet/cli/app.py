@@ -9,6 +9,7 @@ import typer
 
 from gpufleet import __version__
 from gpufleet.cli.output import print_error
+from gpufleet.cli.process import stop_on_sigterm
 from gpufleet.errors import GpufleetError
 
 app = typer.Typer(
@@ -61,6 +62,7 @@ def main() -> None:
     Click (inside Typer) handles usage errors and ``typer.Exit`` itself in standalone mode;
     everything gpufleet raises on purpose is a ``GpufleetError`` and is printed here.
     """
+    stop_on_sigterm()  # systemd, Docker and Kubernetes stop with SIGTERM: shut down as on Ctrl-C
     try:
         app()
     except GpufleetError as exc:

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,7 +12,11 @@ import typer
 
 from gpufleet.cli.common import JsonOption, SeedOption
 from gpufleet.cli.output import console, emit_json, err_console
+from gpufleet.cli.process import CaOption, TlsCertOption, TlsKeyOption
+from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN
 from gpufleet.errors import UsageError
+from gpufleet.tls import TlsFiles, client_verify
+from gpufleet.wire.limits import MAX_GPUS_PER_NODE
 
 if TYPE_CHECKING:
     from gpufleet.control.auth import Principal
@@ -47,12 +52,20 @@ KubeconfigOption = typer.Option(
     help="kubeconfig for --scheduler kubernetes (default: in-cluster, then ~/.kube/config).",
 )
 DbUrlOption = typer.Option(None, "--db-url", help=DB_URL_HELP)
+MaxNodesOption = typer.Option(
+    DEFAULT_MAX_NODES_PER_TOKEN,
+    "--max-nodes-per-token",
+    min=0,
+    help="Nodes one agent token not bound to a node may push for (0: no limit).",
+)
 
 
 def _open_store(data_dir: Path | None, db_url: str | None) -> ControlStore:
+    from gpufleet.cli.process import private_state
     from gpufleet.control.db import database_url, make_engine, migrate
     from gpufleet.control.store import ControlStore
 
+    private_state()  # the database (and its WAL) this may create are private
     engine = make_engine(database_url(_data_dir(data_dir), _db_url(db_url)))
     migrate(engine)
     import time
@@ -88,13 +101,17 @@ def register(app: typer.Typer) -> None:
         scheduler: str = SchedulerOption,
         slurm_conf: str | None = SlurmConfOption,
         kubeconfig: str | None = KubeconfigOption,
+        tls_cert: Path | None = TlsCertOption,
+        tls_key: Path | None = TlsKeyOption,
+        max_nodes: int = MaxNodesOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane (the default when no subcommand is given)."""
         ctx.obj = {"data_dir": data_dir, "db_url": db_url}
         if ctx.invoked_subcommand is None:
+            tls = TlsFiles.from_options(tls_cert, tls_key)
             backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-            _serve(data_dir, db_url, host, port, policy, json_out, backend)
+            _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes)
 
     @ctl.command("serve")
     def serve_cmd(
@@ -106,11 +123,15 @@ def register(app: typer.Typer) -> None:
         scheduler: str = SchedulerOption,
         slurm_conf: str | None = SlurmConfOption,
         kubeconfig: str | None = KubeconfigOption,
+        tls_cert: Path | None = TlsCertOption,
+        tls_key: Path | None = TlsKeyOption,
+        max_nodes: int = MaxNodesOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane."""
+        tls = TlsFiles.from_options(tls_cert, tls_key)
         backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-        _serve(data_dir, db_url, host, port, policy, json_out, backend)
+        _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes)
 
     @ctl.command("migrate")
     def migrate_cmd(
@@ -243,11 +264,14 @@ def register(app: typer.Typer) -> None:
         policy: Path | None = typer.Option(
             None, "--policy", help="Remediation policy YAML (e.g. min_out_nodes, dry_run)."
         ),
+        tls_cert: Path | None = TlsCertOption,
+        tls_key: Path | None = TlsKeyOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Control plane + local agent (+ embedded scheduler) in one process."""
+        tls = TlsFiles.from_options(tls_cert, tls_key)
         backend = _scheduler(scheduler, slurm_conf, None)
-        _up(sim, data_dir, db_url, host, port, seed, json_out, policy, backend)
+        _up(sim, data_dir, db_url, host, port, seed, json_out, policy, backend, tls)
 
     @app.command("sim-fleet")
     def sim_fleet(
@@ -256,7 +280,7 @@ def register(app: typer.Typer) -> None:
             ..., "--token", envvar="GPUFLEET_TOKEN", help="Agent token (any node) or admin token."
         ),
         nodes: int = typer.Option(4, "--nodes", min=1, max=20000),
-        gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=64),
+        gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=MAX_GPUS_PER_NODE),
         model: str = typer.Option("h100-sxm", "--model", help="GPU model (catalog key)."),
         faults: Path | None = typer.Option(None, "--faults", help="YAML list of faults."),
         duration: float | None = typer.Option(
@@ -279,10 +303,14 @@ def register(app: typer.Typer) -> None:
             True, "--run-jobs/--no-run-jobs", help="Run the jobs the controller sends."
         ),
         seed: int = SeedOption,
+        ca: Path | None = CaOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Many simulated nodes in one process, each a real agent, pushing over HTTP."""
+        from gpufleet.cli.process import private_state
         from gpufleet.cli.simfleet import run_sim_fleet
+
+        private_state(state_dir)
 
         run_sim_fleet(
             controller_url,
@@ -298,6 +326,7 @@ def register(app: typer.Typer) -> None:
             run_jobs=run_jobs,
             seed=seed,
             json_out=json_out,
+            verify=client_verify(ca),
         )
 
 
@@ -316,15 +345,23 @@ def _serve(
     policy: Path | None,
     json_out: bool,
     scheduler: SchedulerBackend,
+    tls: TlsFiles | None = None,
+    max_nodes: int = DEFAULT_MAX_NODES_PER_TOKEN,
 ) -> None:
+    from gpufleet.cli.process import private_state
     from gpufleet.control.remediation import load_policy
     from gpufleet.control.up import build_service, serve
 
+    private_state(None if _db_url(db_url) else _data_dir(data_dir))
     service = build_service(
-        _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
+        _data_dir(data_dir),
+        _db_url(db_url),
+        scheduler=scheduler,
+        policy=load_policy(policy),
+        max_nodes_per_token=max_nodes,
     )
     service.start()
-    url = f"http://{host}:{port}"
+    url = f"{'https' if tls else 'http'}://{host}:{port}"
 
     def ready() -> None:
         if json_out:
@@ -337,7 +374,7 @@ def _serve(
             )
 
     try:
-        serve(service, host, port, on_ready=ready)
+        serve(service, host, port, on_ready=ready, tls=tls)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
@@ -354,13 +391,17 @@ def _up(
     json_out: bool,
     policy: Path | None,
     scheduler: SchedulerBackend,
+    tls: TlsFiles | None = None,
 ) -> None:
 
     from gpufleet.agent.fleet import FleetConfig, FleetDriver, job_runners, open_backends
+    from gpufleet.cli.process import private_state
     from gpufleet.control.remediation import load_policy
     from gpufleet.control.up import DEFAULT_SIM, admin_token, build_service, serve
     from gpufleet.schedulers.base import Feature
+    from gpufleet.tls import pinned_verify
 
+    private_state(_data_dir(data_dir))
     service = build_service(
         _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
     )
@@ -368,7 +409,8 @@ def _up(
     token = admin_token(service)
     agent_token, _ = service.store.tokens.create("agent", name="up-local-agents")
     source, backends, simfleet = open_backends(sim, seed, DEFAULT_SIM)
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    scheme = "https" if tls else "http"
+    url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     jobs = {}
     if scheduler.capabilities().supports(Feature.AGENT_JOBS):
         jobs = job_runners(backends, simfleet, _data_dir(data_dir) / "jobs")
@@ -381,6 +423,8 @@ def _up(
             state_dir=_data_dir(data_dir) / "agents",
             fast_interval_s=1.0,
             push_interval_s=2.0,
+            # the agents reach their own listener on loopback: trust exactly its certificate
+            verify=pinned_verify(tls.cert) if tls else True,
         ),
         jobs=jobs,
     )
@@ -388,7 +432,8 @@ def _up(
     def ready() -> None:
         agents.start()
         if simfleet is not None:
-            _assign_racks(url, token, [n.name for n in sim_nodes(simfleet)])
+            names = [n.name for n in sim_nodes(simfleet)]
+            _assign_racks(url, token, names, ca=pinned_verify(tls.cert) if tls else None)
         info = {
             "url": url,
             "dashboard": f"{url}/#token={token}",
@@ -411,12 +456,15 @@ def _up(
             console.print(f"  admin token: {token}", highlight=False, soft_wrap=True)
             console.print("Ctrl-C stops.", highlight=False)
 
+    def last_push() -> None:  # on SIGINT/SIGTERM, while the server still answers
+        agents.stop(flush=True, close_wait_s=0.5)
+
     try:
-        serve(service, host, port, on_ready=ready)
+        serve(service, host, port, on_ready=ready, before_exit=last_push, tls=tls)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
-        agents.stop(flush=False, close_wait_s=0.5)  # the server is gone; a hung call: 0.5 s
+        agents.stop(flush=False, close_wait_s=0.5)  # (done already after a stop signal)
         service.stop()
         if not json_out:
             err_console.print("gpufleet stopped")
@@ -426,7 +474,13 @@ def sim_nodes(simfleet: Any) -> list[Any]:
     return list(simfleet.spec.nodes)
 
 
-def _assign_racks(url: str, token: str, names: list[str], per_rack: int = 16) -> None:
+def _assign_racks(
+    url: str,
+    token: str,
+    names: list[str],
+    per_rack: int = 16,
+    ca: ssl.SSLContext | None = None,
+) -> None:
     """Give simulated nodes racks (r00, r01, ... of ``per_rack`` nodes) once they registered."""
     import threading
     import time
@@ -437,7 +491,7 @@ def _assign_racks(url: str, token: str, names: list[str], per_rack: int = 16) ->
     def work() -> None:
         pending = {n: f"r{i // per_rack:02d}" for i, n in enumerate(names)}
         deadline = time.monotonic() + 30
-        with Client(url, token, timeout_s=5.0) as client:
+        with Client(url, token, timeout_s=5.0, ca=ca) as client:
             while pending and time.monotonic() < deadline:
                 for n, rack in list(pending.items()):
                     try:

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import orjson
 
 from gpufleet.control.auth import Role
-from gpufleet.control.ingest import IngestRejected, decode_body, parse_batch
+from gpufleet.control.ingest import IngestRejected, Parsed, decode_body, parse_batch
 from gpufleet.control.store import IngestItem
 
 if TYPE_CHECKING:
@@ -69,10 +69,13 @@ async def handle_ingest(
         return _problem(403, f"ingest needs an agent token; this one is {who.role}")
     try:
         service.ingest.check_capacity("")
-        parsed = parse_batch(decode_body(body, content_encoding))
+        parsed = await _parse(body, content_encoding)
         batch = parsed.batch
         if not who.may_push_for(batch.node):
             return _problem(403, f"this agent token is bound to node {who.node!r}")
+        refusal = await service.node_quota.check(who, batch.node)
+        if refusal is not None:
+            return _problem(403, refusal)
         service.ingest.check_capacity(batch.node)
     except IngestRejected as exc:
         retry = (("Retry-After", str(exc.retry_after_s)),) if exc.retry_after_s else ()
@@ -89,6 +92,18 @@ async def handle_ingest(
     if ack.acks:  # findings acknowledged on the control plane that the agent still reports
         out["acks"] = [a.model_dump(mode="json") for a in ack.acks]
     return IngestReply(200, orjson.dumps(out))
+
+
+OFF_LOOP_BYTES = 32 * 1024  # bodies past this (gzip: a quarter of it) are parsed off the loop
+
+
+async def _parse(body: bytes, content_encoding: str | None) -> Parsed:
+    """Decode and validate a body; a large one on a worker thread, so a big batch (up to
+    MAX_BATCH_BYTES of JSON) never holds the event loop while other requests wait."""
+    gzip = (content_encoding or "").strip().lower() == "gzip"
+    if len(body) * (4 if gzip else 1) <= OFF_LOOP_BYTES:
+        return parse_batch(decode_body(body, content_encoding))
+    return await asyncio.to_thread(lambda: parse_batch(decode_body(body, content_encoding)))
 
 
 class IngestFastPath:
