@@ -230,7 +230,7 @@ def register(app: typer.Typer) -> None:
         db_url: str | None = DbUrlOption,
         json_out: bool = JsonOption,
     ) -> None:
-        """Revoke a token (a running controller stops accepting it within its cache)."""
+        """Revoke a token (every running controller refuses it within a second)."""
         from gpufleet.control import actions
         from gpufleet.control.store import NotFound
 
