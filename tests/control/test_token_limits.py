@@ -6,6 +6,7 @@ and the answers are 4xx naming the limit."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 from starlette.testclient import TestClient
@@ -72,3 +73,27 @@ def test_every_catalog_system_fits_the_gpu_limit() -> None:
     systems = list(load_catalog().systems.values())
     assert systems
     assert all(0 < s.gpus <= MAX_GPUS_PER_NODE for s in systems), [(s.key, s.gpus) for s in systems]
+
+
+def test_an_agent_with_too_many_gpus_is_refused_at_start(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.app import app
+    from gpufleet.errors import UsageError
+
+    res = CliRunner().invoke(
+        app,
+        [
+            "agent",
+            "--sim",
+            f"1x{MAX_GPUS_PER_NODE + 1}xh100-sxm",
+            "--controller",
+            "http://127.0.0.1:9",
+            "--token",
+            "gf_" + "x" * 43,
+            "--state-dir",
+            str(tmp_path),
+        ],
+    )
+    assert isinstance(res.exception, UsageError), res.output
+    assert f"at most {MAX_GPUS_PER_NODE} per node" in str(res.exception)

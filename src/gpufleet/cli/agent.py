@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
 
         from gpufleet.agent.runner import Agent, AgentConfig
         from gpufleet.agent.server import AgentServer, parse_listen
-        from gpufleet.cli.process import private_state
+        from gpufleet.cli.process import check_gpu_limit, private_state
         from gpufleet.devices.discovery import open_fleet
         from gpufleet.tls import TlsFiles, client_verify
 
@@ -91,6 +91,8 @@ def register(app: typer.Typer) -> None:
         if len(fleet.backends) > 1:
             console.print(f"[yellow]--sim has {len(fleet.backends)} nodes; serving the first[/]")
         backend = fleet.backends[0]
+        if controller:
+            check_gpu_limit([backend], "--sim" if sim else "the node")
         cfg = AgentConfig(
             fast_interval_s=fast_interval,
             slow_interval_s=slow_interval,

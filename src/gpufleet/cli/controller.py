@@ -395,7 +395,7 @@ def _up(
 ) -> None:
 
     from gpufleet.agent.fleet import FleetConfig, FleetDriver, job_runners, open_backends
-    from gpufleet.cli.process import private_state
+    from gpufleet.cli.process import check_gpu_limit, private_state
     from gpufleet.control.remediation import load_policy
     from gpufleet.control.up import DEFAULT_SIM, admin_token, build_service, serve
     from gpufleet.schedulers.base import Feature
@@ -409,6 +409,7 @@ def _up(
     token = admin_token(service)
     agent_token, _ = service.store.tokens.create("agent", name="up-local-agents")
     source, backends, simfleet = open_backends(sim, seed, DEFAULT_SIM)
+    check_gpu_limit(backends, "--sim")
     scheme = "https" if tls else "http"
     url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     jobs = {}

@@ -14,10 +14,11 @@ import os
 import signal
 from pathlib import Path
 from types import FrameType
+from typing import Any
 
 import typer
 
-from gpufleet.errors import ConfigError
+from gpufleet.errors import ConfigError, UsageError
 from gpufleet.private import PRIVATE_UMASK, private_dir, tighten
 
 
@@ -55,3 +56,17 @@ CaOption = typer.Option(
     envvar="GPUFLEET_CA",
     help="PEM CA bundle to verify an https:// controller with (default: system trust store).",
 )
+
+
+def check_gpu_limit(backends: list[Any], option: str) -> None:
+    """A node with more GPUs than the control plane takes (`MAX_GPUS_PER_NODE`) would have every
+    batch refused: say so at start, naming the option and the limit."""
+    from gpufleet.wire.limits import MAX_GPUS_PER_NODE
+
+    for b in backends:
+        n = b.device_count()
+        if n > MAX_GPUS_PER_NODE:
+            raise UsageError(
+                f"{option}: node {b.node_name} has {n} GPUs; the control plane takes at most "
+                f"{MAX_GPUS_PER_NODE} per node"
+            )
