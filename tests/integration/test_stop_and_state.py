@@ -117,8 +117,14 @@ def test_up_stopped_by_sigterm_writes_rollups_and_keeps_state_private(tmp_path: 
     )
     wait_for(lambda: len(client.get("/nodes").json()["nodes"]) == 2, 60, "both nodes pushed")
     client.close()
+    signalled = time.time()
     err = stop(proc, signal.SIGTERM)
     assert proc.returncode in (0, 128 + signal.SIGTERM), err
     assert rollups(data) > 0, err
+    with sqlite3.connect(data / "gpufleet.db") as db:
+        last = db.execute("SELECT node, max(received_s) FROM ingested_batches GROUP BY node")
+        after = {node for node, t in last if t >= signalled}
+    # each agent pushed its last samples after the signal, while the server still answered
+    assert after == {"sim-00", "sim-01"}, err
     assert os.listdir(data / "agents")
     assert loose_modes(data) == []
