@@ -53,6 +53,10 @@ def make_cert(tmp: Path, name: str, san: str) -> tuple[Path, Path]:
     return cert, key
 
 
+def serve_tls(cert: Path, key: Path) -> list[str]:
+    return ["--tls-cert", str(cert), "--tls-key", str(key)]
+
+
 def test_controller_and_agent_over_tls(tmp_path: Path) -> None:
     cert, key = make_cert(tmp_path, "ctl", "IP:127.0.0.1,DNS:localhost")
     data = tmp_path / "data"
@@ -67,10 +71,7 @@ def test_controller_and_agent_over_tls(tmp_path: Path) -> None:
             str(free_port()),
             "--scheduler",
             "none",
-            "--tls-cert",
-            str(cert),
-            "--tls-key",
-            str(key),
+            *serve_tls(cert, key),
             "--json",
         ],
         tmp_path,
@@ -99,10 +100,7 @@ def test_controller_and_agent_over_tls(tmp_path: Path) -> None:
                 str(tmp_path / "agent"),
                 "--listen",
                 metrics,
-                "--tls-cert",
-                str(cert),
-                "--tls-key",
-                str(key),
+                *serve_tls(cert, key),
                 "--push-interval",
                 "0.5",
                 "--json",
@@ -133,10 +131,7 @@ def test_up_over_tls_with_a_certificate_for_another_name(tmp_path: Path) -> None
             str(tmp_path / "data"),
             "--port",
             str(free_port()),
-            "--tls-cert",
-            str(cert),
-            "--tls-key",
-            str(key),
+            *serve_tls(cert, key),
             "--json",
         ],
         tmp_path,
