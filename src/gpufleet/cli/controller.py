@@ -15,13 +15,12 @@ from gpufleet.cli.output import console, emit_json, err_console
 from gpufleet.cli.process import CaOption, TlsCertOption, TlsKeyOption
 from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN
 from gpufleet.errors import UsageError
-from gpufleet.tls import TlsFiles, client_verify
-from gpufleet.wire.limits import MAX_GPUS_PER_NODE
 
 if TYPE_CHECKING:
     from gpufleet.control.auth import Principal
     from gpufleet.control.store import ControlStore
     from gpufleet.schedulers.base import SchedulerBackend
+    from gpufleet.tls import TlsFiles
 
 DATA_DIR_HELP = "Where the SQLite database lives (default ~/.local/share/gpufleet)."
 DB_URL_HELP = "Database URL instead of SQLite, e.g. postgresql://user@host/db (psycopg 3)."
@@ -109,7 +108,7 @@ def register(app: typer.Typer) -> None:
         """Serve the control plane (the default when no subcommand is given)."""
         ctx.obj = {"data_dir": data_dir, "db_url": db_url}
         if ctx.invoked_subcommand is None:
-            tls = TlsFiles.from_options(tls_cert, tls_key)
+            tls = _tls(tls_cert, tls_key)
             backend = _scheduler(scheduler, slurm_conf, kubeconfig)
             _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes)
 
@@ -129,7 +128,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane."""
-        tls = TlsFiles.from_options(tls_cert, tls_key)
+        tls = _tls(tls_cert, tls_key)
         backend = _scheduler(scheduler, slurm_conf, kubeconfig)
         _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes)
 
@@ -269,7 +268,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOption,
     ) -> None:
         """Control plane + local agent (+ embedded scheduler) in one process."""
-        tls = TlsFiles.from_options(tls_cert, tls_key)
+        tls = _tls(tls_cert, tls_key)
         backend = _scheduler(scheduler, slurm_conf, None)
         _up(sim, data_dir, db_url, host, port, seed, json_out, policy, backend, tls)
 
@@ -280,7 +279,9 @@ def register(app: typer.Typer) -> None:
             ..., "--token", envvar="GPUFLEET_TOKEN", help="Agent token (any node) or admin token."
         ),
         nodes: int = typer.Option(4, "--nodes", min=1, max=20000),
-        gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=MAX_GPUS_PER_NODE),
+        gpus_per_node: int = typer.Option(
+            8, "--gpus-per-node", min=1, help="At most 16, what the control plane takes."
+        ),
         model: str = typer.Option("h100-sxm", "--model", help="GPU model (catalog key)."),
         faults: Path | None = typer.Option(None, "--faults", help="YAML list of faults."),
         duration: float | None = typer.Option(
@@ -309,7 +310,14 @@ def register(app: typer.Typer) -> None:
         """Many simulated nodes in one process, each a real agent, pushing over HTTP."""
         from gpufleet.cli.process import private_state
         from gpufleet.cli.simfleet import run_sim_fleet
+        from gpufleet.tls import client_verify
+        from gpufleet.wire.limits import MAX_GPUS_PER_NODE
 
+        if gpus_per_node > MAX_GPUS_PER_NODE:
+            raise UsageError(
+                f"--gpus-per-node {gpus_per_node}: the control plane takes at most "
+                f"{MAX_GPUS_PER_NODE} GPUs per node"
+            )
         private_state(state_dir)
 
         run_sim_fleet(
@@ -328,6 +336,12 @@ def register(app: typer.Typer) -> None:
             json_out=json_out,
             verify=client_verify(ca),
         )
+
+
+def _tls(cert: Path | None, key: Path | None) -> TlsFiles | None:
+    from gpufleet.tls import TlsFiles
+
+    return TlsFiles.from_options(cert, key)
 
 
 def _scheduler(name: str, slurm_conf: str | None, kubeconfig: str | None) -> SchedulerBackend:

@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import TYPE_CHECKING
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, sessionmaker
+if TYPE_CHECKING:  # the CLI reads the default below at start: keep this module light
+    from sqlalchemy.orm import Session, sessionmaker
 
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.models import IngestedBatch
+    from gpufleet.control.auth import Principal
 
 DEFAULT_MAX_NODES_PER_TOKEN = 1000
 
@@ -35,6 +35,8 @@ class NodeQuota:
         self._lock = threading.Lock()
 
     def _limited(self, who: Principal) -> bool:
+        from gpufleet.control.auth import Role
+
         return (
             self.limit > 0
             and who.role is Role.AGENT
@@ -44,6 +46,10 @@ class NodeQuota:
 
     def load(self, token_id: int) -> None:
         """Read the nodes this token pushed for from the database (once per token)."""
+        from sqlalchemy import select
+
+        from gpufleet.control.models import IngestedBatch
+
         q = select(IngestedBatch.node).where(IngestedBatch.token_id == token_id).distinct()
         with self._sessions() as s:
             nodes = set(s.scalars(q))
