@@ -214,7 +214,7 @@ class TokenStore:
         self.forget()
         return True
 
-    def watch(self, interval_s: float = 0.25) -> None:
+    def watch(self, interval_s: float = 0.1) -> None:
         """Poll the token table every ``interval_s`` from a background thread, so a revocation
         written by anyone reaches this controller's cache within about that time, without a
         database query on each request."""

@@ -47,7 +47,7 @@ class ServiceConfig:
     policy: RemediationPolicy | None = None
     # how often the token table is checked for changes made elsewhere (CLI, other replicas):
     # a revocation takes effect within about this long on every controller
-    token_poll_s: float = 0.25
+    token_poll_s: float = 0.1
     max_nodes_per_token: int = DEFAULT_MAX_NODES_PER_TOKEN  # unbound agent tokens; 0: no limit
 
 
