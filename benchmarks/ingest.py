@@ -193,6 +193,9 @@ async def blast(
     }
 
 
+UNLIMITED = ["--max-nodes-per-token", "0"]
+
+
 def start_controller(data_dir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     """`gpufleet controller` in its own process on a free port, once it answers: (process,
     base URL, an agent token)."""
@@ -205,7 +208,8 @@ def start_controller(data_dir: Path) -> tuple[subprocess.Popen[bytes], str, str]
     )
     port = free_port()
     server = subprocess.Popen(
-        [*exe, "controller", "--data-dir", str(data_dir), "--port", str(port)],
+        # one bootstrap token stands in for a whole simulated fleet: no nodes-per-token limit
+        [*exe, "controller", "--data-dir", str(data_dir), "--port", str(port), *UNLIMITED],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )

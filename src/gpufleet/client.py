@@ -11,7 +11,10 @@ Neither the agent nor the control plane imports this module: it sits beside the 
 
 from __future__ import annotations
 
+import os
+import ssl
 from collections.abc import Mapping
+from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 from urllib.parse import quote
@@ -19,6 +22,7 @@ from urllib.parse import quote
 import httpx
 
 from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.tls import client_verify
 from gpufleet.wire.views import FindingOut, JobOut, NodeOut
 
 #: Lifecycle actions ``POST /nodes/{name}/actions/{action}`` accepts.
@@ -67,6 +71,11 @@ Finding = FindingOut
 Job = JobOut
 
 
+def _env_ca() -> Path | None:
+    value = os.environ.get("GPUFLEET_CA", "").strip()
+    return Path(value) if value else None
+
+
 class Client:
     """A synchronous client of one controller, e.g. ``Client("http://ctl:8080", token)``.
 
@@ -81,7 +90,10 @@ class Client:
         *,
         timeout_s: float = 30.0,
         transport: httpx.BaseTransport | None = None,
+        ca: Path | ssl.SSLContext | None = None,
     ) -> None:
+        """``ca``: a PEM bundle (or a ready TLS context) to verify an https controller with
+        (default: the ``GPUFLEET_CA`` environment variable, else the system's trust store)."""
         if not url.startswith(("http://", "https://")):
             raise UsageError(f"controller URL {url!r}: expected http://HOST:PORT or https://...")
         if not token:
@@ -92,6 +104,7 @@ class Client:
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout_s,
             transport=transport,
+            verify=ca if isinstance(ca, ssl.SSLContext) else client_verify(ca or _env_ca()),
         )
 
     def __enter__(self) -> Self:

@@ -111,3 +111,38 @@ def test_agent_start_line_is_one_line_with_whole_urls(tmp_path: Path) -> None:
     assert res.exit_code == 0, res.output
     first = res.output.splitlines()[0]
     assert first.startswith("gpufleet agent on ") and first.endswith(f"pushing to {controller}")
+
+
+def _service(unit: str) -> dict[str, str]:
+    section = unit.split("[Service]", 1)[1].split("[Install]", 1)[0]
+    return dict(ln.split("=", 1) for ln in section.splitlines() if "=" in ln)
+
+
+def test_unit_for_jobs_holds_nothing_a_job_cannot_live_with(tmp_path: Path) -> None:
+    """Jobs started by ``--run-jobs`` are the agent's children and inherit its unit: the job
+    unit has no memory cap, no read-only file system or hidden home, does not stop the agent
+    when one job is killed for memory, and passes `systemd-analyze verify` without a warning;
+    the agent-only unit keeps its confinement."""
+    common = ["config", "agent-systemd", "--exec", "/bin/true", "--user", "root"]
+    plain = runner.invoke(app, common)
+    jobs = runner.invoke(app, [*common, "--run-jobs", "--ca", "/etc/gpufleet/ca.pem"])
+    assert plain.exit_code == 0 and jobs.exit_code == 0, (plain.output, jobs.output)
+    alone, with_jobs = _service(plain.output), _service(jobs.output)
+    assert alone["MemoryMax"] == "512M" and alone["ProtectSystem"] == "strict"
+    assert "--run-jobs" not in alone["ExecStart"]
+    assert with_jobs["ExecStart"].endswith("--ca /etc/gpufleet/ca.pem --run-jobs")
+    for confining in ("MemoryMax", "ProtectSystem", "ProtectHome", "PrivateTmp", "NoNewPrivileges"):
+        assert confining not in with_jobs, confining
+    assert with_jobs["OOMPolicy"] == "continue"
+    assert with_jobs["LimitMEMLOCK"] == "infinity"
+    assert with_jobs["Delegate"] == "yes"
+    assert alone["UMask"] == with_jobs["UMask"] == "0077"  # the state directory stays private
+    analyze = need_binary("systemd-analyze")
+    for name, unit in (("plain", plain.output), ("jobs", jobs.output)):
+        path = tmp_path / name / "gpufleet-agent.service"
+        path.parent.mkdir()
+        path.write_text(unit)
+        out = subprocess.run(
+            [analyze, "verify", str(path)], capture_output=True, text=True, timeout=60
+        )
+        assert out.returncode == 0 and not out.stderr.strip(), (name, out.stderr)

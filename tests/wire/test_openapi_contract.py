@@ -53,13 +53,13 @@ def test_ingest_body_states_its_limits(client: Any) -> None:
     body = doc["paths"]["/api/v1/ingest"]["post"]["requestBody"]["content"]["application/json"]
     batch = body["schema"]
     assert batch["additionalProperties"] is False
-    assert _prop(doc, batch, "samples")["maxItems"] == 2048  # 1024 GPUs x 2 sampling tiers
+    assert _prop(doc, batch, "samples")["maxItems"] == 32  # 16 GPUs x 2 sampling tiers
     block = _prop(doc, batch, "samples", "[]")
     assert block["additionalProperties"] is False
     assert set(block["required"]) == {"gpu_uuid", "gpu_index", "t", "fields"}
     assert _prop(doc, block, "t")["maxItems"] == 3600  # the agent's cap per GPU and tier
     index = _prop(doc, block, "gpu_index")
-    assert (index["minimum"], index["exclusiveMaximum"]) == (0, 1024)
+    assert (index["minimum"], index["exclusiveMaximum"]) == (0, 16)  # at most 16 GPUs a node
     uuid = _prop(doc, block, "gpu_uuid")
     assert (uuid["minLength"], uuid["maxLength"]) == (1, limits.MAX_UUID)
     fields = _prop(doc, block, "fields")
@@ -70,8 +70,8 @@ def test_ingest_body_states_its_limits(client: Any) -> None:
     assert (hb["exclusiveMinimum"], hb["maximum"]) == (0, 3600)
     assert _prop(doc, batch, "seq")["minimum"] == 1
     assert _prop(doc, batch, "findings")["maxItems"] == limits.MAX_FINDINGS
-    assert _prop(doc, batch, "events", "[]", "gpu_index")["exclusiveMaximum"] == 1024
-    assert _prop(doc, batch, "devices", "?")["maxItems"] == 1024
+    assert _prop(doc, batch, "events", "[]", "gpu_index")["exclusiveMaximum"] == 16
+    assert _prop(doc, batch, "devices", "?")["maxItems"] == 16
     lease = _prop(doc, batch, "jobs", "?", "lease_s")
     assert (lease["exclusiveMinimum"], lease["maximum"]) == (0, 86400)
 

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import logging
 import math
+import ssl
 import threading
 import time
 from collections import deque
@@ -63,6 +64,7 @@ class FleetConfig:
     push_threads: int = 8
     connections: int = 16
     push_timeout_s: float = 5.0
+    verify: ssl.SSLContext | bool = True  # how an https controller is verified (httpx's verify)
 
 
 def _rows(window_s: float, push_s: float, interval_s: float) -> int:
@@ -152,6 +154,7 @@ class FleetDriver:
     _threads: list[threading.Thread] = field(init=False, default_factory=list)
     _push_ms: deque[float] = field(init=False, default_factory=lambda: deque(maxlen=4096))
     _schedules: list[_Schedule] = field(init=False, default_factory=list)
+    _stopped: bool = field(init=False, default=False)
 
     def __post_init__(self) -> None:
         cfg = self.config
@@ -164,7 +167,7 @@ class FleetDriver:
             max_connections=cfg.connections, max_keepalive_connections=cfg.connections
         )
         self.client = httpx.Client(
-            transport=self.transport, timeout=cfg.push_timeout_s, limits=limits
+            transport=self.transport, timeout=cfg.push_timeout_s, limits=limits, verify=cfg.verify
         )
         for b in self.backends:
             agent = Agent(
@@ -228,7 +231,11 @@ class FleetDriver:
 
     def stop(self, *, flush: bool = True, close_wait_s: float = 2.0) -> None:
         """Stop the threads, push what was sampled since the last push (``flush``), and close
-        every agent; waits at most ``close_wait_s`` in all for NVML calls still running."""
+        every agent; waits at most ``close_wait_s`` in all for NVML calls still running. A
+        second call does nothing."""
+        if self._stopped:
+            return
+        self._stopped = True
         self._stop.set()
         for s in self._schedules:
             with s.cond:

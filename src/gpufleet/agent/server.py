@@ -2,16 +2,17 @@
 findings) and ``/healthz`` (200 while the sampling loop is alive, 503 otherwise).
 
 A stdlib threading HTTP server: no framework needed for three read-only endpoints, and a scrape
-never touches NVML (it reads the ring buffers).
+never touches NVML (it reads the ring buffers). ``--tls-cert``/``--tls-key`` make it HTTPS.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import ssl
 import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from gpufleet.errors import UsageError
 from gpufleet.telemetry.exposition import CONTENT_TYPE
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from gpufleet.agent.runner import Agent
 
 log = logging.getLogger("gpufleet.agent.http")
+HANDSHAKE_TIMEOUT_S = 10.0  # a client silent this long (TLS handshake or request) is dropped
 
 
 def parse_listen(text: str) -> tuple[str, int]:
@@ -62,15 +64,34 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(500, b"internal error\n", "text/plain")
 
 
-class AgentServer:
-    """Serves one agent on HOST:PORT from a background thread."""
+class _TlsServer(ThreadingHTTPServer):
+    """HTTPS: each accepted connection is wrapped, its handshake done in the request's own
+    thread (a slow or silent client never holds up ``accept``)."""
 
-    def __init__(self, agent: Agent, host: str, port: int) -> None:
-        handler = type("Handler", (_Handler,), {"agent": agent})
+    context: ssl.SSLContext
+
+    def get_request(self) -> tuple[Any, Any]:
+        sock, addr = super().get_request()
+        sock.settimeout(HANDSHAKE_TIMEOUT_S)
+        return self.context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False), addr
+
+
+class AgentServer:
+    """Serves one agent on HOST:PORT from a background thread; HTTPS with ``tls``."""
+
+    def __init__(
+        self, agent: Agent, host: str, port: int, *, tls: ssl.SSLContext | None = None
+    ) -> None:
+        handler = type("Handler", (_Handler,), {"agent": agent, "timeout": HANDSHAKE_TIMEOUT_S})
         try:
-            self.httpd = ThreadingHTTPServer((host, port), handler)
+            if tls is None:
+                self.httpd = ThreadingHTTPServer((host, port), handler)
+            else:
+                self.httpd = _TlsServer((host, port), handler)
+                self.httpd.context = tls
         except OSError as exc:
             raise UsageError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+        self.scheme = "http" if tls is None else "https"
         self.httpd.daemon_threads = True
         self._thread = threading.Thread(
             target=self.httpd.serve_forever, name="gpufleet-http", daemon=True

@@ -25,6 +25,7 @@ import uuid as uuidlib
 from pathlib import Path
 
 from gpufleet.errors import ConfigError
+from gpufleet.private import private_dir, tighten
 
 DEFAULT_MAX_BATCHES = 2000
 DEFAULT_MAX_BYTES = 64 * 2**20
@@ -32,7 +33,9 @@ DEFAULT_MAX_BYTES = 64 * 2**20
 
 def _atomic_write(path: Path, data: bytes) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    with open(tmp, "wb") as fh:
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    os.fchmod(fd, 0o600)  # also when a stale temporary file was left with wider modes
+    with os.fdopen(fd, "wb") as fh:
         fh.write(data)
         fh.flush()
         os.fsync(fh.fileno())
@@ -45,7 +48,8 @@ class AgentState:
     def __init__(self, state_dir: Path, node: str, *, seq_block: int = 1) -> None:
         self.path = state_dir / "agent.json"
         self.seq_block = max(1, seq_block)
-        state_dir.mkdir(parents=True, exist_ok=True)
+        private_dir(state_dir)
+        tighten(self.path)
         if self.path.exists():
             try:
                 doc = json.loads(self.path.read_text(encoding="utf-8"))
@@ -87,7 +91,8 @@ class Spool:
         max_bytes: int = DEFAULT_MAX_BYTES,
     ) -> None:
         self.dir = directory
-        self.dir.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
+        tighten(self.dir, recursive=True)  # batches an older version spooled world-readable
         self.max_batches = max_batches
         self.max_bytes = max_bytes
         self.dropped = 0

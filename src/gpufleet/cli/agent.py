@@ -12,6 +12,7 @@ import typer
 
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption, read_token
 from gpufleet.cli.output import console, emit_json
+from gpufleet.cli.process import CaOption, TlsCertOption, TlsKeyOption
 from gpufleet.errors import UsageError
 
 
@@ -64,12 +65,19 @@ def register(app: typer.Typer) -> None:
         job_lease: float = typer.Option(
             30.0, "--job-lease", help="Cut off from the control plane this long: kill own jobs."
         ),
+        tls_cert: Path | None = TlsCertOption,
+        tls_key: Path | None = TlsKeyOption,
+        ca: Path | None = CaOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Run the node agent until SIGTERM/SIGINT (or --duration)."""
+        import httpx
+
         from gpufleet.agent.runner import Agent, AgentConfig
         from gpufleet.agent.server import AgentServer, parse_listen
+        from gpufleet.cli.process import check_gpu_limit, private_state
         from gpufleet.devices.discovery import open_fleet
+        from gpufleet.tls import TlsFiles, client_verify
 
         if fast_interval <= 0 or slow_interval <= 0 or push_interval <= 0:
             raise UsageError("--fast-interval, --slow-interval and --push-interval must be > 0")
@@ -87,6 +95,9 @@ def register(app: typer.Typer) -> None:
         )
         # one INFO line per push from the HTTP client would drown the agent's own log
         logging.getLogger("httpx").setLevel(max(logging.WARNING, logging.root.level))
+        tls = TlsFiles.from_options(tls_cert, tls_key)
+        verify = client_verify(ca)
+        private_state(state_dir)
         host, port = parse_listen(listen)
         fleet = open_fleet(sim=sim, seed=seed)
         if not fleet.backends:
@@ -94,6 +105,8 @@ def register(app: typer.Typer) -> None:
         if len(fleet.backends) > 1:
             console.print(f"[yellow]--sim has {len(fleet.backends)} nodes; serving the first[/]")
         backend = fleet.backends[0]
+        if controller:
+            check_gpu_limit([backend], "--sim" if sim else "the node")
         cfg = AgentConfig(
             fast_interval_s=fast_interval,
             slow_interval_s=slow_interval,
@@ -102,12 +115,13 @@ def register(app: typer.Typer) -> None:
             token=token,
             state_dir=state_dir,
         )
-        agent = Agent(backend, cfg)
+        client = httpx.Client(timeout=5.0, verify=verify) if controller else None
+        agent = Agent(backend, cfg, client=client)
         if run_jobs:
             if not controller:
                 raise UsageError("--run-jobs needs --controller (jobs come from the control plane)")
             agent.enable_jobs(_agent_jobs(fleet, backend, state_dir, job_lease))
-        server = AgentServer(agent, host, port).start()
+        server = AgentServer(agent, host, port, tls=tls.server_context() if tls else None).start()
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: stop.set())
@@ -123,7 +137,7 @@ def register(app: typer.Typer) -> None:
         else:
             console.print(
                 f"gpufleet agent on {started['node']}: {started['gpus']} GPUs, "
-                f"http://{started['listen']}/metrics"
+                f"{server.scheme}://{started['listen']}/metrics"
                 + (f", pushing to {controller}" if controller else ""),
                 highlight=False,
                 soft_wrap=True,  # one line in a journal, URLs unbroken
@@ -133,6 +147,8 @@ def register(app: typer.Typer) -> None:
         finally:
             server.stop()
             agent.close()  # shuts NVML down unless a call hangs (then exits leaving it up)
+            if client is not None:
+                client.close()
         if json_out:
             emit_json({"event": "stopped", "rounds": agent.sampler.ticks}, line=True)
 

@@ -9,6 +9,7 @@ import typer
 
 from gpufleet import __version__
 from gpufleet.cli.output import print_error
+from gpufleet.cli.process import stop_on_sigterm
 from gpufleet.errors import GpufleetError
 
 app = typer.Typer(
@@ -79,6 +80,7 @@ def main() -> None:
     exit with the documented code (`VERDICT_COMMANDS`)."""
     verdict = is_verdict_command(sys.argv[1:])
     bad_input = VERDICT_UNKNOWN if verdict else 2
+    stop_on_sigterm()  # systemd, Docker and Kubernetes stop with SIGTERM: shut down as on Ctrl-C
     try:
         code = app(standalone_mode=False)
     except typer.TyperException as exc:  # a bad option or argument, as click words it

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import ssl
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -11,12 +12,15 @@ import typer
 
 from gpufleet.cli.common import JsonOption, SeedOption, TokenFileOption, read_token
 from gpufleet.cli.output import console, emit_json, err_console
+from gpufleet.cli.process import CaOption, TlsCertOption, TlsKeyOption
+from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN
 from gpufleet.errors import UsageError
 
 if TYPE_CHECKING:
     from gpufleet.control.auth import Principal
     from gpufleet.control.store import ControlStore
     from gpufleet.schedulers.base import SchedulerBackend
+    from gpufleet.tls import TlsFiles
 
 DATA_DIR_HELP = "Where the SQLite database lives (default ~/.local/share/gpufleet)."
 DB_URL_HELP = "Database URL instead of SQLite, e.g. postgresql://user@host/db (psycopg 3)."
@@ -47,12 +51,20 @@ KubeconfigOption = typer.Option(
     help="kubeconfig for --scheduler kubernetes (default: in-cluster, then ~/.kube/config).",
 )
 DbUrlOption = typer.Option(None, "--db-url", help=DB_URL_HELP)
+MaxNodesOption = typer.Option(
+    DEFAULT_MAX_NODES_PER_TOKEN,
+    "--max-nodes-per-token",
+    min=0,
+    help="Nodes one agent token not bound to a node may push for (0: no limit).",
+)
 
 
 def _open_store(data_dir: Path | None, db_url: str | None) -> ControlStore:
+    from gpufleet.cli.process import private_state
     from gpufleet.control.db import database_url, make_engine, migrate
     from gpufleet.control.store import ControlStore
 
+    private_state()  # the database (and its WAL) this may create are private
     engine = make_engine(database_url(_data_dir(data_dir), _db_url(db_url)))
     migrate(engine)
     import time
@@ -88,13 +100,17 @@ def register(app: typer.Typer) -> None:
         scheduler: str = SchedulerOption,
         slurm_conf: str | None = SlurmConfOption,
         kubeconfig: str | None = KubeconfigOption,
+        tls_cert: Path | None = TlsCertOption,
+        tls_key: Path | None = TlsKeyOption,
+        max_nodes: int = MaxNodesOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane (the default when no subcommand is given)."""
         ctx.obj = {"data_dir": data_dir, "db_url": db_url}
         if ctx.invoked_subcommand is None:
+            tls = _tls(tls_cert, tls_key)
             backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-            _serve(data_dir, db_url, host, port, policy, json_out, backend)
+            _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes)
 
     @ctl.command("serve")
     def serve_cmd(
@@ -106,11 +122,15 @@ def register(app: typer.Typer) -> None:
         scheduler: str = SchedulerOption,
         slurm_conf: str | None = SlurmConfOption,
         kubeconfig: str | None = KubeconfigOption,
+        tls_cert: Path | None = TlsCertOption,
+        tls_key: Path | None = TlsKeyOption,
+        max_nodes: int = MaxNodesOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane."""
+        tls = _tls(tls_cert, tls_key)
         backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-        _serve(data_dir, db_url, host, port, policy, json_out, backend)
+        _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes)
 
     @ctl.command("migrate")
     def migrate_cmd(
@@ -226,7 +246,7 @@ def register(app: typer.Typer) -> None:
         db_url: str | None = DbUrlOption,
         json_out: bool = JsonOption,
     ) -> None:
-        """Revoke a token (a running controller stops accepting it within its cache)."""
+        """Revoke a token (every running controller refuses it within a second)."""
         from gpufleet.control import actions
         from gpufleet.control.store import NotFound
 
@@ -260,11 +280,14 @@ def register(app: typer.Typer) -> None:
         policy: Path | None = typer.Option(
             None, "--policy", help="Remediation policy YAML (e.g. min_out_nodes, dry_run)."
         ),
+        tls_cert: Path | None = TlsCertOption,
+        tls_key: Path | None = TlsKeyOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Control plane + local agent (+ embedded scheduler) in one process."""
+        tls = _tls(tls_cert, tls_key)
         backend = _scheduler(scheduler, slurm_conf, None)
-        _up(sim, data_dir, db_url, host, port, seed, json_out, policy, backend)
+        _up(sim, data_dir, db_url, host, port, seed, json_out, policy, backend, tls)
 
     @app.command("sim-fleet")
     def sim_fleet(
@@ -277,7 +300,9 @@ def register(app: typer.Typer) -> None:
         ),
         token_file: Path | None = TokenFileOption,
         nodes: int = typer.Option(4, "--nodes", min=1, max=20000),
-        gpus_per_node: int = typer.Option(8, "--gpus-per-node", min=1, max=64),
+        gpus_per_node: int = typer.Option(
+            8, "--gpus-per-node", min=1, help="At most 16, what the control plane takes."
+        ),
         model: str = typer.Option("h100-sxm", "--model", help="GPU model (catalog key)."),
         faults: Path | None = typer.Option(None, "--faults", help="YAML list of faults."),
         duration: float | None = typer.Option(
@@ -300,10 +325,21 @@ def register(app: typer.Typer) -> None:
             True, "--run-jobs/--no-run-jobs", help="Run the jobs the controller sends."
         ),
         seed: int = SeedOption,
+        ca: Path | None = CaOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Many simulated nodes in one process, each a real agent, pushing over HTTP."""
+        from gpufleet.cli.process import private_state
         from gpufleet.cli.simfleet import run_sim_fleet
+        from gpufleet.tls import client_verify
+        from gpufleet.wire.limits import MAX_GPUS_PER_NODE
+
+        if gpus_per_node > MAX_GPUS_PER_NODE:
+            raise UsageError(
+                f"--gpus-per-node {gpus_per_node}: the control plane takes at most "
+                f"{MAX_GPUS_PER_NODE} GPUs per node"
+            )
+        private_state(state_dir)
 
         given = read_token(token, token_file)
         if not given:
@@ -322,7 +358,14 @@ def register(app: typer.Typer) -> None:
             run_jobs=run_jobs,
             seed=seed,
             json_out=json_out,
+            verify=client_verify(ca),
         )
+
+
+def _tls(cert: Path | None, key: Path | None) -> TlsFiles | None:
+    from gpufleet.tls import TlsFiles
+
+    return TlsFiles.from_options(cert, key)
 
 
 def _scheduler(name: str, slurm_conf: str | None, kubeconfig: str | None) -> SchedulerBackend:
@@ -340,15 +383,23 @@ def _serve(
     policy: Path | None,
     json_out: bool,
     scheduler: SchedulerBackend,
+    tls: TlsFiles | None = None,
+    max_nodes: int = DEFAULT_MAX_NODES_PER_TOKEN,
 ) -> None:
+    from gpufleet.cli.process import private_state
     from gpufleet.control.remediation import load_policy
     from gpufleet.control.up import build_service, serve
 
+    private_state(None if _db_url(db_url) else _data_dir(data_dir))
     service = build_service(
-        _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
+        _data_dir(data_dir),
+        _db_url(db_url),
+        scheduler=scheduler,
+        policy=load_policy(policy),
+        max_nodes_per_token=max_nodes,
     )
     service.start()
-    url = f"http://{host}:{port}"
+    url = f"{'https' if tls else 'http'}://{host}:{port}"
 
     def ready() -> None:
         if json_out:
@@ -361,7 +412,7 @@ def _serve(
             )
 
     try:
-        serve(service, host, port, on_ready=ready)
+        serve(service, host, port, on_ready=ready, tls=tls)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
@@ -378,9 +429,11 @@ def _up(
     json_out: bool,
     policy: Path | None,
     scheduler: SchedulerBackend,
+    tls: TlsFiles | None = None,
 ) -> None:
 
     from gpufleet.agent.fleet import FleetConfig, FleetDriver, job_runners, open_backends
+    from gpufleet.cli.process import check_gpu_limit, private_state
     from gpufleet.control.remediation import load_policy
     from gpufleet.control.up import (
         ADMIN_TOKEN_FILE,
@@ -391,16 +444,20 @@ def _up(
         serve,
     )
     from gpufleet.schedulers.base import Feature
+    from gpufleet.tls import pinned_verify
 
+    private_state(_data_dir(data_dir))
     service = build_service(
         _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
     )
     service.start()
     token = admin_token(service, _data_dir(data_dir))
     source, backends, simfleet = open_backends(sim, seed, DEFAULT_SIM)
+    check_gpu_limit(backends, "--sim")
     # one agent token per node, bound to it: only those may offer job slots
     node_tokens = node_agent_tokens(service, [b.node_name for b in backends])
-    url = f"http://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
+    scheme = "https" if tls else "http"
+    url = f"{scheme}://{'127.0.0.1' if host in ('0.0.0.0', '::') else host}:{port}"
     jobs = {}
     if scheduler.capabilities().supports(Feature.AGENT_JOBS):
         jobs = job_runners(backends, simfleet, _data_dir(data_dir) / "jobs")
@@ -414,6 +471,8 @@ def _up(
             state_dir=_data_dir(data_dir) / "agents",
             fast_interval_s=1.0,
             push_interval_s=2.0,
+            # the agents reach their own listener on loopback: trust exactly its certificate
+            verify=pinned_verify(tls.cert) if tls else True,
         ),
         jobs=jobs,
     )
@@ -421,7 +480,8 @@ def _up(
     def ready() -> None:
         agents.start()
         if simfleet is not None:
-            _assign_racks(url, token, [n.name for n in sim_nodes(simfleet)])
+            names = [n.name for n in sim_nodes(simfleet)]
+            _assign_racks(url, token, names, ca=pinned_verify(tls.cert) if tls else None)
         info = {
             "url": url,
             "dashboard": f"{url}/#token={token}",
@@ -448,12 +508,15 @@ def _up(
             )
             console.print("Ctrl-C stops.", highlight=False)
 
+    def last_push() -> None:  # on SIGINT/SIGTERM, while the server still answers
+        agents.stop(flush=True, close_wait_s=0.5)
+
     try:
-        serve(service, host, port, on_ready=ready)
+        serve(service, host, port, on_ready=ready, before_exit=last_push, tls=tls)
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
-        agents.stop(flush=False, close_wait_s=0.5)  # the server is gone; a hung call: 0.5 s
+        agents.stop(flush=False, close_wait_s=0.5)  # (done already after a stop signal)
         service.stop()
         if not json_out:
             err_console.print("gpufleet stopped")
@@ -463,7 +526,13 @@ def sim_nodes(simfleet: Any) -> list[Any]:
     return list(simfleet.spec.nodes)
 
 
-def _assign_racks(url: str, token: str, names: list[str], per_rack: int = 16) -> None:
+def _assign_racks(
+    url: str,
+    token: str,
+    names: list[str],
+    per_rack: int = 16,
+    ca: ssl.SSLContext | None = None,
+) -> None:
     """Give simulated nodes racks (r00, r01, ... of ``per_rack`` nodes) once they registered."""
     import threading
     import time
@@ -474,7 +543,7 @@ def _assign_racks(url: str, token: str, names: list[str], per_rack: int = 16) ->
     def work() -> None:
         pending = {n: f"r{i // per_rack:02d}" for i, n in enumerate(names)}
         deadline = time.monotonic() + 30
-        with Client(url, token, timeout_s=5.0) as client:
+        with Client(url, token, timeout_s=5.0, ca=ca) as client:
             while pending and time.monotonic() < deadline:
                 for n, rack in list(pending.items()):
                     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import signal
+import ssl
 import tempfile
 import threading
 from pathlib import Path
@@ -33,6 +34,7 @@ def run_sim_fleet(
     run_jobs: bool,
     seed: int,
     json_out: bool,
+    verify: ssl.SSLContext | bool = True,
 ) -> None:
     from gpufleet.agent.fleet import FleetConfig, FleetDriver, job_runners
     from gpufleet.devices.sim import SimFleet
@@ -60,6 +62,7 @@ def run_sim_fleet(
                 fast_interval_s=sample_interval,
                 push_interval_s=push_interval,
                 connections=concurrency,
+                verify=verify,
             ),
             jobs=job_runners(backends, fleet, root / "jobs") if run_jobs else {},
         )

@@ -39,6 +39,32 @@ ERROR_STATUS: dict[type[Exception], int] = {
 }
 
 
+DOCS_PATH = "/api/v1/docs"
+
+
+def mount_api_docs(app: FastAPI) -> None:
+    """Swagger UI at ``/api/v1/docs``, its scripts and styles served from the installed
+    ``swagger-ui-bundle`` package: the page loads nothing from the network (FastAPI's default
+    page pulls them from a CDN, which an air-gapped cluster cannot reach and which would see
+    every operator who opens the page)."""
+    from fastapi.openapi.docs import get_swagger_ui_html
+    from fastapi.responses import HTMLResponse
+    from swagger_ui_bundle import swagger_ui_path
+
+    assets = f"{DOCS_PATH}/assets"
+    app.mount(assets, StaticFiles(directory=str(swagger_ui_path)), name="swagger-ui")
+
+    @app.get(DOCS_PATH, include_in_schema=False)
+    def swagger_ui() -> HTMLResponse:
+        return get_swagger_ui_html(
+            openapi_url=app.openapi_url or "",
+            title=f"{app.title} - API",
+            swagger_js_url=f"{assets}/swagger-ui-bundle.js",
+            swagger_css_url=f"{assets}/swagger-ui.css",
+            swagger_favicon_url=f"{assets}/favicon-32x32.png",
+        )
+
+
 def create_app(service: ControlService) -> FastAPI:
     """The FastAPI application of one controller."""
     install_log_redaction()
@@ -47,7 +73,7 @@ def create_app(service: ControlService) -> FastAPI:
         title="gpufleet control plane",
         version=__version__,
         openapi_url="/api/v1/openapi.json",
-        docs_url="/api/v1/docs",
+        docs_url=None,  # served below from the package's own copy of Swagger UI
         redoc_url=None,
         description="Fleet state, telemetry, findings, lifecycle actions and ingest.",
     )
@@ -81,6 +107,7 @@ def create_app(service: ControlService) -> FastAPI:
         return doc
 
     app.openapi = openapi  # type: ignore[method-assign]
+    mount_api_docs(app)
     from gpufleet.web import static_dir
 
     app.mount("/", StaticFiles(directory=str(static_dir()), html=True), name="web")

@@ -23,11 +23,13 @@ import threading
 from dataclasses import dataclass
 from enum import StrEnum
 
-from sqlalchemy import select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.control.models import ApiToken
 from gpufleet.errors import UsageError
+
+log = logging.getLogger("gpufleet.control.auth")
 
 TOKEN_PREFIX = "gf_"
 TOKEN_RE = re.compile(r"gf_[A-Za-z0-9_\-]{20,}")
@@ -133,13 +135,21 @@ def install_log_redaction() -> None:
 
 
 class TokenStore:
-    """Create, list, revoke and resolve tokens; resolution is cached (revocation clears it)."""
+    """Create, list, revoke and resolve tokens. Resolutions are cached; a revocation through
+    this store drops the cache at once, and `watch` drops it within ``interval_s`` of any change
+    to the token table made elsewhere (CLI, other replicas)."""
 
     def __init__(self, sessions: sessionmaker[Session], clock: object) -> None:
         self._sessions = sessions
         self._clock = clock
         self._cache: dict[str, Principal | None] = {}
         self._lock = threading.Lock()
+        # bumped whenever the cache is dropped: a lookup that started before a drop does not
+        # store its (possibly stale) answer after it
+        self._generation = 0
+        self._fingerprint: tuple[object, ...] | None = None
+        self._watch_stop = threading.Event()
+        self._watcher: threading.Thread | None = None
 
     def _now(self) -> float:
         return float(self._clock())  # type: ignore[operator]
@@ -201,14 +211,62 @@ class TokenStore:
         else:
             with self._sessions.begin() as s:
                 done = _do(s)
-        with self._lock:
-            self._cache.clear()
+        self.forget()
         return done
 
     def forget(self) -> None:
         """Drop every cached resolution (after a revocation commits)."""
         with self._lock:
             self._cache.clear()
+            self._generation += 1
+
+    def fingerprint(self) -> tuple[object, ...]:
+        """A summary of the token table that changes whenever a token is created, revoked or
+        deleted, by this process or any other (the CLI, another controller replica): one small
+        aggregate query."""
+        q = select(
+            func.count(ApiToken.id),
+            func.count(ApiToken.revoked_s),
+            func.coalesce(func.max(ApiToken.revoked_s), 0.0),
+            func.coalesce(func.sum(ApiToken.id), 0),
+        )
+        with self._sessions() as s:
+            return tuple(s.execute(q).one())
+
+    def refresh(self) -> bool:
+        """Drop the cache when the token table changed since the last look; True if it did."""
+        fp = self.fingerprint()
+        if fp == self._fingerprint:
+            return False
+        self._fingerprint = fp
+        self.forget()
+        return True
+
+    def watch(self, interval_s: float = 0.1) -> None:
+        """Poll the token table every ``interval_s`` from a background thread, so a revocation
+        written by anyone reaches this controller's cache within about that time, without a
+        database query on each request."""
+        if self._watcher is not None:
+            return
+        self._watch_stop.clear()
+
+        def loop() -> None:
+            while not self._watch_stop.wait(interval_s):
+                try:
+                    self.refresh()
+                except Exception as exc:  # database down: drop the cache, look again later
+                    log.warning("token table check failed: %s", exc)
+                    self._fingerprint = None
+                    self.forget()
+
+        self._watcher = threading.Thread(target=loop, name="gpufleet-token-watch", daemon=True)
+        self._watcher.start()
+
+    def unwatch(self) -> None:
+        self._watch_stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=5)
+            self._watcher = None
 
     def cached(self, token: str) -> tuple[bool, Principal | None]:
         """(known, principal) from the cache alone, without touching the database."""
@@ -228,12 +286,15 @@ class TokenStore:
         with self._lock:
             if digest in self._cache:
                 return self._cache[digest]
+            generation = self._generation
         with self._sessions() as s:
             row = s.scalars(select(ApiToken).where(ApiToken.token_hash == digest)).first()
             principal = None
             if row is not None and row.revoked_s is None:
                 principal = Principal(row.id, row.name, Role(row.role), row.tenant, row.node)
         with self._lock:
+            if generation != self._generation:
+                return principal  # the cache was dropped meanwhile: this answer may be stale
             if len(self._cache) > 10_000:
                 self._cache.clear()
             self._cache[digest] = principal

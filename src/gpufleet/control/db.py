@@ -12,6 +12,7 @@ from sqlalchemy.orm import Session, sessionmaker
 
 from gpufleet.errors import ConfigError
 from gpufleet.jsonable import to_jsonable
+from gpufleet.private import private_dir, private_file, tighten
 
 DB_FILE = "gpufleet.db"
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -28,7 +29,15 @@ def database_url(data_dir: Path | None, db_url: str | None) -> str:
         return db_url
     if data_dir is None:
         raise ConfigError("either --data-dir or --db-url is needed")
-    data_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        # private: the database and its WAL hold job environments (API keys) and token hashes;
+        # SQLite gives -wal and -shm the mode of the database file
+        private_dir(data_dir)
+        for name in (DB_FILE, f"{DB_FILE}-wal", f"{DB_FILE}-shm"):
+            tighten(data_dir / name)
+        private_file(data_dir / DB_FILE)
+    except OSError as exc:
+        raise ConfigError(f"--data-dir {data_dir}: {exc.strerror or exc}") from exc
     return f"sqlite:///{data_dir / DB_FILE}"
 
 

@@ -10,6 +10,7 @@ documents it; it calls the same `handle_ingest`), so the two can never answer di
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, MutableMapping
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from gpufleet.control.bodylimits import (
     header,
     read_capped,
 )
-from gpufleet.control.ingest import IngestRejected, decode_body, parse_batch
+from gpufleet.control.ingest import IngestRejected, Parsed, decode_body, parse_batch
 from gpufleet.control.job_slots import trusted_jobs_report
 from gpufleet.control.store import IngestItem
 
@@ -88,13 +89,16 @@ async def ingest_body(
     received = store.clock()
     try:
         service.ingest.check_capacity("")
-        parsed = parse_batch(decode_body(body, content_encoding), received)
+        parsed = await _parse(body, content_encoding, received)
         batch = parsed.batch
         nc = store.view.nodes.get(batch.node)
         if not who.may_push_for(batch.node, nc.tenant if nc else None, nc is not None):
             if who.node is not None and who.node != batch.node:
                 return _problem(403, f"this agent token is bound to node {who.node!r}")
             return _problem(403, f"node {batch.node!r} is not of this token's tenant")
+        refusal = await service.node_quota.check(who, batch.node)
+        if refusal is not None:
+            return _problem(403, refusal)
         service.ingest.check_capacity(batch.node)
         if parsed.unusable:  # every sample was out of range: nothing to store but the heartbeat
             store.writer.submit(lambda: store.touch(batch.node, received))
@@ -117,6 +121,18 @@ async def ingest_body(
     if parsed.dropped:  # samples and events refused one by one, counted by field
         out["dropped"] = parsed.dropped
     return IngestReply(200, orjson.dumps(out))
+
+
+OFF_LOOP_BYTES = 32 * 1024  # bodies past this (gzip: a quarter of it) are parsed off the loop
+
+
+async def _parse(body: bytes, content_encoding: str | None, now_s: float) -> Parsed:
+    """Decode and validate a body; a large one on a worker thread, so a big batch (up to
+    MAX_BATCH_BYTES of JSON) never holds the event loop while other requests wait."""
+    gzip = (content_encoding or "").strip().lower() == "gzip"
+    if len(body) * (4 if gzip else 1) <= OFF_LOOP_BYTES:
+        return parse_batch(decode_body(body, content_encoding), now_s)
+    return await asyncio.to_thread(lambda: parse_batch(decode_body(body, content_encoding), now_s))
 
 
 class IngestFastPath:

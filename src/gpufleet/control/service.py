@@ -19,6 +19,7 @@ from pathlib import Path
 
 from gpufleet.control.db import database_url, make_engine, migrate
 from gpufleet.control.ingest import IngestQueue
+from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN, NodeQuota
 from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.scheduling import SchedulerEvents, fail_drain, node_facts
 from gpufleet.control.store import ControlStore
@@ -44,6 +45,10 @@ class ServiceConfig:
     event_retention_s: float = 30 * 86400.0
     max_pending: int = 2000
     policy: RemediationPolicy | None = None
+    # how often the token table is checked for changes made elsewhere (CLI, other replicas):
+    # a revocation takes effect within about this long on every controller
+    token_poll_s: float = 0.1
+    max_nodes_per_token: int = DEFAULT_MAX_NODES_PER_TOKEN  # unbound agent tokens; 0: no limit
 
 
 class ControlService:
@@ -77,6 +82,7 @@ class ControlService:
             min_drain_s=config.min_drain_s,
         )
         self.ingest = IngestQueue(self.store, max_pending=config.max_pending)
+        self.node_quota = NodeQuota(self.store.sessions, config.max_nodes_per_token)
         self._last_tick: float | None = None
         self._last_slow = 0.0
         self._stop = threading.Event()
@@ -88,12 +94,14 @@ class ControlService:
         )
         self.events.start()
         self.ingest.start()
+        self.store.tokens.watch(self.config.token_poll_s)
         self._last_tick = self.clock()
         self._thread = threading.Thread(target=self._loop, name="gpufleet-control", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
+        self.store.tokens.unwatch()
         if self._thread is not None:
             self._thread.join(timeout=10)
         try:

@@ -14,9 +14,13 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
+from types import FrameType
+
+import uvicorn
 
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.schedulers.base import SchedulerBackend
+from gpufleet.tls import TlsFiles
 
 log = logging.getLogger("gpufleet.up")
 DEFAULT_SIM = "4x8xh100-sxm"
@@ -77,17 +81,31 @@ def write_secret(path: Path, text: str) -> None:
         f.write(text + "\n")
 
 
-def serve(service: ControlService, host: str, port: int, *, on_ready: Callable[[], None]) -> None:
-    """Run uvicorn on the app until Ctrl-C; ``on_ready`` runs once the socket is listening."""
-    import uvicorn
-
+def serve(
+    service: ControlService,
+    host: str,
+    port: int,
+    *,
+    on_ready: Callable[[], None],
+    before_exit: Callable[[], None] | None = None,
+    tls: TlsFiles | None = None,
+) -> None:
+    """Run uvicorn on the app until SIGINT or SIGTERM; ``on_ready`` runs once the socket is
+    listening, ``before_exit`` (on its own thread) when a stop signal comes, while the server
+    still answers (`gpufleet up` lets its agents push their last samples there)."""
     from gpufleet.control.api import create_app
 
     app = create_app(service)
     config = uvicorn.Config(
-        app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"
+        app,
+        host=host,
+        port=port,
+        log_level="warning",
+        access_log=False,
+        lifespan="off",
+        **(tls.uvicorn_options() if tls is not None else {}),
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, before_exit)
 
     def on_term(signum: int, frame: object) -> None:
         server.should_exit = True  # also when it comes before uvicorn listens
@@ -111,6 +129,32 @@ def serve(service: ControlService, host: str, port: int, *, on_ready: Callable[[
     finally:
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, running a callback on a stop signal before it stops answering."""
+
+    def __init__(self, config: uvicorn.Config, before_exit: Callable[[], None] | None) -> None:
+        super().__init__(config)
+        self._before_exit = before_exit
+        self._exiting = False
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        if self._before_exit is None or self._exiting or self.should_exit:
+            super().handle_exit(sig, frame)  # a second signal: uvicorn's own (forced) exit
+            return
+        self._exiting = True
+        before_exit = self._before_exit
+
+        def run() -> None:
+            try:
+                before_exit()
+            except Exception:
+                log.exception("stopping before exit failed")
+            finally:
+                super(_Server, self).handle_exit(sig, frame)
+
+        threading.Thread(target=run, name="gpufleet-before-exit", daemon=True).start()
 
 
 def build_service(

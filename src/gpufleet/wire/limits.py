@@ -12,9 +12,14 @@ from pydantic_core import PydanticCustomError
 
 SCHEMA_VERSION = 1
 MAX_BATCH_BYTES = 8 * 2**20  # uncompressed JSON
-MAX_GPUS_PER_NODE = 1024  # GPU indexes are 0 .. MAX_GPUS_PER_NODE - 1
+# GPU indexes are 0 .. MAX_GPUS_PER_NODE - 1. The catalog's largest system holds 8 GPUs (HGX
+# and DGX boards; a GB200 NVL72 compute tray holds 4): 16 leaves room for a denser board, not
+# for one token registering thousands of GPUs (tests/wire/test_limits.py checks the catalog)
+MAX_GPUS_PER_NODE = 16
 MAX_SAMPLE_BLOCKS = 2 * MAX_GPUS_PER_NODE  # per batch: one block per GPU and sampling tier
 MAX_SAMPLES_PER_BLOCK = 3600  # rows per block (the agent caps each GPU and tier at this)
+# rows in one batch, all blocks together: a spool replay of a full node fits, no more
+MAX_SAMPLES_PER_BATCH = MAX_SAMPLE_BLOCKS * MAX_SAMPLES_PER_BLOCK
 MAX_FIELDS_PER_BLOCK = 128
 MAX_FIELD_NAME = 64
 FIELD_NAME_PATTERN = r"^[a-z][a-z0-9_]*$"  # sample fields are snake_case names (power_w)

@@ -1,0 +1,81 @@
+"""A token revoked with `gpufleet token revoke` (the CLI writes the database, not the API)
+stops working on every running controller replica within 1 s, on SQLite and PostgreSQL: two
+real controller processes share one database, both have the token cached, the CLI revokes it."""
+
+from __future__ import annotations
+
+import signal
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from tests.control.conftest import _reset_pg, pg_url
+from tests.integration.processes import cli, start, stop
+
+__all__ = ["pg_url"]  # the private PostgreSQL server fixture, shared with the control tests
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def db_args(request: pytest.FixtureRequest, tmp_path: Path) -> list[str]:
+    if request.param == "sqlite":
+        return ["--data-dir", str(tmp_path / "data")]
+    url = request.getfixturevalue("pg_url")
+    _reset_pg(url)
+    return ["--db-url", url]
+
+
+def _status(url: str, token: str) -> int:
+    r = httpx.get(f"{url}/api/v1/nodes", headers={"Authorization": f"Bearer {token}"}, timeout=5)
+    return r.status_code
+
+
+def test_cli_revocation_reaches_every_replica_within_a_second(
+    tmp_path: Path, db_args: list[str]
+) -> None:
+    from gpufleet.testing.testbed import free_port
+
+    cli(["controller", "migrate", *db_args], tmp_path)
+    made = cli(["token", "create", "--role", "operator", *db_args], tmp_path)
+    token, token_id = made["token"], made["id"]
+    procs = []
+    try:
+        urls = []
+        for _ in range(2):
+            proc, info = start(
+                [
+                    "controller",
+                    *db_args,
+                    "--port",
+                    str(free_port()),
+                    "--scheduler",
+                    "none",
+                    "--json",
+                ],
+                tmp_path,
+            )
+            procs.append(proc)
+            urls.append(info["url"])
+        for url in urls:  # both answer, and so hold the token in their cache
+            assert _status(url, token) == 200
+            assert _status(url, token) == 200
+        cli(["token", "revoke", str(token_id), *db_args], tmp_path)
+        revoked_at = time.monotonic()
+        refused: dict[str, float] = {}
+        while len(refused) < len(urls) and time.monotonic() - revoked_at < 10:
+            for url in urls:
+                if url not in refused and _status(url, token) == 401:
+                    refused[url] = time.monotonic() - revoked_at
+            time.sleep(0.02)
+        assert set(refused) == set(urls), f"still accepted 10 s after the revoke: {refused}"
+        assert max(refused.values()) < 1.0, refused
+        other = cli(["token", "create", "--role", "viewer", *db_args], tmp_path)["token"]
+        time.sleep(0.5)
+        for url in urls:  # a token made meanwhile works: the replicas still read the table
+            assert _status(url, other) == 200
+    finally:
+        for proc in procs:
+            stop(proc, signal.SIGTERM)
