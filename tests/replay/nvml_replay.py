@@ -130,10 +130,19 @@ class _Device(ctypes.Structure):
 class ReplayLibrary:
     """The C library of one captured node: symbol lookups answer from the capture."""
 
-    def __init__(self, probe: dict[str, Any], gpm: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        probe: dict[str, Any],
+        gpm: dict[str, Any] | None = None,
+        *,
+        without: frozenset[str] = frozenset(),
+    ) -> None:
+        """``without``: symbols to treat as absent, as on an older driver that lacks them."""
         self._probe = probe
+        self._without = without
         self._gpm = gpm or {}
         self._devices = [_Device(i) for i in range(int(probe["system"].get("deviceCount", 0)))]
+        self._gpm_buffer = ctypes.create_string_buffer(64)  # what GPM sample handles point at
         self._fields = {int(v["id"]): v for v in probe.get("fieldValues", {}).values()}
         self._lock = threading.Lock()
         self._initialised = 0
@@ -144,11 +153,13 @@ class ReplayLibrary:
         self._by_symbol = self._index_symbols()
 
     @classmethod
-    def from_dir(cls, directory: Path = H200) -> ReplayLibrary:
+    def from_dir(
+        cls, directory: Path = H200, *, without: frozenset[str] = frozenset()
+    ) -> ReplayLibrary:
         probe = json.loads((directory / "nvml_probe.json").read_text())
         gpm_path = directory / "gpm_probe.json"
         gpm = json.loads(gpm_path.read_text()) if gpm_path.is_file() else None
-        return cls(probe, gpm)
+        return cls(probe, gpm, without=without)
 
     # ----- which capture entry answers which symbol -------------------------------------------
     def _index_symbols(self) -> dict[str, tuple[str, str]]:
@@ -174,6 +185,8 @@ class ReplayLibrary:
 
     def __getattr__(self, name: str) -> Callable[..., int]:
         if name.startswith("_"):
+            raise AttributeError(name)
+        if name in self._without:
             raise AttributeError(name)
         special = getattr(self, f"_sym_{name}", None)
         if name in self.overrides:
@@ -323,6 +336,38 @@ class ReplayLibrary:
         if not self._gpm:
             return int(pynvml.NVML_ERROR_NOT_SUPPORTED)
         support._obj.isSupportedDevice = int(self._gpm.get("gpm_supported", 0))
+        return int(pynvml.NVML_SUCCESS)
+
+    def _sym_nvmlGpmSampleAlloc(self, sample: Any) -> int:
+        if not self._gpm:
+            return int(pynvml.NVML_ERROR_NOT_SUPPORTED)
+        slot = ctypes.c_void_p(ctypes.addressof(self._gpm_buffer))
+        ctypes.memmove(ctypes.addressof(sample._obj), ctypes.addressof(slot), ctypes.sizeof(slot))
+        return int(pynvml.NVML_SUCCESS)
+
+    def _sym_nvmlGpmSampleGet(self, handle: Any, sample: Any) -> int:
+        if self._device_index(handle) is None:
+            return int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        return int(pynvml.NVML_SUCCESS if self._gpm else pynvml.NVML_ERROR_NOT_SUPPORTED)
+
+    def _sym_nvmlGpmSampleFree(self, sample: Any) -> int:
+        return int(pynvml.NVML_SUCCESS)
+
+    def _sym_nvmlGpmMetricsGet(self, request: Any) -> int:
+        """The idle window's metrics (``gpm_probe.json`` ``gpm_idle``), by metric id."""
+        window = self._gpm.get("gpm_idle", {})
+        names = {
+            int(getattr(pynvml, name)): name for name in window if hasattr(pynvml, name)
+        }
+        mg = request._obj
+        for i in range(int(mg.numMetrics)):
+            metric = mg.metrics[i]
+            captured = window.get(names.get(int(metric.metricId), ""))
+            if captured is None:
+                metric.nvmlReturn = pynvml.NVML_ERROR_NOT_SUPPORTED
+                continue
+            metric.nvmlReturn = int(captured["ret"])
+            metric.value = float(captured["value"])
         return int(pynvml.NVML_SUCCESS)
 
 
