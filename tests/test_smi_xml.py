@@ -80,8 +80,12 @@ def test_real_h200_device_info(h200_text: str) -> None:
     # NVML's nvmlDeviceGetTemperatureThreshold answered on the same GPU (nvml_probe.json)
     probe = json.loads((H200_DIR / "nvml_probe.json").read_text())
     thresholds = probe["devices"][0]["nvmlDeviceGetTemperatureThreshold"]
-    assert info.slowdown_temp_c == thresholds["(1,)"]["value"]  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
-    assert info.shutdown_temp_c == thresholds["(0,)"]["value"]  # NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
+    assert (
+        info.slowdown_temp_c == thresholds["(1,)"]["value"]
+    )  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+    assert (
+        info.shutdown_temp_c == thresholds["(0,)"]["value"]
+    )  # NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
 
 
 def test_real_h200_sample(h200_text: str) -> None:

@@ -107,7 +107,9 @@ def _scalar(target: Any) -> bool:
 def _is_count(outputs: list[Any], raw: list[Any]) -> bool:
     """A list answered through (count, array) arguments: the array is NULL on the size query."""
     scalar_first = isinstance(outputs[0], ctypes._SimpleCData)
-    return scalar_first and (None in raw or (len(outputs) == 2 and isinstance(outputs[1], ctypes.Array)))
+    return scalar_first and (
+        None in raw or (len(outputs) == 2 and isinstance(outputs[1], ctypes.Array))
+    )
 
 
 def _fill_counted(outputs: list[Any], value: list[Any]) -> int:
@@ -292,7 +294,9 @@ class ReplayLibrary:
         if not 0 <= i < len(self._devices):
             return int(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         address = ctypes.c_void_p(ctypes.addressof(self._devices[i]))
-        ctypes.memmove(ctypes.addressof(device._obj), ctypes.addressof(address), ctypes.sizeof(address))
+        ctypes.memmove(
+            ctypes.addressof(device._obj), ctypes.addressof(address), ctypes.sizeof(address)
+        )
         return int(pynvml.NVML_SUCCESS)
 
     def _sym_nvmlDeviceGetFieldValues(self, handle: Any, count: Any, values: Any) -> int:
@@ -356,9 +360,7 @@ class ReplayLibrary:
     def _sym_nvmlGpmMetricsGet(self, request: Any) -> int:
         """The idle window's metrics (``gpm_probe.json`` ``gpm_idle``), by metric id."""
         window = self._gpm.get("gpm_idle", {})
-        names = {
-            int(getattr(pynvml, name)): name for name in window if hasattr(pynvml, name)
-        }
+        names = {int(getattr(pynvml, name)): name for name in window if hasattr(pynvml, name)}
         mg = request._obj
         for i in range(int(mg.numMetrics)):
             metric = mg.metrics[i]

@@ -109,6 +109,10 @@ def check_backend(backend: GpuBackend) -> DoctorReport:
         except DeviceError as exc:
             add(Check(f"gpu{i}", "fail", str(exc)))
             continue
+        try:  # one reading, so that calls only sampling makes (and their fallbacks) show up
+            backend.sample(i)
+        except DeviceError as exc:
+            add(Check(f"gpu{i}.sample", "fail", str(exc)))
         if info.model is None:
             add(
                 Check(

@@ -21,6 +21,7 @@ from gpufleet.catalog import load_catalog
 from gpufleet.devices.backend import register_backend
 from gpufleet.devices.nvml import fields as F
 from gpufleet.devices.nvml.errors import NvmlSeverity, error_name, mismatch_error, severity_of
+from gpufleet.devices.nvml.gpm import GpmReadings
 from gpufleet.devices.types import DeviceInfo, GpuEvent, Sample
 from gpufleet.errors import DeviceError, GpuLostError, NoDeviceError
 
@@ -46,7 +47,7 @@ def _text(value: Any) -> str:
 
 
 @register_backend("nvml")
-class NvmlBackend:
+class NvmlBackend(GpmReadings):
     """The GPUs of one node through NVML (real or simulated)."""
 
     def __init__(
@@ -434,63 +435,6 @@ class NvmlBackend:
             retired_pages_pending=None if pending_pages is None else bool(pending_pages),
         )
 
-    def sample_gpm(self, index: int) -> dict[str, float] | None:
-        """dcgm-exporter's ``DCGM_FI_PROF_*`` set from NVML GPM (Hopper and newer), as ratios 0..1
-        and PCIe bytes per second, averaged since the previous call; None where GPM is not
-        supported and on the first call (a GPM metric needs two samples).
-
-        Source: NVML API Reference, "GPM Functions" (nvmlGpmSampleGet, nvmlGpmMetricsGet).
-        """
-        lib = self._lib
-        if self._gpm_supported.get(index) is False or "nvmlGpmSampleGet" in self._missing:
-            return None
-        if index not in self._gpm_supported:
-            support = self._dev("nvmlGpmQueryDeviceSupport", index)
-            self._gpm_supported[index] = bool(support is not None and support.isSupportedDevice)
-            if not self._gpm_supported[index]:
-                return None
-        sample = self.call("nvmlGpmSampleAlloc")
-        if sample is None:
-            self._gpm_supported[index] = False
-            return None
-        if self._dev("nvmlGpmSampleGet", index, sample) is None:
-            self._free_gpm(sample)
-            self._gpm_supported[index] = False
-            return None
-        prev = self._gpm_prev.get(index)
-        self._gpm_prev[index] = sample
-        if prev is None:
-            return None
-        ids = (
-            lib.NVML_GPM_METRIC_GRAPHICS_UTIL,
-            lib.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
-            lib.NVML_GPM_METRIC_DRAM_BW_UTIL,
-            lib.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
-            lib.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
-        )
-        mg = lib.c_nvmlGpmMetricsGet_t()
-        mg.version = lib.NVML_GPM_METRICS_GET_VERSION
-        mg.numMetrics = len(ids)
-        mg.sample1 = prev
-        mg.sample2 = sample
-        for i, mid in enumerate(ids):
-            mg.metrics[i].metricId = mid
-        try:
-            result = self.call("nvmlGpmMetricsGet", mg)
-        finally:
-            self._free_gpm(prev)
-        if result is None:
-            return None
-        out: dict[str, float] = {}
-        keys = ("prof_gr_engine_active", "prof_pipe_tensor_active", "prof_dram_active")
-        for i, key in enumerate(keys):
-            if result.metrics[i].nvmlReturn == lib.NVML_SUCCESS:
-                out[key] = float(result.metrics[i].value) / 100.0
-        for i, key in ((3, "prof_pcie_tx_bytes"), (4, "prof_pcie_rx_bytes")):
-            if result.metrics[i].nvmlReturn == lib.NVML_SUCCESS:
-                out[key] = float(result.metrics[i].value) * 2**20
-        return out or None
-
     def running_processes(self, index: int) -> list[tuple[int, int | None]] | None:
         """(pid, GPU memory bytes) of the compute processes on a GPU; None if NVML can't tell."""
         procs = self._dev_successor(
@@ -505,77 +449,6 @@ class NvmlBackend:
             used = getattr(p, "usedGpuMemory", None)
             out.append((int(p.pid), None if used is None else int(used)))
         return sorted(out)
-
-    def mig_instances(self, index: int) -> list[tuple[int, str, Any]]:
-        """(GPU-instance id, profile name, MIG device handle) of each MIG instance; [] without MIG.
-
-        The profile is the suffix of the MIG device's name ("NVIDIA H200 MIG 1g.18gb" -> 1g.18gb).
-        """
-        mode = self._dev("nvmlDeviceGetMigMode", index)
-        if not mode or not mode[0]:
-            return []
-        count = self._dev("nvmlDeviceGetMaxMigDeviceCount", index) or 0
-        out: list[tuple[int, str, Any]] = []
-        for slot in range(int(count)):
-            mh = self._dev("nvmlDeviceGetMigDeviceHandleByIndex", index, slot)
-            if mh is None:
-                continue
-            gi = self.call("nvmlDeviceGetGpuInstanceId", mh, gpu=index)
-            name = _text(self.call("nvmlDeviceGetName", mh, gpu=index) or "")
-            profile = name.rsplit("MIG ", 1)[-1].strip() if "MIG " in name else "unknown"
-            if gi is not None:
-                out.append((int(gi), profile, mh))
-        return out
-
-    def sample_mig(self, index: int) -> dict[int, tuple[str, dict[str, float]]]:
-        """Per MIG instance: profile and its readings (memory used/free, and GPM activity
-        ratios since the previous call through ``nvmlGpmMigSampleGet``)."""
-        lib = self._lib
-        out: dict[int, tuple[str, dict[str, float]]] = {}
-        for gi, profile, mh in self.mig_instances(index):
-            values: dict[str, float] = {}
-            mem = self.call("nvmlDeviceGetMemoryInfo", mh, gpu=index)
-            if mem is not None:
-                values["mem_used_bytes"] = float(mem.used)
-                values["mem_free_bytes"] = float(mem.free)
-            key = index * 1000 + gi
-            sample = self.call("nvmlGpmSampleAlloc")
-            if (
-                sample is not None
-                and self._dev("nvmlGpmMigSampleGet", index, gi, sample) is not None
-            ):
-                prev = self._gpm_prev.get(-key)
-                self._gpm_prev[-key] = sample
-                if prev is not None:
-                    ids = (
-                        lib.NVML_GPM_METRIC_GRAPHICS_UTIL,
-                        lib.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
-                        lib.NVML_GPM_METRIC_DRAM_BW_UTIL,
-                    )
-                    mg = lib.c_nvmlGpmMetricsGet_t()
-                    mg.version = lib.NVML_GPM_METRICS_GET_VERSION
-                    mg.numMetrics = len(ids)
-                    mg.sample1, mg.sample2 = prev, sample
-                    for i, mid in enumerate(ids):
-                        mg.metrics[i].metricId = mid
-                    try:
-                        res = self.call("nvmlGpmMetricsGet", mg)
-                    finally:
-                        self._free_gpm(prev)
-                    if res is not None:
-                        for i, k in enumerate(
-                            ("prof_gr_engine_active", "prof_pipe_tensor_active", "prof_dram_active")
-                        ):
-                            if res.metrics[i].nvmlReturn == lib.NVML_SUCCESS:
-                                values[k] = float(res.metrics[i].value) / 100.0
-            elif sample is not None:
-                self._free_gpm(sample)
-            out[gi] = (profile, values)
-        return out
-
-    def _free_gpm(self, sample: Any) -> None:
-        with contextlib.suppress(self._lib.NVMLError, DeviceError):
-            self._lib.nvmlGpmSampleFree(sample)
 
     def sample(self, index: int) -> Sample:
         fast = self.sample_fast(index)
