@@ -106,7 +106,9 @@ class NvmlBackend(GpmReadings):
         if key in self._missing:
             return None
         if gpu is not None and gpu in self._lost:
-            raise GpuLostError(f"GPU {gpu} on {self.node_name} has fallen off the bus")
+            raise GpuLostError(
+                f"GPU {gpu} on {self.node_name} is lost (fell off the bus: NVML_ERROR_GPU_IS_LOST)"
+            )
         try:
             func = getattr(self._lib, fn)
         except AttributeError:
