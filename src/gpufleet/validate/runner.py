@@ -128,6 +128,18 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
         for s in sts:
             if gpu_l1:
                 add(checks_quick.check_gpu(s, thr, gpu_l1))
+        if "health_rules" in wanted:
+            # The same rules and input as `gpufleet health` (a sample window and the events):
+            # a fail finding there fails validation at every level.
+            progress("health_rules", node, None, "")
+            add(
+                checks_quick.health_rules(
+                    backends[node],
+                    gpus=opts.gpus,
+                    sleep=getattr(engine, "sleep", time.sleep),
+                    clock=engine.now,
+                )
+            )
 
     # ----- device tests on every readable GPU ------------------------------------------------
     from gpufleet.catalog import load_catalog
