@@ -91,6 +91,7 @@ class DeadlineBackend:
         self.timeout_s = timeout_s
         self._lanes: dict[Key, _Lane] = {}
         self._unresponsive: dict[Key, str] = {}
+        self._events: list[GpuEvent] = []  # fetched by `each`, not yet handed out
         self._lock = threading.Lock()
 
     def __getattr__(self, name: str) -> Any:
@@ -150,14 +151,20 @@ class DeadlineBackend:
 
     def each(
         self, method: str, indexes: Iterable[int], *, poll_events: bool = False
-    ) -> dict[Key, Any]:
+    ) -> dict[int, Any]:
         """``inner.<method>(i)`` for every GPU at once within one deadline; with
-        ``poll_events``, the node's event poll too (its answer under the key ``"events"``)."""
+        ``poll_events``, the node's event poll runs alongside (the first poll registers every
+        GPU, so a hung one would stall it) and its events wait for `poll_events`."""
         fn = getattr(self.inner, method)
         calls: dict[Key, Callable[[], Any]] = {i: functools.partial(fn, i) for i in indexes}
         if poll_events:
             calls[_EVENTS] = functools.partial(self.inner.poll_events, 0)
-        return self.gather(calls)
+        out = self.gather(calls)
+        polled = out.pop(_EVENTS, None)
+        if isinstance(polled, list):
+            with self._lock:
+                self._events.extend(polled)
+        return {k: v for k, v in out.items() if isinstance(k, int)}
 
     def unresponsive(self) -> dict[int, str]:
         """GPUs that missed a deadline, with the message saying so."""
@@ -199,8 +206,16 @@ class DeadlineBackend:
         return out
 
     def poll_events(self, timeout_ms: int = 0) -> list[GpuEvent]:
-        events: list[GpuEvent] = self.run(_EVENTS, lambda: self.inner.poll_events(timeout_ms))
-        return events
+        """Events an `each` poll already fetched, then a new poll (within the deadline)."""
+        with self._lock:
+            events, self._events = self._events, []
+        try:
+            polled: list[GpuEvent] = self.run(_EVENTS, lambda: self.inner.poll_events(timeout_ms))
+        except DeviceError:
+            if events:
+                return events
+            raise
+        return [*events, *polled]
 
     def lost_gpus(self) -> frozenset[int]:
         return self.inner.lost_gpus()

@@ -46,7 +46,7 @@ def read_each(backend: GpuBackend, method: str, indexes: Iterable[int]) -> dict[
     read together within one deadline when the backend has deadlines, else one after another."""
     out: dict[int, Any]
     if isinstance(backend, DeadlineBackend):
-        out = {k: v for k, v in backend.each(method, indexes).items() if isinstance(k, int)}
+        out = backend.each(method, indexes)
     else:
         out = {}
         for i in indexes:

@@ -58,18 +58,20 @@ def _collect(
     # The first event poll registers every GPU for events, so it runs alongside the first
     # reads (a hung GPU stalls it too: one shared deadline, not two in a row).
     first = bounded.each("device_info", range(count), poll_events=True)
-    first_info = {i: v for i, v in first.items() if isinstance(i, int) and _ok(v)}
-    _add_events(events, first["events"])
+    first_info = {i: v for i, v in first.items() if _ok(v)}
     sweeps = max(1, round(duration_s / interval_s) + 1) if duration_s > 0 else 1
     for n in range(sweeps):
         if n:
             sleep(interval_s)
         readable = [i for i in range(count) if i not in bounded.lost_gpus()]
-        read = bounded.each("sample", readable, poll_events=True)
-        for i, value in read.items():
-            if isinstance(i, int) and _ok(value):
+        for i, value in bounded.each("sample", readable).items():
+            if _ok(value):
                 samples[i].append(value)
-        _add_events(events, read["events"])
+        # NvmlBackend.poll_events resolves an event's UUID without naming the GPU, so the
+        # XID of a GPU that just fell off the bus raises here; the loss itself is still
+        # reported (lost_gpus, and a gpu_lost event on the next poll).
+        with contextlib.suppress(DeviceError):
+            events.extend(bounded.poll_events())
         if on_tick is not None:
             on_tick()
     versions: dict[str, str | None] = {}
@@ -103,14 +105,6 @@ def _collect(
         nvml_version=versions.get("nvml_version"),
         cuda_driver_version=versions.get("cuda_driver_version"),
     )
-
-
-def _add_events(events: list[GpuEvent], polled: object) -> None:
-    """Events of one poll. NvmlBackend.poll_events resolves an event's UUID without naming the
-    GPU, so the XID of a GPU that just fell off the bus raises a DeviceError; the loss itself is
-    still reported (lost_gpus, and a gpu_lost event on the next poll)."""
-    if _ok(polled) and isinstance(polled, list):
-        events.extend(polled)
 
 
 def _ok(value: object) -> bool:

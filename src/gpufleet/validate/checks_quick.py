@@ -54,7 +54,9 @@ def read_node(backend: GpuBackend, gpus: list[int] | None = None) -> list[GpuSta
     bounded = with_deadlines(backend)
     try:
         selected = [i for i in range(bounded.device_count()) if gpus is None or i in gpus]
-        infos = read_each(bounded, "device_info", selected)
+        # The first event poll (it registers every GPU) runs alongside: its events wait in
+        # `bounded` for the health rules, and a hung GPU stalls both within one deadline.
+        infos = bounded.each("device_info", selected, poll_events=True)
         readable = [i for i in selected if not isinstance(infos[i], DeviceError)]
         samples = read_each(bounded, "sample", readable)
         procs = read_each(bounded, "running_processes", readable)
