@@ -175,20 +175,23 @@ class DeadlineBackend:
     def device_count(self) -> int:
         return int(self.run(_NODE, self.inner.device_count))
 
+    def _on_gpu(self, method: str, index: int) -> Any:
+        return self.run(index, functools.partial(getattr(self.inner, method), index))
+
     def device_info(self, index: int) -> DeviceInfo:
-        info: DeviceInfo = self.run(index, lambda: self.inner.device_info(index))
+        info: DeviceInfo = self._on_gpu("device_info", index)
         return info
 
     def sample_fast(self, index: int) -> Sample:
-        s: Sample = self.run(index, lambda: self.inner.sample_fast(index))
+        s: Sample = self._on_gpu("sample_fast", index)
         return s
 
     def sample_slow(self, index: int) -> Sample:
-        s: Sample = self.run(index, lambda: self.inner.sample_slow(index))
+        s: Sample = self._on_gpu("sample_slow", index)
         return s
 
     def sample(self, index: int) -> Sample:
-        s: Sample = self.run(index, lambda: self.inner.sample(index))
+        s: Sample = self._on_gpu("sample", index)
         return s
 
     def running_processes(self, index: int) -> list[tuple[int, int | None]] | None:
