@@ -482,6 +482,9 @@ class NvmlBackend(GpmReadings):
         for _ in range(1024):  # bounded drain
             try:
                 data = self._lib.nvmlEventSetWait(self._event_set, wait)
+            except mismatch_error(self._lib) as exc:
+                self._function_not_found("nvmlEventSetWait", f"nvmlEventSetWait: {exc}")
+                break
             except self._lib.NVMLError as exc:
                 if (
                     int(exc.value) != lib.NVML_ERROR_TIMEOUT
@@ -510,10 +513,10 @@ class NvmlBackend(GpmReadings):
         with self._lock:
             if self._initialised:
                 if self._event_set is not None:
-                    with contextlib.suppress(self._lib.NVMLError):
+                    with contextlib.suppress(self._lib.NVMLError, mismatch_error(self._lib)):
                         self._lib.nvmlEventSetFree(self._event_set)
                     self._event_set = None
-                with contextlib.suppress(self._lib.NVMLError):
+                with contextlib.suppress(self._lib.NVMLError, mismatch_error(self._lib)):
                     self._lib.nvmlShutdown()
                 self._initialised = False
                 self._handles.clear()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
+from gpufleet.devices.nvml.errors import mismatch_error
 from gpufleet.errors import DeviceError
 
 _ACTIVITY = ("prof_gr_engine_active", "prof_pipe_tensor_active", "prof_dram_active")
@@ -155,5 +156,5 @@ class GpmReadings:
         return out
 
     def _free_gpm(self, sample: Any) -> None:
-        with contextlib.suppress(self._lib.NVMLError, DeviceError):
+        with contextlib.suppress(self._lib.NVMLError, mismatch_error(self._lib), DeviceError):
             self._lib.nvmlGpmSampleFree(sample)
