@@ -6,6 +6,7 @@ tests/fixtures/smi/, see its README.md), not from the parser's output.
 
 from __future__ import annotations
 
+import json
 import re
 from datetime import UTC, datetime
 from pathlib import Path
@@ -23,7 +24,8 @@ from gpufleet.devices.types import ClockEventReason
 from gpufleet.errors import ParseError
 
 FIX = Path(__file__).parent / "fixtures"
-H200_XML = FIX / "nvidia-h200" / "nvidia-smi-q.xml"
+H200_DIR = FIX / "nvidia-h200"
+H200_XML = H200_DIR / "nvidia-smi-q.xml"
 MULTI = FIX / "smi" / "h200x8-v13.xml"
 MIG = FIX / "smi" / "h200-mig-v12.xml"
 OLD = FIX / "smi" / "a100x2-v11.xml"
@@ -74,9 +76,16 @@ def test_real_h200_device_info(h200_text: str) -> None:
     assert (info.mig_current, info.mig_pending) == (False, False)
     assert info.compute_mode == "Default"
     assert info.minor_number == 0
-    # -2 C / -8 C are offsets from T.Limit in this DTD, not temperatures
-    assert info.slowdown_temp_c is None
-    assert info.shutdown_temp_c is None
+    # -2 C / -8 C are offsets from T.Limit (35 C + 52 C margin): the thresholds are exactly what
+    # NVML's nvmlDeviceGetTemperatureThreshold answered on the same GPU (nvml_probe.json)
+    probe = json.loads((H200_DIR / "nvml_probe.json").read_text())
+    thresholds = probe["devices"][0]["nvmlDeviceGetTemperatureThreshold"]
+    assert (
+        info.slowdown_temp_c == thresholds["(1,)"]["value"]
+    )  # NVML_TEMPERATURE_THRESHOLD_SLOWDOWN
+    assert (
+        info.shutdown_temp_c == thresholds["(0,)"]["value"]
+    )  # NVML_TEMPERATURE_THRESHOLD_SHUTDOWN
 
 
 def test_real_h200_sample(h200_text: str) -> None:

@@ -70,6 +70,10 @@ class SimEngine:
     def now(self) -> float:
         return self.clock()
 
+    def sleep(self, seconds: float) -> None:
+        """Wait on the simulation's clock (the health window of level 1 costs no wall time)."""
+        self.clock.advance(seconds)
+
     def cuda_usable(self, node: str, gpu: int) -> tuple[bool, str]:
         g = self._gpu(node, gpu)
         return (False, "GPU is lost") if g.lost else (True, "ok")

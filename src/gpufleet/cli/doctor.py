@@ -22,7 +22,7 @@ def doctor(sim: str | None = SimOption, seed: int = SeedOption, as_json: bool = 
     env = check_environment(simulated=bool(sim))
     reports: list[DoctorReport] = []
     try:
-        fleet = open_fleet(sim=sim, seed=seed)
+        fleet = open_fleet(sim=sim, seed=seed).bounded()
     except NoDeviceError as exc:
         env.append(Check("nvml", "fail", exc.message, exc.hint))
         fleet = None

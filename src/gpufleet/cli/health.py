@@ -13,6 +13,7 @@ from rich.table import Table
 
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption
 from gpufleet.cli.output import console, emit_json, err_console, fit, print_error
+from gpufleet.devices.deadline import with_deadlines
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.health.acks import (
     Acknowledgement,
@@ -56,10 +57,9 @@ def _reports_sim(
     names = [node] if node else list(fleet.nodes)
     reports = []
     for name in names:
-        sim_node = fleet.node(name)
-        backend = sim_node.backend()
+        backend = with_deadlines(fleet.node(name).backend())
         try:
-            data = collect_node(backend, duration_s=duration_s, sleep=clock.advance)
+            data = collect_node(backend, duration_s=duration_s, sleep=clock.advance, clock=clock)
         finally:
             backend.close()
         reports.append(tracker_for(name, clock).evaluate(data))
@@ -69,7 +69,7 @@ def _reports_sim(
 def _reports_local(node: str | None, duration_s: float, tracker_for: Any) -> list[HealthReport]:
     from gpufleet.devices.discovery import open_local_nvml
 
-    fleet = open_local_nvml()
+    fleet = open_local_nvml().bounded()
     try:
         backend = fleet.backends[0]
         data = collect_node(backend, duration_s=duration_s)

@@ -109,7 +109,7 @@ def inventory(
     as_json: bool = JsonOption,
 ) -> None:
     """Nodes and GPUs, with driver/VBIOS/CUDA/InfoROM drift and PCIe links below max."""
-    fleet = open_fleet(sim=sim, imports=paths(imports), seed=seed)
+    fleet = open_fleet(sim=sim, imports=paths(imports), seed=seed).bounded()
     try:
         nodes, notes = collect(fleet)
     finally:

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption
 from gpufleet.cli.output import console, emit_json, fit, fmt, to_jsonable
-from gpufleet.devices.discovery import open_fleet
+from gpufleet.devices.discovery import Fleet, open_fleet, read_each
 from gpufleet.devices.types import DeviceInfo, Sample, decode_clock_reasons
 from gpufleet.facade import GpuReading, sample
 
@@ -96,6 +96,15 @@ def status_document(rows: list[GpuReading]) -> dict[str, Any]:
     return {"nodes": [{"name": n, "gpus": g} for n, g in nodes.items()]}
 
 
+def _read_identities(fleet: Fleet, infos: dict[tuple[str, int], DeviceInfo]) -> None:
+    """Every GPU's identity, all GPUs of a node at once within one NVML deadline: a hung GPU
+    costs one deadline, and later calls on it fail at once (its row says it did not answer)."""
+    for backend in fleet.backends:
+        for i, value in read_each(backend, "device_info", range(backend.device_count())).items():
+            if isinstance(value, DeviceInfo):
+                infos[(backend.node_name, i)] = value
+
+
 def status(
     sim: str | None = SimOption,
     seed: int = SeedOption,
@@ -111,11 +120,12 @@ def status(
     as_json: bool = JsonOption,
 ) -> None:
     """Per-GPU utilization, memory, temperature, power, clocks, throttle reasons, ECC, remaps."""
-    fleet = open_fleet(sim=sim, seed=seed)
+    fleet = open_fleet(sim=sim, seed=seed).bounded()
     if busy and fleet.sim is not None:
         fleet.sim.demo_activity()
     infos: dict[tuple[str, int], DeviceInfo] = {}
     try:
+        _read_identities(fleet, infos)
         if not watch:
             rows = sample(fleet, infos)
             if as_json:

@@ -4,11 +4,18 @@ nvidia-smi reports (``--import``), or this machine's real GPUs through NVML."""
 from __future__ import annotations
 
 import socket
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from gpufleet.devices.backend import GpuBackend
+from gpufleet.devices.deadline import (
+    NVML_TIMEOUT_S,
+    DeadlineBackend,
+    NvmlTimeoutError,
+    with_deadlines,
+)
 from gpufleet.devices.types import DeviceInfo, NodeInventory, Sample
 from gpufleet.errors import DeviceError, GpuLostError, NoDeviceError, UsageError
 
@@ -27,6 +34,30 @@ class Fleet:
     def close(self) -> None:
         for b in self.backends:
             b.close()
+
+    def bounded(self, timeout_s: float = NVML_TIMEOUT_S) -> Fleet:
+        """This fleet with a deadline on every NVML call (`gpufleet.devices.deadline`)."""
+        self.backends = [with_deadlines(b, timeout_s) for b in self.backends]
+        return self
+
+
+def read_each(backend: GpuBackend, method: str, indexes: Iterable[int]) -> dict[int, Any]:
+    """``backend.<method>(i)`` for each GPU: the result or the `DeviceError` it raised. GPUs are
+    read together within one deadline when the backend has deadlines, else one after another."""
+    out: dict[int, Any]
+    if isinstance(backend, DeadlineBackend):
+        out = backend.each(method, indexes)
+    else:
+        out = {}
+        for i in indexes:
+            try:
+                out[i] = getattr(backend, method)(i)
+            except DeviceError as exc:
+                out[i] = exc
+    for value in out.values():
+        if isinstance(value, BaseException) and not isinstance(value, DeviceError):
+            raise value
+    return out
 
 
 def open_sim(spec: str, seed: int = 7) -> Fleet:
@@ -91,13 +122,13 @@ def node_inventory(backend: GpuBackend) -> tuple[NodeInventory, list[str]]:
     """Every GPU's DeviceInfo of one node; lost GPUs are reported, not fatal."""
     gpus: list[DeviceInfo] = []
     notes: list[str] = []
-    for i in range(backend.device_count()):
-        try:
-            gpus.append(backend.device_info(i))
-        except GpuLostError as exc:
-            notes.append(str(exc))
-        except DeviceError as exc:
-            notes.append(f"GPU {i}: {exc}")
+    for i, value in read_each(backend, "device_info", range(backend.device_count())).items():
+        if isinstance(value, GpuLostError | NvmlTimeoutError):
+            notes.append(str(value))
+        elif isinstance(value, DeviceError):
+            notes.append(f"GPU {i}: {value}")
+        else:
+            gpus.append(value)
     driver = next((g.driver_version for g in gpus if g.driver_version), None)
     cuda = next((g.cuda_driver_version for g in gpus if g.cuda_driver_version), None)
     source = "sim" if type(getattr(backend, "_lib", None)).__name__ == "SimNvml" else "nvml"

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import shutil
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpufleet.devices.backend import GpuBackend
+from gpufleet.devices.discovery import read_each
 from gpufleet.errors import DeviceError, GpuLostError, NoDeviceError
 
 
@@ -93,9 +95,11 @@ def check_backend(backend: GpuBackend) -> DoctorReport:
         )
         return report
     add(Check("gpus", "ok", f"{count} GPU(s)"))
+    infos = read_each(backend, "device_info", range(count))
+    readings = read_each(backend, "sample", [i for i, v in infos.items() if _is_info(v)])
     for i in range(count):
         try:
-            info = backend.device_info(i)
+            info = _raise_or(infos[i])
         except GpuLostError as exc:
             add(
                 Check(
@@ -109,6 +113,9 @@ def check_backend(backend: GpuBackend) -> DoctorReport:
         except DeviceError as exc:
             add(Check(f"gpu{i}", "fail", str(exc)))
             continue
+        # one reading, so that calls only sampling makes (and their fallbacks) show up
+        if isinstance(readings.get(i), DeviceError):
+            add(Check(f"gpu{i}.sample", "fail", str(readings[i])))
         if info.model is None:
             add(
                 Check(
@@ -160,6 +167,16 @@ def check_backend(backend: GpuBackend) -> DoctorReport:
         )
         add(Check("nvml_call", "warn", problem, hint))
     return report
+
+
+def _is_info(value: object) -> bool:
+    return not isinstance(value, BaseException)
+
+
+def _raise_or(value: Any) -> Any:
+    if isinstance(value, BaseException):
+        raise value
+    return value
 
 
 def check_environment(simulated: bool = False) -> list[Check]:

@@ -95,7 +95,8 @@ class Sample:
     mem_reserved_bytes: int | None = None
     gpu_temp_c: float | None = None
     mem_temp_c: float | None = None
-    power_w: float | None = None
+    power_w: float | None = None  # 1 s average (DCGM_FI_DEV_POWER_USAGE)
+    power_instant_w: float | None = None  # instantaneous (DCGM_FI_DEV_POWER_USAGE_INSTANT)
     energy_mj: int | None = None
     sm_clock_mhz: int | None = None
     mem_clock_mhz: int | None = None

@@ -8,6 +8,7 @@ Gen4) and the 5 C margin to the slowdown temperature are the figures of issue 3.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import replace
 
 from pydantic import Field
 
@@ -256,6 +257,25 @@ def gpu_lost(ctx: GpuContext, p: RuleParams) -> Iterable[Finding]:
             },
             sticky=True,
         )
+
+
+@register_rule(
+    "gpu_unresponsive", scope="gpu", description="the GPU did not answer NVML within the deadline"
+)
+def gpu_unresponsive(ctx: GpuContext, p: RuleParams) -> Iterable[Finding]:
+    timeouts = [e for e in ctx.events if e.kind == "nvml_timeout"]
+    if timeouts:
+        finding = gpu_finding(
+            ctx,
+            "gpu_unresponsive",
+            "GPU_NVML_TIMEOUT",
+            Severity.FAIL,
+            "did not answer NVML",
+            action=XidAction.RESET_GPU,
+            evidence={"nvml_timeout": True, "detail": timeouts[-1].detail},
+        )
+        # The device layer's own words: "GPU 7 did not answer NVML within 5 s".
+        yield replace(finding, message=timeouts[-1].detail or finding.message)
 
 
 @register_rule("persistence_mode", scope="gpu", description="persistence mode is off")

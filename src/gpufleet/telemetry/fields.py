@@ -33,6 +33,7 @@ FAST_COLUMNS: tuple[str, ...] = (
     "gpu_temp_c",
     "mem_temp_c",
     "power_w",
+    "power_instant_w",
     "sm_clock_mhz",
     "mem_clock_mhz",
     "clock_event_reasons",

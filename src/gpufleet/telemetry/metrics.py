@@ -53,7 +53,15 @@ DCGM_METRICS: tuple[MetricDef, ...] = (
     _g("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "fast", "mem_clock_mhz"),
     _g("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", "fast", "mem_temp_c"),
     _g("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", "fast", "gpu_temp_c"),
+    # DCGM_FI_DEV_POWER_USAGE is NVML's 1 s average (what nvmlDeviceGetPowerUsage returns on
+    # Ampere and newer, NVML_FI_DEV_POWER_AVERAGE); the instant reading has its own field.
     _g("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", "fast", "power_w"),
+    _g(
+        "DCGM_FI_DEV_POWER_USAGE_INSTANT",
+        "Current instantaneous power usage of the device (in W).",
+        "fast",
+        "power_instant_w",
+    ),
     _c(
         "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
         "Total energy consumption since boot (in mJ).",

@@ -6,18 +6,22 @@ never change a setting. ``cuda_usable`` is the engine's answer to "can CUDA run 
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from gpufleet.devices.backend import GpuBackend
+from gpufleet.devices.deadline import with_deadlines
+from gpufleet.devices.discovery import read_each
 from gpufleet.devices.types import DeviceInfo, Sample
-from gpufleet.errors import DeviceError, GpuLostError
+from gpufleet.errors import DeviceError
 from gpufleet.validate.results import Status, TestResult
 from gpufleet.validate.thresholds import Thresholds
 
 CudaProbe = Callable[[str, int], tuple[bool, str]]
+HEALTH_WINDOW_S = 3.0  # as `gpufleet health --duration`
 
 
 @dataclass
@@ -45,20 +49,30 @@ def running_processes(backend: GpuBackend, index: int) -> list[int] | None:
 
 
 def read_node(backend: GpuBackend, gpus: list[int] | None = None) -> list[GpuState]:
-    """Read identity, one sample and the process list of each selected GPU of a node."""
+    """Read identity, one sample and the process list of each selected GPU of a node, all
+    GPUs at once under NVML deadlines (a hung GPU is a state with its error, within seconds)."""
+    bounded = with_deadlines(backend)
+    try:
+        selected = [i for i in range(bounded.device_count()) if gpus is None or i in gpus]
+        # The first event poll (it registers every GPU) runs alongside: its events wait in
+        # `bounded` for the health rules, and a hung GPU stalls both within one deadline.
+        infos = bounded.each("device_info", selected, poll_events=True)
+        readable = [i for i in selected if not isinstance(infos[i], DeviceError)]
+        samples = read_each(bounded, "sample", readable)
+        procs = read_each(bounded, "running_processes", readable)
+    finally:
+        if bounded is not backend:
+            bounded.release()
     states: list[GpuState] = []
-    count = backend.device_count()
-    for i in range(count):
-        if gpus is not None and i not in gpus:
+    for i in selected:
+        info, sample = infos[i], samples.get(i)
+        error = next((v for v in (info, sample) if isinstance(v, DeviceError)), None)
+        if error is not None or sample is None:
+            states.append(GpuState(backend.node_name, i, None, None, error=str(error)))
             continue
-        try:
-            info = backend.device_info(i)
-            sample = backend.sample(i)
-            states.append(
-                GpuState(backend.node_name, i, info, sample, running_processes(backend, i))
-            )
-        except (GpuLostError, DeviceError) as exc:
-            states.append(GpuState(backend.node_name, i, None, None, error=str(exc)))
+        listed = procs.get(i)
+        pids = None if listed is None or isinstance(listed, DeviceError) else [p for p, _ in listed]
+        states.append(GpuState(backend.node_name, i, info, sample, pids))
     return states
 
 
@@ -179,55 +193,55 @@ def check_gpu(st: GpuState, thr: Thresholds, tests: set[str]) -> list[TestResult
             )
         else:
             out.append(_r("processes", st, Status.PASS, "no compute processes"))
-    if "health_rules" in tests:
-        out.append(_health_rules(st))
+    return out  # "health_rules" runs per node (`health_rules`), with the node's events
+
+
+def health_rules(
+    backend: GpuBackend,
+    *,
+    gpus: list[int] | None = None,
+    duration_s: float = HEALTH_WINDOW_S,
+    sleep: Callable[[float], object] = time.sleep,
+    clock: Callable[[], float] = time.time,
+) -> list[TestResult]:
+    """The same health rules as ``gpufleet health``, on the same input: a window of samples
+    (``collect_node``, with its NVML deadlines) and the node's events (XIDs), judged by a
+    `HealthTracker` with the default rule settings. One result per GPU (its findings: a fail
+    finding fails the GPU) and one for the node when node-wide rules found something."""
+    from gpufleet.health import HealthTracker, Severity, collect_node
+
+    node = backend.node_name
+    data = collect_node(backend, duration_s=duration_s, sleep=sleep, clock=clock)
+    report = HealthTracker(None, clock=clock).evaluate(data)
+
+    def result(component_gpu: int | None, findings: list[Any]) -> TestResult:
+        worst = max((f.severity for f in findings), default=Severity.OK)
+        status = (
+            Status.FAIL
+            if worst == Severity.FAIL
+            else Status.WARN
+            if worst == Severity.WARN
+            else Status.PASS
+        )
+        return TestResult(
+            "health_rules",
+            node,
+            status,
+            "; ".join(f"{f.code}: {f.message}" for f in findings) or "no findings",
+            gpu=component_gpu,
+            details={"codes": [f.code for f in findings]},
+        )
+
+    relevant = [f for f in report.findings if f.severity in (Severity.WARN, Severity.FAIL)]
+    out = [
+        result(g.index, [f for f in relevant if f.gpu_index == g.index])
+        for g in data.gpus
+        if gpus is None or g.index in gpus
+    ]
+    node_findings = [f for f in relevant if f.gpu_index is None]
+    if node_findings:
+        out.append(result(None, node_findings))
     return out
-
-
-def _health_rules(st: GpuState) -> TestResult:
-    """Run the agent's health rules (``gpufleet.health``) on what level 1 read from the GPU."""
-    from gpufleet.health import (
-        GpuHealthInput,
-        GpuWindow,
-        HealthTracker,
-        NodeHealthInput,
-        Severity,
-    )
-
-    if st.info is None:
-        return _r("health_rules", st, Status.SKIP, "no device info to evaluate")
-    samples = [st.sample] if st.sample is not None else []
-    node_input = NodeHealthInput(
-        node=st.node,
-        gpus=(
-            GpuHealthInput(
-                index=st.index,
-                uuid=st.info.uuid,
-                info=st.info,
-                window=GpuWindow.of(samples),
-                events=(),
-                lost=False,
-            ),
-        ),
-        driver_version=st.info.driver_version,
-        nvml_version=st.info.nvml_version,
-        cuda_driver_version=st.info.cuda_driver_version,
-    )
-    try:
-        report = HealthTracker(None).evaluate(node_input)
-    except Exception as exc:  # a rule failing must not stop validation
-        return _r("health_rules", st, Status.WARN, f"health rules raised {exc!r}")
-    findings = [f for f in report.findings if f.severity in (Severity.WARN, Severity.FAIL)]
-    worst = max((f.severity for f in findings), default=Severity.OK)
-    status = Status.FAIL if worst == Severity.FAIL else Status.WARN if findings else Status.PASS
-    msgs = [f"{f.code}: {f.message}" for f in findings]
-    return _r(
-        "health_rules",
-        st,
-        status,
-        "; ".join(msgs) or "no findings",
-        codes=[f.code for f in findings],
-    )
 
 
 def check_software(

@@ -10,6 +10,7 @@ from typing import Protocol
 
 from gpufleet.catalog import GpuModel
 from gpufleet.devices.backend import GpuBackend
+from gpufleet.devices.deadline import with_deadlines
 from gpufleet.validate import analysis, checks_quick
 from gpufleet.validate import thresholds as th
 from gpufleet.validate.judge import Target
@@ -90,7 +91,9 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
     )
     thr = opts.thresholds
     wanted = set(opts.tests)
-    backends = engine.backends()
+    # Level 1 reads through NVML deadlines, one set per node shared by its checks: a hung GPU
+    # costs one deadline in all (`gpufleet.devices.deadline`).
+    backends = {n: with_deadlines(b) for n, b in engine.backends().items()}
     states: dict[str, list[checks_quick.GpuState]] = {}
     for node, backend in backends.items():
         states[node] = checks_quick.read_node(backend, opts.gpus)
@@ -121,6 +124,7 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
 
     # ----- level 1 -------------------------------------------------------------------------
     gpu_l1 = {n for n in wanted if TESTS[n].level == 1 and TESTS[n].scope == "gpu"}
+    gpu_l1.discard("health_rules")  # per node below, with the node's events
     for node, sts in states.items():
         if "software" in wanted:
             progress("software", node, None, "")
@@ -128,6 +132,20 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
         for s in sts:
             if gpu_l1:
                 add(checks_quick.check_gpu(s, thr, gpu_l1))
+        if "health_rules" in wanted:
+            # The same rules and input as `gpufleet health` (a sample window and the events):
+            # a fail finding there fails validation at every level.
+            progress("health_rules", node, None, "")
+            add(
+                checks_quick.health_rules(
+                    backends[node],
+                    gpus=opts.gpus,
+                    sleep=getattr(engine, "sleep", time.sleep),
+                    clock=engine.now,
+                )
+            )
+    for backend in backends.values():
+        backend.release()
 
     # ----- device tests on every readable GPU ------------------------------------------------
     from gpufleet.catalog import load_catalog

@@ -10,6 +10,7 @@ records FunctionNotFound and permission problems once (``problems()``, shown by
 from __future__ import annotations
 
 import contextlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -19,9 +20,13 @@ from typing import Any
 from gpufleet.catalog import load_catalog
 from gpufleet.devices.backend import register_backend
 from gpufleet.devices.nvml import fields as F
-from gpufleet.devices.nvml.errors import NvmlSeverity, error_name, severity_of
+from gpufleet.devices.nvml.errors import NvmlSeverity, error_name, mismatch_error, severity_of
+from gpufleet.devices.nvml.gpm import GpmReadings
 from gpufleet.devices.types import DeviceInfo, GpuEvent, Sample
 from gpufleet.errors import DeviceError, GpuLostError, NoDeviceError
+
+log = logging.getLogger(__name__)
+_MEM_V2 = "nvmlDeviceGetMemoryInfo_v2"
 
 _COMPUTE_MODES = {0: "Default", 1: "Exclusive_Thread", 2: "Prohibited", 3: "Exclusive_Process"}
 
@@ -42,7 +47,7 @@ def _text(value: Any) -> str:
 
 
 @register_backend("nvml")
-class NvmlBackend:
+class NvmlBackend(GpmReadings):
     """The GPUs of one node through NVML (real or simulated)."""
 
     def __init__(
@@ -63,7 +68,6 @@ class NvmlBackend:
         self._missing: set[str] = set()
         self._problems: dict[str, str] = {}
         self._event_set: Any = None
-        self._prev_pcie: dict[int, tuple[float, int, int]] = {}
         self._uuid_to_index: dict[str, int] = {}
         self._gpm_supported: dict[int, bool] = {}
         self._gpm_prev: dict[int, Any] = {}
@@ -88,30 +92,44 @@ class NvmlBackend:
     def _record(self, key: str, message: str) -> None:
         self._problems.setdefault(key, message)
 
-    def call(self, fn: str, *args: Any, gpu: int | None = None) -> Any:
-        """Call ``lib.<fn>(*args)``; None for NotSupported/NoPermission/FunctionNotFound."""
+    def call(self, fn: str, *args: Any, gpu: int | None = None, variant: str | None = None) -> Any:
+        """Call ``lib.<fn>(*args)``; None for NotSupported/NoPermission/FunctionNotFound.
+
+        ``variant`` names the C symbol a call resolves to when it is not ``fn`` itself
+        (``nvmlDeviceGetMemoryInfo(h, nvmlMemory_v2)`` calls ``nvmlDeviceGetMemoryInfo_v2``):
+        a missing symbol then disables that variant only, not the function's other forms.
+        ``NVMLLibraryMismatchError`` (pynvml's "unversioned function called" wrapper around
+        FunctionNotFound, not an ``NVMLError``) counts as FunctionNotFound.
+        """
         self._ensure_init()
-        if fn in self._missing:
+        key = variant or fn
+        if key in self._missing:
             return None
         if gpu is not None and gpu in self._lost:
-            raise GpuLostError(f"GPU {gpu} on {self.node_name} has fallen off the bus")
+            raise GpuLostError(
+                f"GPU {gpu} on {self.node_name} is lost (fell off the bus: NVML_ERROR_GPU_IS_LOST)"
+            )
         try:
             func = getattr(self._lib, fn)
         except AttributeError:
-            self._missing.add(fn)
-            self._record(fn, f"{fn}: not in this nvidia-ml-py version")
+            self._missing.add(key)
+            self._record(key, f"{key}: not in this nvidia-ml-py version")
             return None
         self.nvml_calls += 1
         try:
             return func(*args)
+        except mismatch_error(self._lib) as exc:
+            self._function_not_found(key, f"{key}: {exc}")
+            return None
         except self._lib.NVMLError as exc:
             code = int(exc.value)
             sev = severity_of(code)
             if sev is NvmlSeverity.IGNORE:
                 return None
             if code == self._lib.NVML_ERROR_FUNCTION_NOT_FOUND:
-                self._missing.add(fn)
-                self._record(fn, f"{fn}: function not found in the NVML library (driver too old?)")
+                self._function_not_found(
+                    key, f"{key}: function not found in the NVML library (driver too old?)"
+                )
                 return None
             if sev is NvmlSeverity.WARN:
                 self._record(f"{fn}:{code}", f"{fn}: {exc} ({error_name(code)})")
@@ -124,6 +142,16 @@ class NvmlBackend:
             raise DeviceError(
                 f"{fn} failed on {self.node_name}: {exc} ({error_name(code)})"
             ) from exc
+
+    def _function_not_found(self, key: str, message: str) -> None:
+        if key not in self._missing:
+            log.warning("NVML on %s: %s", self.node_name, message)
+        self._missing.add(key)
+        self._record(key, message)
+
+    def missing(self, symbol: str) -> bool:
+        """Whether a call (or call variant) was found missing from the NVML library."""
+        return symbol in self._missing
 
     def _handle(self, index: int) -> Any:
         h = self._handles.get(index)
@@ -162,8 +190,16 @@ class NvmlBackend:
                 continue
         return -1, uuid_text
 
-    def _dev(self, fn: str, index: int, *args: Any) -> Any:
-        return self.call(fn, self._handle(index), *args, gpu=index)
+    def _dev(self, fn: str, index: int, *args: Any, variant: str | None = None) -> Any:
+        return self.call(fn, self._handle(index), *args, gpu=index, variant=variant)
+
+    def _dev_successor(self, new: str, old: str, index: int, *args: Any) -> Any:
+        """``new`` (the successor of a deprecated getter), else ``old`` once ``new`` is known
+        missing (an older driver or nvidia-ml-py)."""
+        value = self._dev(new, index, *args)
+        if value is None and self.missing(new):
+            value = self._dev(old, index, *args)
+        return value
 
     # ----- protocol ------------------------------------------------------------------------
     def device_count(self) -> int:
@@ -291,14 +327,16 @@ class NvmlBackend:
         f = self._fields(index, F.FAST_FIELDS)
         util = self._dev("nvmlDeviceGetUtilizationRates", index)
         mem = self._mem_info(index)
-        temp = self._dev("nvmlDeviceGetTemperature", index, lib.NVML_TEMPERATURE_GPU)
+        temp = self._dev_successor(
+            "nvmlDeviceGetTemperatureV", "nvmlDeviceGetTemperature", index, lib.NVML_TEMPERATURE_GPU
+        )
         sm = self._dev("nvmlDeviceGetClockInfo", index, lib.NVML_CLOCK_SM)
         memclk = self._dev("nvmlDeviceGetClockInfo", index, lib.NVML_CLOCK_MEM)
         reasons = self._dev("nvmlDeviceGetCurrentClocksEventReasons", index)
         if reasons is None and "nvmlDeviceGetCurrentClocksEventReasons" in self._missing:
             reasons = self._dev("nvmlDeviceGetCurrentClocksThrottleReasons", index)
-        power = f.get("power_w")
-        if power is None:
+        power = f.get("power_w")  # the 1 s average, as DCGM_FI_DEV_POWER_USAGE
+        if power is None:  # nvmlDeviceGetPowerUsage: the 1 s average on Ampere and newer
             usage = self._dev("nvmlDeviceGetPowerUsage", index)
             power = None if usage is None else float(usage) / 1000.0
         return Sample(
@@ -311,6 +349,7 @@ class NvmlBackend:
             gpu_temp_c=None if temp is None else float(temp),
             mem_temp_c=_opt_float(f.get("mem_temp_c")),
             power_w=None if power is None else float(power),
+            power_instant_w=_opt_float(f.get("power_instant_w")),
             sm_clock_mhz=_opt_int(sm),
             mem_clock_mhz=_opt_int(memclk),
             clock_event_reasons=_opt_int(reasons),
@@ -323,15 +362,20 @@ class NvmlBackend:
         )
 
     def _mem_info(self, index: int) -> tuple[int | None, int | None, int | None]:
+        """Used, free and reserved bytes: the v2 struct (which separates reserved memory), else,
+        per call, the v1 struct (reserved folded into used; older drivers lack the v2 symbol)."""
         version = getattr(self._lib, "nvmlMemory_v2", None)
         info = None
-        if version is not None and "nvmlDeviceGetMemoryInfo:v2" not in self._missing:
+        if version is not None:
             try:
-                info = self._dev("nvmlDeviceGetMemoryInfo", index, version)
+                info = self._dev("nvmlDeviceGetMemoryInfo", index, version, variant=_MEM_V2)
             except DeviceError:
                 info = None
-            if info is None:
-                self._missing.add("nvmlDeviceGetMemoryInfo:v2")
+            if info is None and self.missing(_MEM_V2):
+                self._problems[_MEM_V2] = (
+                    f"{_MEM_V2}: not in this NVML library (driver too old?); memory is read "
+                    "through the v1 struct, which counts reserved memory as used"
+                )
         if info is None:
             info = self._dev("nvmlDeviceGetMemoryInfo", index)
         if info is None:
@@ -349,17 +393,19 @@ class NvmlBackend:
         replay = f.get("pcie_replay_count")
         if replay is None:
             replay = self._dev("nvmlDeviceGetPcieReplayCounter", index)
-        tx_rate = rx_rate = None
-        tx, rx = f.get("_pcie_tx_total"), f.get("_pcie_rx_total")
-        if tx is not None and rx is not None:
-            prev = self._prev_pcie.get(index)
-            if prev is not None and now > prev[0]:
-                dt = now - prev[0]
-                tx_rate = max(0.0, (int(tx) - prev[1]) / dt)
-                rx_rate = max(0.0, (int(rx) - prev[2]) / dt)
-            self._prev_pcie[index] = (now, int(tx), int(rx))
-        pviol = self._dev("nvmlDeviceGetViolationStatus", index, lib.NVML_PERF_POLICY_POWER)
-        tviol = self._dev("nvmlDeviceGetViolationStatus", index, lib.NVML_PERF_POLICY_THERMAL)
+        # PCIe throughput from NVML's own 20 ms sample: the byte counters (field ids 197/198)
+        # are 32 bits wide and wrap every ~0.08 s at 55 GB/s, so no delta over a slow-tier
+        # interval can be trusted (NVML API Reference, nvmlDeviceGetPcieThroughput).
+        tx_kb = self._dev("nvmlDeviceGetPcieThroughput", index, lib.NVML_PCIE_UTIL_TX_BYTES)
+        rx_kb = self._dev("nvmlDeviceGetPcieThroughput", index, lib.NVML_PCIE_UTIL_RX_BYTES)
+        power_ns = f.get("_power_violation_ns")  # field ids replace nvmlDeviceGetViolationStatus
+        thermal_ns = f.get("_thermal_violation_ns")
+        if power_ns is None:
+            pviol = self._dev("nvmlDeviceGetViolationStatus", index, lib.NVML_PERF_POLICY_POWER)
+            power_ns = None if pviol is None else int(pviol.violationTime)
+        if thermal_ns is None:
+            tviol = self._dev("nvmlDeviceGetViolationStatus", index, lib.NVML_PERF_POLICY_THERMAL)
+            thermal_ns = None if tviol is None else int(tviol.violationTime)
         enc = self._dev("nvmlDeviceGetEncoderUtilization", index)
         dec = self._dev("nvmlDeviceGetDecoderUtilization", index)
         sbe_pages = self._dev(
@@ -375,15 +421,15 @@ class NvmlBackend:
             timestamp_s=now,
             energy_mj=_opt_int(energy),
             pcie_replay_count=_opt_int(replay),
-            pcie_tx_bytes_per_s=tx_rate,
-            pcie_rx_bytes_per_s=rx_rate,
+            pcie_tx_bytes_per_s=None if tx_kb is None else float(tx_kb) * 1024.0,
+            pcie_rx_bytes_per_s=None if rx_kb is None else float(rx_kb) * 1024.0,
             ecc_sbe_aggregate=_opt_int(f.get("ecc_sbe_aggregate")),
             ecc_dbe_aggregate=_opt_int(f.get("ecc_dbe_aggregate")),
             nvlink_crc_errors=_opt_int(f.get("nvlink_crc_errors")),
             nvlink_replay_errors=_opt_int(f.get("nvlink_replay_errors")),
             nvlink_recovery_errors=_opt_int(f.get("nvlink_recovery_errors")),
-            power_violation_us=None if pviol is None else int(pviol.violationTime) // 1000,
-            thermal_violation_us=None if tviol is None else int(tviol.violationTime) // 1000,
+            power_violation_us=None if power_ns is None else int(power_ns) // 1000,
+            thermal_violation_us=None if thermal_ns is None else int(thermal_ns) // 1000,
             enc_util_pct=None if enc is None else float(enc[0]),
             dec_util_pct=None if dec is None else float(dec[0]),
             retired_pages_sbe=None if sbe_pages is None else len(sbe_pages),
@@ -391,66 +437,13 @@ class NvmlBackend:
             retired_pages_pending=None if pending_pages is None else bool(pending_pages),
         )
 
-    def sample_gpm(self, index: int) -> dict[str, float] | None:
-        """dcgm-exporter's ``DCGM_FI_PROF_*`` set from NVML GPM (Hopper and newer), as ratios 0..1
-        and PCIe bytes per second, averaged since the previous call; None where GPM is not
-        supported and on the first call (a GPM metric needs two samples).
-
-        Source: NVML API Reference, "GPM Functions" (nvmlGpmSampleGet, nvmlGpmMetricsGet).
-        """
-        lib = self._lib
-        if self._gpm_supported.get(index) is False or "nvmlGpmSampleGet" in self._missing:
-            return None
-        if index not in self._gpm_supported:
-            support = self._dev("nvmlGpmQueryDeviceSupport", index)
-            self._gpm_supported[index] = bool(support is not None and support.isSupportedDevice)
-            if not self._gpm_supported[index]:
-                return None
-        sample = self.call("nvmlGpmSampleAlloc")
-        if sample is None:
-            self._gpm_supported[index] = False
-            return None
-        if self._dev("nvmlGpmSampleGet", index, sample) is None:
-            self._free_gpm(sample)
-            self._gpm_supported[index] = False
-            return None
-        prev = self._gpm_prev.get(index)
-        self._gpm_prev[index] = sample
-        if prev is None:
-            return None
-        ids = (
-            lib.NVML_GPM_METRIC_GRAPHICS_UTIL,
-            lib.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
-            lib.NVML_GPM_METRIC_DRAM_BW_UTIL,
-            lib.NVML_GPM_METRIC_PCIE_TX_PER_SEC,
-            lib.NVML_GPM_METRIC_PCIE_RX_PER_SEC,
-        )
-        mg = lib.c_nvmlGpmMetricsGet_t()
-        mg.version = lib.NVML_GPM_METRICS_GET_VERSION
-        mg.numMetrics = len(ids)
-        mg.sample1 = prev
-        mg.sample2 = sample
-        for i, mid in enumerate(ids):
-            mg.metrics[i].metricId = mid
-        try:
-            result = self.call("nvmlGpmMetricsGet", mg)
-        finally:
-            self._free_gpm(prev)
-        if result is None:
-            return None
-        out: dict[str, float] = {}
-        keys = ("prof_gr_engine_active", "prof_pipe_tensor_active", "prof_dram_active")
-        for i, key in enumerate(keys):
-            if result.metrics[i].nvmlReturn == lib.NVML_SUCCESS:
-                out[key] = float(result.metrics[i].value) / 100.0
-        for i, key in ((3, "prof_pcie_tx_bytes"), (4, "prof_pcie_rx_bytes")):
-            if result.metrics[i].nvmlReturn == lib.NVML_SUCCESS:
-                out[key] = float(result.metrics[i].value) * 2**20
-        return out or None
-
     def running_processes(self, index: int) -> list[tuple[int, int | None]] | None:
         """(pid, GPU memory bytes) of the compute processes on a GPU; None if NVML can't tell."""
-        procs = self._dev("nvmlDeviceGetComputeRunningProcesses", index)
+        procs = self._dev_successor(
+            "nvmlDeviceGetComputeRunningProcesses",  # the _v3 symbol, by pynvml's wrapper
+            "nvmlDeviceGetComputeRunningProcesses_v2",
+            index,
+        )
         if procs is None:
             return None
         out: list[tuple[int, int | None]] = []
@@ -458,77 +451,6 @@ class NvmlBackend:
             used = getattr(p, "usedGpuMemory", None)
             out.append((int(p.pid), None if used is None else int(used)))
         return sorted(out)
-
-    def mig_instances(self, index: int) -> list[tuple[int, str, Any]]:
-        """(GPU-instance id, profile name, MIG device handle) of each MIG instance; [] without MIG.
-
-        The profile is the suffix of the MIG device's name ("NVIDIA H200 MIG 1g.18gb" -> 1g.18gb).
-        """
-        mode = self._dev("nvmlDeviceGetMigMode", index)
-        if not mode or not mode[0]:
-            return []
-        count = self._dev("nvmlDeviceGetMaxMigDeviceCount", index) or 0
-        out: list[tuple[int, str, Any]] = []
-        for slot in range(int(count)):
-            mh = self._dev("nvmlDeviceGetMigDeviceHandleByIndex", index, slot)
-            if mh is None:
-                continue
-            gi = self.call("nvmlDeviceGetGpuInstanceId", mh, gpu=index)
-            name = _text(self.call("nvmlDeviceGetName", mh, gpu=index) or "")
-            profile = name.rsplit("MIG ", 1)[-1].strip() if "MIG " in name else "unknown"
-            if gi is not None:
-                out.append((int(gi), profile, mh))
-        return out
-
-    def sample_mig(self, index: int) -> dict[int, tuple[str, dict[str, float]]]:
-        """Per MIG instance: profile and its readings (memory used/free, and GPM activity
-        ratios since the previous call through ``nvmlGpmMigSampleGet``)."""
-        lib = self._lib
-        out: dict[int, tuple[str, dict[str, float]]] = {}
-        for gi, profile, mh in self.mig_instances(index):
-            values: dict[str, float] = {}
-            mem = self.call("nvmlDeviceGetMemoryInfo", mh, gpu=index)
-            if mem is not None:
-                values["mem_used_bytes"] = float(mem.used)
-                values["mem_free_bytes"] = float(mem.free)
-            key = index * 1000 + gi
-            sample = self.call("nvmlGpmSampleAlloc")
-            if (
-                sample is not None
-                and self._dev("nvmlGpmMigSampleGet", index, gi, sample) is not None
-            ):
-                prev = self._gpm_prev.get(-key)
-                self._gpm_prev[-key] = sample
-                if prev is not None:
-                    ids = (
-                        lib.NVML_GPM_METRIC_GRAPHICS_UTIL,
-                        lib.NVML_GPM_METRIC_HMMA_TENSOR_UTIL,
-                        lib.NVML_GPM_METRIC_DRAM_BW_UTIL,
-                    )
-                    mg = lib.c_nvmlGpmMetricsGet_t()
-                    mg.version = lib.NVML_GPM_METRICS_GET_VERSION
-                    mg.numMetrics = len(ids)
-                    mg.sample1, mg.sample2 = prev, sample
-                    for i, mid in enumerate(ids):
-                        mg.metrics[i].metricId = mid
-                    try:
-                        res = self.call("nvmlGpmMetricsGet", mg)
-                    finally:
-                        self._free_gpm(prev)
-                    if res is not None:
-                        for i, k in enumerate(
-                            ("prof_gr_engine_active", "prof_pipe_tensor_active", "prof_dram_active")
-                        ):
-                            if res.metrics[i].nvmlReturn == lib.NVML_SUCCESS:
-                                values[k] = float(res.metrics[i].value) / 100.0
-            elif sample is not None:
-                self._free_gpm(sample)
-            out[gi] = (profile, values)
-        return out
-
-    def _free_gpm(self, sample: Any) -> None:
-        with contextlib.suppress(self._lib.NVMLError, DeviceError):
-            self._lib.nvmlGpmSampleFree(sample)
 
     def sample(self, index: int) -> Sample:
         fast = self.sample_fast(index)
@@ -560,6 +482,9 @@ class NvmlBackend:
         for _ in range(1024):  # bounded drain
             try:
                 data = self._lib.nvmlEventSetWait(self._event_set, wait)
+            except mismatch_error(self._lib) as exc:
+                self._function_not_found("nvmlEventSetWait", f"nvmlEventSetWait: {exc}")
+                break
             except self._lib.NVMLError as exc:
                 if (
                     int(exc.value) != lib.NVML_ERROR_TIMEOUT
@@ -588,10 +513,10 @@ class NvmlBackend:
         with self._lock:
             if self._initialised:
                 if self._event_set is not None:
-                    with contextlib.suppress(self._lib.NVMLError):
+                    with contextlib.suppress(self._lib.NVMLError, mismatch_error(self._lib)):
                         self._lib.nvmlEventSetFree(self._event_set)
                     self._event_set = None
-                with contextlib.suppress(self._lib.NVMLError):
+                with contextlib.suppress(self._lib.NVMLError, mismatch_error(self._lib)):
                     self._lib.nvmlShutdown()
                 self._initialised = False
                 self._handles.clear()

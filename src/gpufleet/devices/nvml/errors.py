@@ -47,3 +47,16 @@ def error_name(code: int) -> str:
         if name.startswith("NVML_ERROR_") and getattr(pynvml, name) == code:
             return name
     return f"NVML_ERROR_{code}"
+
+
+class _NeverRaised(Exception):
+    """Stands in for an exception class a library does not define."""
+
+
+def mismatch_error(lib: object) -> type[Exception]:
+    """pynvml's ``NVMLLibraryMismatchError``: raised (instead of ``NVMLError_FunctionNotFound``)
+    by unversioned wrappers such as ``nvmlDeviceGetComputeRunningProcesses`` when the driver
+    lacks the versioned symbol they call (``..._v3``). It is not an ``NVMLError`` subclass, so a
+    caller catching ``NVMLError`` alone lets it escape."""
+    cls = getattr(lib, "NVMLLibraryMismatchError", None)
+    return cls if isinstance(cls, type) and issubclass(cls, Exception) else _NeverRaised

@@ -21,7 +21,11 @@ FAST_FIELDS: dict[int, tuple[str, float]] = {
     pynvml.NVML_FI_DEV_REMAPPED_UNC: ("remapped_rows_uncorrectable", 1),
     pynvml.NVML_FI_DEV_REMAPPED_PENDING: ("remap_pending", 1),
     pynvml.NVML_FI_DEV_REMAPPED_FAILURE: ("remap_failure", 1),
-    pynvml.NVML_FI_DEV_POWER_INSTANT: ("power_w", 1e-3),
+    # dcgm-exporter's DCGM_FI_DEV_POWER_USAGE is the 1 s average (NVML API Reference,
+    # nvmlDeviceGetPowerUsage: averaged over 1 s on Ampere and newer); the instantaneous
+    # reading is DCGM_FI_DEV_POWER_USAGE_INSTANT.
+    pynvml.NVML_FI_DEV_POWER_AVERAGE: ("power_w", 1e-3),
+    pynvml.NVML_FI_DEV_POWER_INSTANT: ("power_instant_w", 1e-3),
 }
 
 SLOW_FIELDS: dict[int, tuple[str, float]] = {
@@ -32,8 +36,9 @@ SLOW_FIELDS: dict[int, tuple[str, float]] = {
     pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: ("nvlink_crc_errors", 1),
     pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: ("nvlink_replay_errors", 1),
     pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: ("nvlink_recovery_errors", 1),
-    pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: ("_pcie_tx_total", 1),
-    pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: ("_pcie_rx_total", 1),
+    # Violation times in ns: the successors of nvmlDeviceGetViolationStatus (deprecated).
+    pynvml.NVML_FI_DEV_PERF_POLICY_POWER: ("_power_violation_ns", 1),
+    pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: ("_thermal_violation_ns", 1),
 }
 
 BOOL_FIELDS = frozenset({"remap_pending", "remap_failure"})

@@ -351,6 +351,12 @@ class SimNvml:
             raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
         return round(gpu.temp_c)
 
+    def nvmlDeviceGetTemperatureV(
+        self, h: SimHandle, sensor: int, version: int = pynvml.nvmlTemperature_v1
+    ) -> int:
+        """The successor of nvmlDeviceGetTemperature (same reading, versioned struct)."""
+        return self.nvmlDeviceGetTemperature(h, sensor)
+
     def nvmlDeviceGetPowerUsage(self, h: SimHandle) -> int:
         return round(self._gpu(h).state.power_w * 1000)
 
@@ -442,6 +448,7 @@ class SimNvml:
     # ----- batched field values ------------------------------------------------------------
     def _field_table(self, gpu: SimGpu) -> dict[int, tuple[int, float | int] | None]:
         """(valueType, value) of every field id the simulated GPU answers; None: NotSupported."""
+        u32 = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
         ull, sll, dbl = (
             pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG,
             pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG,
@@ -471,8 +478,11 @@ class SimNvml:
                 ull,
                 int(float(gpu.power_limit_w or 0) * 1000),
             ),
-            pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: (ull, int(gpu.pcie_tx_total)),
-            pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (ull, int(gpu.pcie_rx_total)),
+            # 32-bit counters that wrap, as on the H200 (nvml_probe.json: valueType 1)
+            pynvml.NVML_FI_DEV_PCIE_COUNT_TX_BYTES: (u32, int(gpu.pcie_tx_total) & 0xFFFFFFFF),
+            pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (u32, int(gpu.pcie_rx_total) & 0xFFFFFFFF),
+            pynvml.NVML_FI_DEV_PERF_POLICY_POWER: (ull, int(gpu.power_violation_us * 1000)),
+            pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: (ull, int(gpu.thermal_violation_us * 1000)),
             pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: (ull, int(gpu.nvlink_crc))
             if has_nvlink
             else None,
@@ -501,6 +511,8 @@ class SimNvml:
             values[i].valueType = vtype
             if vtype == pynvml.NVML_VALUE_TYPE_DOUBLE:
                 values[i].value.dVal = float(value)
+            elif vtype == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
+                values[i].value.uiVal = int(value)
             else:
                 values[i].value.ullVal = ctypes.c_ulonglong(int(value)).value
         return values

@@ -13,8 +13,11 @@ elements from 0 in document order, which is also the ``index`` given to the GPU.
 Temperatures: ``gpu_temp_slow_threshold``/``gpu_temp_max_threshold`` (v11, v12 on older GPUs) are
 absolute and become ``slowdown_temp_c``/``shutdown_temp_c``. Newer drivers report
 ``gpu_temp_slow_tlimit_threshold``/``gpu_temp_max_tlimit_threshold`` as offsets from the GPU's
-T.Limit (``-2 C``, ``-8 C`` on the H200 capture); those are not temperatures, so both fields stay
-``None`` there. A negative "absolute" threshold is treated the same way.
+T.Limit (``-2 C``, ``-8 C`` on the H200 capture) and ``gpu_temp_tlimit`` as the margin between the
+current temperature and T.Limit, so a threshold is ``gpu_temp + gpu_temp_tlimit - offset``
+(35 + 52 + 2 = 89 C and 35 + 52 + 8 = 95 C on the H200 capture, exactly what NVML's
+``nvmlDeviceGetTemperatureThreshold`` answered on the same GPU, ``nvml_probe.json``). A negative
+"absolute" threshold without those readings stays ``None``.
 """
 
 from __future__ import annotations
@@ -308,8 +311,10 @@ def _device_info(
         mig_current=g.bool_("mig_mode/current_mig"),
         mig_pending=g.bool_("mig_mode/pending_mig"),
         compute_mode=g.text("compute_mode"),
-        slowdown_temp_c=_absolute_temp(g, "temperature/gpu_temp_slow_threshold"),
-        shutdown_temp_c=_absolute_temp(g, "temperature/gpu_temp_max_threshold"),
+        slowdown_temp_c=_absolute_temp(g, "temperature/gpu_temp_slow_threshold")
+        or _tlimit_temp(g, "temperature/gpu_temp_slow_tlimit_threshold"),
+        shutdown_temp_c=_absolute_temp(g, "temperature/gpu_temp_max_threshold")
+        or _tlimit_temp(g, "temperature/gpu_temp_max_tlimit_threshold"),
         minor_number=g.int_("minor_number"),
     )
 
@@ -318,6 +323,17 @@ def _absolute_temp(g: _Gpu, sub: str) -> int | None:
     """An absolute threshold temperature; negative values are T.Limit offsets -> None."""
     value = g.int_(sub, "C")
     return value if value is not None and value > 0 else None
+
+
+def _tlimit_temp(g: _Gpu, offset_path: str) -> int | None:
+    """A threshold given as an offset from T.Limit: T.Limit is the current temperature plus the
+    reported margin (``gpu_temp_tlimit``); the threshold lies ``-offset`` C beyond it."""
+    offset = g.int_(offset_path, "C")
+    temp = g.int_("temperature/gpu_temp", "C")
+    margin = g.int_("temperature/gpu_temp_tlimit", "C")
+    if offset is None or temp is None or margin is None:
+        return None
+    return temp + margin - offset
 
 
 def _sample(g: _Gpu, stamp_s: float | None) -> Sample:
