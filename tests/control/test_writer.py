@@ -126,3 +126,29 @@ def test_run_awaits_a_command_from_the_event_loop(
         return await svc.store.writer.run(lambda: threading.current_thread().name)
 
     assert asyncio.run(on_loop()) == "gpufleet-writer"
+
+
+def test_a_command_queued_behind_the_stop_fails_instead_of_hanging(
+    make_service: Callable[..., ControlService],
+) -> None:
+    """A command that reaches the queue after the stop (the writer still ran when it was
+    queued) fails with WriterStopped; its caller does not wait forever. Later calls run
+    inline."""
+    from gpufleet.control.writer import WriterStopped
+
+    writer = make_service().store.writer
+    busy, release = threading.Event(), threading.Event()
+    first = writer.submit(lambda: (busy.set(), release.wait(10)))
+    assert busy.wait(10)  # the writer is inside the first command
+    stopper = threading.Thread(target=writer.stop)
+    stopper.start()
+    deadline = time.monotonic() + 10
+    while writer._q.qsize() == 0 and time.monotonic() < deadline:  # the stop is queued
+        time.sleep(0.01)
+    late = writer.submit(lambda: "ran")  # the thread still runs: this is queued, after the stop
+    release.set()
+    stopper.join(10)
+    assert first.result(5) == (None, True)
+    with pytest.raises(WriterStopped):
+        late.result(5)
+    assert writer.call(lambda: "inline", timeout_s=5) == "inline"
