@@ -230,3 +230,32 @@ def test_a_hung_call_on_a_shared_pool_holds_one_thread_and_no_other_node() -> No
     for s in samplers:
         s.close()
     pool.close()
+
+
+@pytest.mark.parametrize("every", [1, 7])  # asked each tick, or after more rows than it keeps
+def test_incremental_window_equals_a_full_rebuild(every: int) -> None:
+    """The window rebuilt from the rings converts only the rows appended since the last call;
+    at every call, through the rings' wrap-around, it equals a rebuild of every row (the
+    cache emptied) and never holds more than the window's rows."""
+    clock = ManualClock()
+    s = Sampler(
+        _faulty_node(clock).backend(),  # type: ignore[attr-defined]
+        slow_interval_s=4.0,
+        recent=0,
+        fast_capacity=9,
+        slow_capacity=3,
+        window_s=6.0,
+        clock=clock,
+    )
+    for tick in range(40):
+        s.tick()
+        clock.advance(1)
+        if tick % every:
+            continue
+        for g in s.gpus:
+            got = s.window(g)
+            g.rebuilt.clear()
+            assert got == s.window(g)
+            assert len([x for x in got if x.ecc_sbe_aggregate is None]) <= 7  # ceil(6/1)+1
+    assert len(s.window(s.gpus[0])) == 7 + 3  # 7 fast rows, and the 3 slow ones the ring holds
+    s.close()
