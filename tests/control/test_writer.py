@@ -152,3 +152,38 @@ def test_a_command_queued_behind_the_stop_fails_instead_of_hanging(
     with pytest.raises(WriterStopped):
         late.result(5)
     assert writer.call(lambda: "inline", timeout_s=5) == "inline"
+
+
+def test_a_refused_transition_reloads_only_the_nodes_it_moved(
+    make_service: Callable[..., ControlService],
+) -> None:
+    """A 409 (the state machine refuses) rebuilds no cache entry it did not touch: the other
+    nodes keep their cache and snapshot objects; a node the command had already moved is
+    reloaded as the database has it (the move was rolled back)."""
+    from gpufleet.control.lifecycle import NodeState, TransitionError
+
+    svc = make_service()
+    for name in ("n1", "n2", "n3"):
+        push(svc, batch(name, 1))
+    store = svc.store
+    cache_n2, view_n2 = store.nodes["n2"], store.view.nodes["n2"]
+    state_n1 = store.nodes["n1"].state
+
+    def move_then_refuse() -> None:
+        with store.sessions.begin() as s:
+            store._move(s, store.nodes["n3"], NodeState.REPAIR, actor="t", reason="t", after=[])
+            assert store.nodes["n3"].state == NodeState.REPAIR  # moved in the cache
+            store._move(
+                s, store.nodes["n1"], NodeState.REGISTERING, actor="t", reason="t", after=[]
+            )
+
+    with pytest.raises(TransitionError):
+        store.writer.call(move_then_refuse)
+    assert store.nodes["n2"] is cache_n2 and store.view.nodes["n2"] is view_n2  # untouched
+    assert (
+        store.nodes["n3"].state == store.view.nodes["n3"].state != NodeState.REPAIR
+    )  # rolled back
+    assert store.nodes["n1"].state == state_n1
+    with pytest.raises(TransitionError):  # an operator's refused action: nothing reloaded
+        actions.node_action(store, "n1", Action.VALIDATE, OP)
+    assert store.nodes["n2"] is cache_n2
