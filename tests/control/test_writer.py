@@ -171,8 +171,8 @@ def test_a_refused_transition_reloads_only_the_nodes_it_moved(
 
     def move_then_refuse() -> None:
         with store.sessions.begin() as s:
-            store._move(s, store.nodes["n3"], NodeState.REPAIR, actor="t", reason="t", after=[])
-            assert store.nodes["n3"].state == NodeState.REPAIR  # moved in the cache
+            store._move(s, store.nodes["n3"], NodeState.DRAINING, actor="t", reason="t", after=[])
+            assert store.nodes["n3"].state == NodeState.DRAINING  # moved in the cache
             store._move(
                 s, store.nodes["n1"], NodeState.REGISTERING, actor="t", reason="t", after=[]
             )
@@ -180,9 +180,8 @@ def test_a_refused_transition_reloads_only_the_nodes_it_moved(
     with pytest.raises(TransitionError):
         store.writer.call(move_then_refuse)
     assert store.nodes["n2"] is cache_n2 and store.view.nodes["n2"] is view_n2  # untouched
-    assert (
-        store.nodes["n3"].state == store.view.nodes["n3"].state != NodeState.REPAIR
-    )  # rolled back
+    rolled_back = NodeState.IN_SERVICE  # the move to draining was rolled back with the refusal
+    assert store.nodes["n3"].state == store.view.nodes["n3"].state == rolled_back
     assert store.nodes["n1"].state == state_n1
     with pytest.raises(TransitionError):  # an operator's refused action: nothing reloaded
         actions.node_action(store, "n1", Action.VALIDATE, OP)
