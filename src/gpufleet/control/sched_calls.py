@@ -125,9 +125,6 @@ class SchedulerCalls:
         if not backend.capabilities().supports(Feature.AGENT_JOBS):
             return []
         node = batch.node
-        if batch.jobs is None:  # no report to hand over (an agent that runs no jobs): no wake-up
-            with self._lock:
-                return self._outbox.pop(node, [])
 
         def run() -> None:
             cmds = backend.exchange(batch, now_s)
