@@ -151,20 +151,28 @@ def _faulty_node(clock: ManualClock) -> object:
     return node
 
 
+def _rebuilding_sampler(
+    clock: ManualClock, *, fast_rows: int, slow_rows: int, window_s: float
+) -> Sampler:
+    """A sampler of a faulty node that keeps no Sample objects: its health window is rebuilt
+    from rings of the given sizes (what many simulated agents do)."""
+    return Sampler(
+        _faulty_node(clock).backend(),  # type: ignore[attr-defined]
+        slow_interval_s=4.0,
+        recent=0,
+        fast_capacity=fast_rows,
+        slow_capacity=slow_rows,
+        window_s=window_s,
+        clock=clock,
+    )
+
+
 def test_window_rebuilt_from_the_rings_equals_the_kept_samples() -> None:
     """Two identical nodes, one sampler keeping Sample objects and one rebuilding them from
     its ring buffers (what many simulated agents do): the health rules see the same window."""
     clock = ManualClock()
     kept = Sampler(_faulty_node(clock).backend(), slow_interval_s=4.0, clock=clock)  # type: ignore[attr-defined]
-    rebuilt = Sampler(
-        _faulty_node(clock).backend(),  # type: ignore[attr-defined]
-        slow_interval_s=4.0,
-        recent=0,
-        fast_capacity=20,
-        slow_capacity=6,
-        window_s=12.0,
-        clock=clock,
-    )
+    rebuilt = _rebuilding_sampler(clock, fast_rows=20, slow_rows=6, window_s=12.0)
     for _ in range(12):
         kept.tick()
         rebuilt.tick()
@@ -238,15 +246,7 @@ def test_incremental_window_equals_a_full_rebuild(every: int) -> None:
     at every call, through the rings' wrap-around, it equals a rebuild of every row (the
     cache emptied) and never holds more than the window's rows."""
     clock = ManualClock()
-    s = Sampler(
-        _faulty_node(clock).backend(),  # type: ignore[attr-defined]
-        slow_interval_s=4.0,
-        recent=0,
-        fast_capacity=9,
-        slow_capacity=3,
-        window_s=6.0,
-        clock=clock,
-    )
+    s = _rebuilding_sampler(clock, fast_rows=9, slow_rows=3, window_s=6.0)
     for tick in range(40):
         s.tick()
         clock.advance(1)
