@@ -46,7 +46,8 @@ def render_pool(nodes: int, gpus: int, samples: int) -> list[tuple[str, str, dic
     from gpufleet.devices.sim import ManualClock, SimFleet
     from gpufleet.devices.sim.spec import parse_short_spec
 
-    clock = ManualClock()
+    # sampled "now": the controller keeps samples from its own recent past only (docs/security.md)
+    clock = ManualClock(time.time() - samples - 1.0)
     fleet = SimFleet(parse_short_spec(f"{nodes}x{gpus}xh100-sxm", prefix="bench"), clock=clock)
     fleet.demo_activity()
     pool = []
@@ -196,6 +197,15 @@ async def blast(
 UNLIMITED = ["--max-nodes-per-token", "0"]
 
 
+def process_cpu_s(pid: int) -> float:
+    """CPU seconds (user + system) a process has used so far, from /proc (0 elsewhere)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    return (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def start_controller(data_dir: Path) -> tuple[subprocess.Popen[bytes], str, str]:
     """`gpufleet controller` in its own process on a free port, once it answers: (process,
     base URL, an agent token)."""
@@ -236,9 +246,15 @@ def main() -> None:
     server, base, token = start_controller(Path(tempfile.mkdtemp(prefix="gpufleet-bench-")))
     try:
         pool = render_pool(args.nodes, args.gpus, args.samples)
+        cpu0, wall0 = process_cpu_s(server.pid), time.monotonic()
         res = asyncio.run(
             blast(f"{base}/api/v1/ingest", token, pool, args.duration, args.concurrency, args.gzip)
         )
+        cpu = process_cpu_s(server.pid) - cpu0
+        # the controller's CPU (all its threads) over the whole blast, warm-up included: a
+        # figure less at the mercy of other load on the machine than the rate itself
+        res["controller_cores"] = round(cpu / (time.monotonic() - wall0), 2)
+        res["controller_cpu_ms_per_batch"] = round(cpu * 1000 / max(1, res["batches_acked"]), 3)
     finally:
         server.terminate()
         server.wait(timeout=30)
@@ -248,6 +264,7 @@ def main() -> None:
         concurrency=args.concurrency,
         gzip=args.gzip,
         cpus=os.cpu_count(),
+        load_average=round(os.getloadavg()[0], 2),
     )
     if args.json:
         print(json.dumps(res, indent=2))
@@ -258,7 +275,9 @@ def main() -> None:
             f"p50 {res['p50_ms']} ms, p99 {res['p99_ms']} ms; "
             f"{res['ratio_to_floor']}x the 25,000/s floor "
             f"[{args.nodes} nodes x {args.gpus} GPUs, {args.concurrency} connections, "
-            f"{res['throttled']} throttled, {res['errors']} errors, {res['cpus']} CPUs]"
+            f"{res['throttled']} throttled, {res['errors']} errors, {res['cpus']} CPUs]; "
+            f"controller {res['controller_cpu_ms_per_batch']} ms CPU per batch "
+            f"({res['controller_cores']} cores), load average {res['load_average']}"
         )
 
 

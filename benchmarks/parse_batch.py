@@ -1,11 +1,9 @@
 """Micro-benchmark: parse one agent batch (as the ingest benchmark sends it: 8 GPUs x SAMPLES
 samples, from the simulator through the sim-fleet agents), microseconds per batch, best of
-several rounds: ``parse_batch`` (the ingest path: ``Batch.model_validate_json``, then the arrays
-for the telemetry store) and ``Batch.model_validate_json`` alone, with and without the device
-records (sent on an agent's first batch and when they change).
-
-A hand-written parser (orjson, then set and numpy checks of the samples) stood here until
-pydantic's JSON validation of the models with their constraints measured faster than it.
+several rounds: ``parse_batch`` (the ingest path: the accept-only fast path of
+`gpufleet.control.ingest_parse`, the model for anything it leaves, then the arrays for the
+telemetry store) and ``Batch.model_validate_json`` alone, with and without the device records
+(sent on an agent's first batch and when they change).
 
     python benchmarks/parse_batch.py [--samples 5] [--repeat 2000]
 """

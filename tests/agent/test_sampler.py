@@ -151,20 +151,28 @@ def _faulty_node(clock: ManualClock) -> object:
     return node
 
 
+def _rebuilding_sampler(
+    clock: ManualClock, *, fast_rows: int, slow_rows: int, window_s: float
+) -> Sampler:
+    """A sampler of a faulty node that keeps no Sample objects: its health window is rebuilt
+    from rings of the given sizes (what many simulated agents do)."""
+    return Sampler(
+        _faulty_node(clock).backend(),  # type: ignore[attr-defined]
+        slow_interval_s=4.0,
+        recent=0,
+        fast_capacity=fast_rows,
+        slow_capacity=slow_rows,
+        window_s=window_s,
+        clock=clock,
+    )
+
+
 def test_window_rebuilt_from_the_rings_equals_the_kept_samples() -> None:
     """Two identical nodes, one sampler keeping Sample objects and one rebuilding them from
     its ring buffers (what many simulated agents do): the health rules see the same window."""
     clock = ManualClock()
     kept = Sampler(_faulty_node(clock).backend(), slow_interval_s=4.0, clock=clock)  # type: ignore[attr-defined]
-    rebuilt = Sampler(
-        _faulty_node(clock).backend(),  # type: ignore[attr-defined]
-        slow_interval_s=4.0,
-        recent=0,
-        fast_capacity=20,
-        slow_capacity=6,
-        window_s=12.0,
-        clock=clock,
-    )
+    rebuilt = _rebuilding_sampler(clock, fast_rows=20, slow_rows=6, window_s=12.0)
     for _ in range(12):
         kept.tick()
         rebuilt.tick()
@@ -253,3 +261,24 @@ def test_idle_extra_threads_never_leave_the_pool_short() -> None:
             assert pool.size == pool.threads
     finally:
         pool.close()
+
+
+@pytest.mark.parametrize("every", [1, 7])  # asked each tick, or after more rows than it keeps
+def test_incremental_window_equals_a_full_rebuild(every: int) -> None:
+    """The window rebuilt from the rings converts only the rows appended since the last call;
+    at every call, through the rings' wrap-around, it equals a rebuild of every row (the
+    cache emptied) and never holds more than the window's rows."""
+    clock = ManualClock()
+    s = _rebuilding_sampler(clock, fast_rows=9, slow_rows=3, window_s=6.0)
+    for tick in range(40):
+        s.tick()
+        clock.advance(1)
+        if tick % every:
+            continue
+        for g in s.gpus:
+            got = s.window(g)
+            g.rebuilt.clear()
+            assert got == s.window(g)
+            assert len([x for x in got if x.ecc_sbe_aggregate is None]) <= 7  # ceil(6/1)+1
+    assert len(s.window(s.gpus[0])) == 7 + 3  # 7 fast rows, and the 3 slow ones the ring holds
+    s.close()

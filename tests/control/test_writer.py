@@ -126,3 +126,68 @@ def test_run_awaits_a_command_from_the_event_loop(
         return await svc.store.writer.run(lambda: threading.current_thread().name)
 
     assert asyncio.run(on_loop()) == "gpufleet-writer"
+
+
+def test_a_command_queued_behind_the_stop_fails_instead_of_hanging(
+    make_service: Callable[..., ControlService],
+) -> None:
+    """A command that reaches the queue after the stop (the writer still ran when it was
+    queued) fails with WriterStopped; its caller does not wait forever. Later calls run
+    inline."""
+    from gpufleet.control.writer import WriterStopped
+
+    writer = make_service().store.writer
+    busy, release = threading.Event(), threading.Event()
+
+    def hold() -> bool:
+        busy.set()
+        return release.wait(10)
+
+    first = writer.submit(hold)
+    assert busy.wait(10)  # the writer is inside the first command
+    stopper = threading.Thread(target=writer.stop)
+    stopper.start()
+    deadline = time.monotonic() + 10
+    while writer._q.qsize() == 0 and time.monotonic() < deadline:  # the stop is queued
+        time.sleep(0.01)
+    late = writer.submit(lambda: "ran")  # the thread still runs: this is queued, after the stop
+    release.set()
+    stopper.join(10)
+    assert first.result(5) is True
+    with pytest.raises(WriterStopped):
+        late.result(5)
+    assert writer.call(lambda: "inline", timeout_s=5) == "inline"
+
+
+def test_a_refused_transition_reloads_only_the_nodes_it_moved(
+    make_service: Callable[..., ControlService],
+) -> None:
+    """A 409 (the state machine refuses) rebuilds no cache entry it did not touch: the other
+    nodes keep their cache and snapshot objects; a node the command had already moved is
+    reloaded as the database has it (the move was rolled back)."""
+    from gpufleet.control.lifecycle import NodeState, TransitionError
+
+    svc = make_service()
+    for name in ("n1", "n2", "n3"):
+        push(svc, batch(name, 1))
+    store = svc.store
+    cache_n2, view_n2 = store.nodes["n2"], store.view.nodes["n2"]
+    state_n1 = store.nodes["n1"].state
+
+    def move_then_refuse() -> None:
+        with store.sessions.begin() as s:
+            store._move(s, store.nodes["n3"], NodeState.DRAINING, actor="t", reason="t", after=[])
+            assert store.nodes["n3"].state == NodeState.DRAINING  # moved in the cache
+            store._move(
+                s, store.nodes["n1"], NodeState.REGISTERING, actor="t", reason="t", after=[]
+            )
+
+    with pytest.raises(TransitionError):
+        store.writer.call(move_then_refuse)
+    assert store.nodes["n2"] is cache_n2 and store.view.nodes["n2"] is view_n2  # untouched
+    rolled_back = NodeState.IN_SERVICE  # the move to draining was rolled back with the refusal
+    assert store.nodes["n3"].state == store.view.nodes["n3"].state == rolled_back
+    assert store.nodes["n1"].state == state_n1
+    with pytest.raises(TransitionError):  # an operator's refused action: nothing reloaded
+        actions.node_action(store, "n1", Action.VALIDATE, OP)
+    assert store.nodes["n2"] is cache_n2

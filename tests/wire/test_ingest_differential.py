@@ -7,6 +7,9 @@ top-level fields). For each, the ingest parser (`control.ingest.parse_batch`, gi
 JSON bytes) accepts exactly what ``Batch.model_validate`` accepts on the Python object, reads the
 same values and hands the telemetry store every time and every real reading; a refusal names the
 model's first problem by its field path. (A NUL anywhere is refused on top of the model.)
+The accept-only fast path in front of the model (`control.ingest_parse`) is checked on its own
+too: it accepts only what the model's JSON validation accepts, with the same values, and takes
+every clean batch.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from hypothesis import strategies as st
 from pydantic import ValidationError
 
 from gpufleet.control.ingest import IngestRejected, parse_batch
+from gpufleet.control.ingest_parse import parse_fast
 from gpufleet.control.telemetry_store import FIELDS
 from gpufleet.wire import Batch, WireSamples
 from gpufleet.wire.limits import (
@@ -313,3 +317,75 @@ def test_every_odd_value_in_every_slot(slot: str) -> None:
 def test_batches_answer_like_the_model(obj: dict[str, Any]) -> None:
     """Whole batches: clean, or with a defect or two anywhere (samples or top-level fields)."""
     check(obj)
+
+
+def fast_agrees(obj: Any, raw: bytes | None = None) -> Batch | None:
+    """The fast path's answer on ``obj`` (as JSON), checked against the model's JSON validation:
+    it accepts only what the model accepts, with the same values and the same fields set."""
+    raw = json.dumps(obj).encode() if raw is None else raw
+    got = parse_fast(raw)
+    if got is None:
+        return None
+    want = Batch.model_validate_json(raw)  # raises if the fast path accepted too much
+    assert got == want
+    assert got.model_fields_set == want.model_fields_set
+    assert [s.model_fields_set for s in got.samples] == [s.model_fields_set for s in want.samples]
+    assert readings(got.samples) == readings(want.samples)
+    assert all(type(v) is float for s in got.samples for v in s.t)  # as the model reads them
+    return got
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches())
+def test_fast_path_accepts_only_what_the_model_accepts(obj: dict[str, Any]) -> None:
+    """The accept-only fast path never accepts a batch the model refuses, nor reads one
+    differently (a refusal always comes from the model: `parse_batch` falls back to it)."""
+    fast_agrees(obj)
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(clean_block(), max_size=4), st.integers(1, 2**63 - 1))
+def test_clean_batches_take_the_fast_path(blocks: list[dict[str, Any]], seq: int) -> None:
+    """A clean batch is accepted by the fast path itself, not only by the model after it."""
+    obj = {"node": "n", "agent_id": "a", "seq": seq, "sent_at_s": 1.7e9, "samples": blocks}
+    assert fast_agrees(obj) is not None
+
+
+@pytest.mark.parametrize(
+    ("where", "value"),
+    [
+        ("xid", 2**64 + 1),  # orjson reads it as a float: the model decides
+        ("name", "power_w\n"),  # Python's $ would let the newline through
+        ("t", True),
+        ("value", "1.5"),
+        ("uuid", "u" * 97),
+        ("seq", 2**63),
+    ],
+)
+def test_fast_path_leaves_doubtful_bodies_to_the_model(where: str, value: Any) -> None:
+    """Bodies where orjson and a plain check could disagree with the model go to the model."""
+    block: dict[str, Any] = {"gpu_uuid": "u", "gpu_index": 0, "t": [1.0], "fields": {}}
+    obj: dict[str, Any] = {"node": "n", "agent_id": "a", "seq": 1, "sent_at_s": 1.0}
+    if where == "xid":
+        obj["events"] = [{"gpu_index": 0, "kind": "xid", "timestamp_s": 1.0, "xid": value}]
+    elif where == "name":
+        block["fields"][value] = [1.0]
+    elif where == "t":
+        block["t"] = [value]
+    elif where == "value":
+        block["fields"]["power_w"] = [value]
+    elif where == "uuid":
+        block["gpu_uuid"] = value
+    else:
+        obj[where] = value
+    obj["samples"] = [block]
+    assert parse_fast(json.dumps(obj).encode()) is None
+    check(obj)  # and parse_batch still answers like the model
+
+
+def test_integers_are_read_as_floats_like_the_model() -> None:
+    obj = {"node": "n", "agent_id": "a", "seq": 1, "sent_at_s": 1}
+    obj["samples"] = [{"gpu_uuid": "u", "gpu_index": 3, "t": [1, 2], "fields": {"x": [None, 7]}}]
+    got = fast_agrees(obj)
+    assert got is not None and got.samples[0].t == [1.0, 2.0]
+    assert got.samples[0].fields == {"x": [None, 7.0]}

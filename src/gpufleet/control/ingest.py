@@ -13,16 +13,20 @@ import logging
 import math
 import zlib
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from itertools import chain
+from operator import itemgetter
 from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 from pydantic import ValidationError
 
+from gpufleet.control.ingest_parse import parse_fast
 from gpufleet.control.sample_screen import has_readings, screen_groups
 from gpufleet.control.store import ControlStore, IngestItem
-from gpufleet.control.telemetry_store import FIELDS, NF, SampleGroup, clean_matrix
+from gpufleet.control.telemetry_store import FIELD_INDEX, FIELDS, NF, SampleGroup, clean_matrix
 from gpufleet.wire import MAX_BATCH_BYTES, Ack, Batch, WireSamples
 from gpufleet.wire.problems import reason
 from gpufleet.wire.telemetry import screen_events
@@ -75,47 +79,83 @@ class Parsed:
 
 @dataclass
 class _Group:
+    rows: npt.NDArray[np.intp]  # where the block's kept metrics go among FIELDS
     gpus: list[int] = field(default_factory=list)
     ts: list[Any] = field(default_factory=list)
-    flat: list[Any] = field(default_factory=list)  # kept metrics, FIELDS order, block by block
+    flat: list[Any] = field(default_factory=list)  # kept metrics present, block by block
+
+
+class _KeptLayout:
+    """Which of a block's fields the telemetry store keeps, per tuple of field names (agents
+    send the same few tuples over and over): a getter for their columns and their rows."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[str, ...], tuple[Callable[[Any], Any] | None, Any]] = {}
+
+    def of(self, names: tuple[str, ...]) -> tuple[Callable[[Any], Any] | None, Any]:
+        got = self._known.get(names)
+        if got is None:
+            kept = [n for n in FIELDS if n in names]
+            rows = np.array([FIELD_INDEX[n] for n in kept], dtype=np.intp)
+            pick = itemgetter(*kept) if len(kept) > 1 else _one(kept[0]) if kept else None
+            if len(self._known) >= 4096:
+                self._known.clear()
+            got = self._known[names] = (pick, rows)
+        return got
+
+
+def _one(name: str) -> Callable[[Any], Any]:
+    return lambda fields: (fields[name],)
+
+
+_kept = _KeptLayout()
 
 
 def sample_arrays(samples: list[WireSamples], *, clean: bool = True) -> list[SampleGroup]:
     """Validated samples as arrays for the telemetry store: one numpy conversion per group of
-    GPUs with the same sample count (a GPU seen twice starts a new group); metrics the store
-    does not keep are dropped. ``clean=False`` leaves readings as sent (for screening)."""
-    groups: dict[int, list[_Group]] = {}
+    GPUs with the same sample count and field names (a GPU seen twice starts a new group);
+    metrics the store does not keep are dropped. ``clean=False`` leaves readings as sent (for
+    screening)."""
+    groups: dict[tuple[int, tuple[str, ...]], list[_Group]] = {}
     for s in samples:
         k = len(s.t)
         if k == 0:
             continue
-        runs = groups.setdefault(k, [])
+        names = tuple(s.fields)
+        pick, rows = _kept.of(names)
+        runs = groups.setdefault((k, names), [])
         if not runs or s.gpu_index in runs[-1].gpus:
-            runs.append(_Group())
+            runs.append(_Group(rows))
         grp = runs[-1]
         grp.gpus.append(s.gpu_index)
         grp.ts.append(s.t)
-        none_row = [None] * k
-        get = s.fields.get
-        grp.flat.extend(chain.from_iterable([get(name) or none_row for name in FIELDS]))
+        if pick is not None:
+            grp.flat.extend(chain.from_iterable(pick(s.fields)))
     arrays = []
-    for k, runs in groups.items():
+    for (k, _), runs in groups.items():
         for grp in runs:
-            mat = np.array(grp.flat, dtype=np.float64).reshape(len(grp.gpus), NF, k)
+            mat = np.full((len(grp.gpus), NF, k), np.nan)
+            if len(grp.rows):
+                vals = np.array(grp.flat, dtype=np.float64)
+                kept = clean_matrix(vals) if clean else vals
+                mat[:, grp.rows, :] = kept.reshape(len(grp.gpus), len(grp.rows), k)
             tarr = np.array(grp.ts, dtype=np.float64)
-            arrays.append(SampleGroup(grp.gpus, tarr, clean_matrix(mat) if clean else mat))
+            arrays.append(SampleGroup(grp.gpus, tarr, mat))
     return arrays
 
 
 def parse_batch(raw: bytes, now_s: float | None = None) -> Parsed:
-    """Validate against the wire contract, `Batch` itself (pydantic's JSON validation, measured
-    faster than the hand-written parser it replaced: ``benchmarks/parse_batch.py``); 422 with
-    the first problem's field path and message. With ``now_s`` (the controller's clock),
-    samples and events outside their window or range are dropped and counted."""
-    try:
-        batch = Batch.model_validate_json(raw)
-    except ValidationError as exc:
-        raise IngestRejected(422, reason(exc)) from exc
+    """Validate against the wire contract: the accept-only fast path
+    (`gpufleet.control.ingest_parse`), else `Batch` itself (pydantic's JSON validation), which
+    accepts or refuses with 422 naming the first problem's field path and message. With
+    ``now_s`` (the controller's clock), samples and events outside their window or range are
+    dropped and counted."""
+    batch = parse_fast(raw)
+    if batch is None:
+        try:
+            batch = Batch.model_validate_json(raw)
+        except ValidationError as exc:
+            raise IngestRejected(422, reason(exc)) from exc
     if b"\\u0000" in raw:  # also inside free-form mappings (evidence, device info)
         raise IngestRejected(422, "strings must not contain NUL characters")
     if now_s is None:

@@ -12,7 +12,7 @@ calls go through `gpufleet.control.sched_calls`, never from here directly. Inges
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from types import MappingProxyType
 from typing import Any
 
@@ -147,13 +147,15 @@ class ControlStore:
         self.publish()
 
     # -- cache --------------------------------------------------------------------------------
-    def load(self) -> None:
-        """(Re)build the node cache from the database."""
+    def load(self, names: Collection[str] | None = None) -> None:
+        """(Re)build the node cache from the database: every node (and the policy), or only
+        the nodes ``names``."""
         with self.sessions() as s:
             racks = {r.id: r.name for r in s.scalars(select(Rack))}
             nodes: dict[str, NodeCache] = {}
             by_id: dict[int, NodeCache] = {}
-            for n in s.scalars(select(Node)):
+            which = select(Node) if names is None else select(Node).where(Node.name.in_(names))
+            for n in s.scalars(which):
                 nc = NodeCache(
                     id=n.id,
                     name=n.name,
@@ -171,12 +173,16 @@ class ControlStore:
                 )
                 nodes[n.name] = nc
                 by_id[n.id] = nc
-            for g in s.scalars(select(Gpu)):
+            gpus = select(Gpu) if names is None else select(Gpu).where(Gpu.node_id.in_(by_id))
+            for g in s.scalars(gpus):
                 nc = by_id[g.node_id]
                 nc.gpus[g.index] = GpuCache(
                     g.id, g.uuid, g.model, info_digest(g.info), g.info.get("power_limit_enforced_w")
                 )
-            active = list(s.scalars(select(FindingRow).where(FindingRow.active.is_(True))))
+            found = select(FindingRow).where(FindingRow.active.is_(True))
+            if names is not None:
+                found = found.where(FindingRow.node.in_(names))
+            active = list(s.scalars(found))
             whys = _ack_reasons(s, active)
             for f in active:
                 if f.node in nodes:
@@ -195,11 +201,19 @@ class ControlStore:
                             whys.get(f.id, ""),
                         ),
                     )
-            saved = s.get(ControllerState, "policy")
+            saved = s.get(ControllerState, "policy") if names is None else None
             if saved is not None:
                 self.policy = RemediationPolicy.model_validate(saved.value)
-        self.nodes = nodes
-        self._dirty_all = True
+        if names is None:
+            self.nodes = nodes
+            self._dirty_all = True
+        else:
+            for name in names:
+                if name in nodes:
+                    self.nodes[name] = nodes[name]
+                else:
+                    self.nodes.pop(name, None)
+                self.dirty(name)
         self._update_breaker(None)
 
     # -- snapshot -------------------------------------------------------------------------------
@@ -247,8 +261,14 @@ class ControlStore:
         anything)."""
         if isinstance(exc, NotFound | PermissionError):
             return
-        log.warning("write failed (%s); reloading state from the database", exc)
         self._notify = []
+        if isinstance(exc, lc.TransitionError) and not self._dirty_all:
+            # the state machine refuses before it changes the node: only the nodes the command
+            # moved before that (marked dirty since the last snapshot) differ from the database
+            if self._dirty:
+                self.load(set(self._dirty))
+            return
+        log.warning("write failed (%s); reloading state from the database", exc)
         self.load()
 
     def out_count(self) -> tuple[int, int]:

@@ -91,14 +91,17 @@ class _NodeRings:
             t = np.take_along_axis(t, order, axis=1)
             mat = np.take_along_axis(mat, order[:, None, :], axis=2)
         tmax = t[:, -1]
-        # newest non-missing value of each field (slow fields come less often)
+        # newest non-missing value of each field (slow fields come less often); a field with
+        # no value in these blocks keeps its last one
         newest = mat[:, :, -1]
         gaps = np.isnan(newest)
         if bool(gaps.any()):
-            valid = ~np.isnan(mat)
-            idx = k - 1 - np.argmax(valid[:, :, ::-1], axis=2)
-            newest = np.take_along_axis(mat, idx[:, :, None], axis=2)[:, :, 0]
-            newest = np.where(valid.any(axis=2), newest, self.last[g])
+            if k > 1:
+                idx = k - 1 - np.argmax(~np.isnan(mat[:, :, ::-1]), axis=2)
+                b, f = np.indices(idx.shape, sparse=True)
+                newest = mat[b, f, idx]
+                gaps = np.isnan(newest)
+            newest = np.where(gaps, self.last[g], newest)
         newer = tmax >= self.last_t[g]
         if bool(newer.all()):
             self.last[g] = newest
@@ -217,6 +220,9 @@ class TelemetryStore:
         return nb * k
 
     def _accumulate(self, node: str, minute: int, g: Index, need: int, sub: Mat) -> None:
+        present = ~np.isnan(sub)
+        if not bool(present.any()):  # blocks without a kept metric (slow-tier rows): no change
+            return
         key = (node, minute)
         acc = self._acc.get(key)
         if acc is None or acc.shape[0] < need:
@@ -228,7 +234,6 @@ class TelemetryStore:
             if acc is not None:
                 fresh[: acc.shape[0]] = acc
             acc = self._acc[key] = fresh
-        present = ~np.isnan(sub)
         a = acc[g]  # a view for a slice; a copy (written back below) for an index array
         a[:, 0] += present.sum(axis=2)
         np.fmin(a[:, 1], np.fmin.reduce(sub, axis=2), out=a[:, 1])

@@ -35,6 +35,10 @@ T = TypeVar("T")
 Result = Ack | BaseException
 
 
+class WriterStopped(RuntimeError):
+    """The writer stopped before it ran a command or committed a batch queued for it."""
+
+
 @dataclass(frozen=True)
 class _Ingest:
     """One batch waiting for its group commit; ``loop``/``future``: an asyncio waiter, else
@@ -66,6 +70,8 @@ class Writer:
         )
         self._held_lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        # queueing and stopping exclude each other: nothing is queued once stop drained the queue
+        self._state_lock = threading.Lock()
         self._count_lock = threading.Lock()
         self._inline_lock = threading.RLock()  # one at a time while no writer thread runs
         self._queued_ingest = 0
@@ -78,12 +84,42 @@ class Writer:
             self._thread.start()
 
     def stop(self, timeout_s: float = 30.0) -> None:
-        """Finish what is queued, then end the thread."""
+        """Finish what is queued, then end the thread. Whatever was queued behind the stop
+        fails with `WriterStopped` (its caller would wait forever); later calls run inline."""
         t = self._thread
         if t is not None:
             self._q.put(None)
             t.join(timeout=timeout_s)
-            self._thread = None
+            with self._state_lock:
+                self._thread = None
+                self._fail_queued()
+
+    def _fail_queued(self) -> None:
+        exc = WriterStopped("the control plane's writer has stopped")
+        while True:
+            try:
+                w = self._q.get_nowait()
+            except queue.Empty:
+                return
+            for one in w if isinstance(w, list) else [w]:
+                if isinstance(one, _Command):
+                    one.done.set_exception(exc)
+                elif isinstance(one, _Ingest):
+                    self._count(-1)
+                    self._resolve(one, exc)
+
+    @staticmethod
+    def _resolve(g: _Ingest, r: Result) -> None:
+        """Hand one batch's result to whoever waits for it (a future on its event loop, or a
+        concurrent future)."""
+        if g.loop is not None and g.future is not None:
+            with contextlib.suppress(RuntimeError):  # its loop closed while the request waited
+                g.loop.call_soon_threadsafe(_resolve_all, [(g.future, r)])
+        elif g.done is not None:
+            if isinstance(r, BaseException):
+                g.done.set_exception(r)
+            else:
+                g.done.set_result(r)
 
     @property
     def running(self) -> bool:
@@ -108,11 +144,13 @@ class Writer:
     def submit(self, fn: Callable[[], T]) -> Future[T]:
         """Queue ``fn`` for the writer; its result (or exception) arrives in the future."""
         fut: Future[T] = Future()
-        if self._inline():
+        with self._state_lock:
+            inline = self._inline()
+            if not inline:
+                self._q.put(_Command(fn, fut))  # type: ignore[arg-type]
+        if inline:
             with self._inline_lock:
                 self._execute(_Command(fn, fut))  # type: ignore[arg-type]
-        else:
-            self._q.put(_Command(fn, fut))  # type: ignore[arg-type]
         return fut
 
     def call(self, fn: Callable[[], T], timeout_s: float = 60.0) -> T:
@@ -145,16 +183,25 @@ class Writer:
     def _hand_over(self, held: list[_Ingest]) -> None:
         batch = held[:]
         held.clear()
-        self._q.put(batch)
+        with self._state_lock:
+            if self._thread is not None:
+                self._q.put(batch)
+                return
+        for g in batch:  # the writer stopped while these waited for the end of the iteration
+            self._count(-1)
+            self._resolve(g, WriterStopped("the control plane's writer has stopped"))
 
     def ingest_sync(self, item: IngestItem, timeout_s: float = 60.0) -> Ack:
         """The same from a plain thread (in-process agents, tests)."""
-        if self._inline():
+        done: Future[Ack] = Future()
+        with self._state_lock:
+            inline = self._inline()
+            if not inline:
+                self._count(1)
+                self._q.put(_Ingest(item, None, None, done))
+        if inline:
             with self._inline_lock:
                 return _unwrap(self._apply([item])[0])
-        done: Future[Ack] = Future()
-        self._count(1)
-        self._q.put(_Ingest(item, None, None, done))
         return done.result(timeout_s)
 
     # -- the thread -----------------------------------------------------------------------------

@@ -63,6 +63,25 @@ class MigInstance:
 
 
 @dataclass
+class _Rebuilt:
+    """Samples rebuilt from one ring's newest rows, and the ring count they reach."""
+
+    ring: RingBuffer
+    count: int
+    samples: deque[Sample]
+
+    def update(self, columns: tuple[str, ...]) -> deque[Sample]:
+        """Append the rows the ring got since; the deque keeps only the window's rows."""
+        t, rows, self.count = self.ring.since(self.count)
+        keep = self.samples.maxlen or 0
+        start = max(0, len(t) - keep)  # older rows would drop out of the deque at once
+        self.samples.extend(
+            row_sample(ts, row, columns) for ts, row in zip(t[start:], rows[start:], strict=True)
+        )
+        return self.samples
+
+
+@dataclass
 class GpuState:
     """Everything the sampler knows about one GPU; read under `Sampler.lock`."""
 
@@ -79,6 +98,9 @@ class GpuState:
     mig: list[MigInstance] = field(default_factory=list)
     recent: deque[Sample] = field(default_factory=lambda: deque(maxlen=DEFAULT_RECENT))
     new_events: list[GpuEvent] = field(default_factory=list)
+    # the health window rebuilt from the rings (``recent=0``), per ring: only rows appended
+    # since the last tick become new `Sample` objects
+    rebuilt: dict[str, _Rebuilt] = field(default_factory=dict)
 
     @property
     def uuid(self) -> str:
@@ -388,13 +410,16 @@ class Sampler:
         if self._recent > 0:
             return tuple(gpu.recent)
         out: list[Sample] = []
-        for ring, columns, interval in (
-            (gpu.fast, FAST_COLUMNS, self.fast_interval_s),
-            (gpu.slow, SLOW_COLUMNS, self.slow_interval_s),
+        for tier, ring, columns, interval in (
+            ("fast", gpu.fast, FAST_COLUMNS, self.fast_interval_s),
+            ("slow", gpu.slow, SLOW_COLUMNS, self.slow_interval_s),
         ):
-            t, rows = ring.last(math.ceil(self.window_s / interval) + 1)
-            out.extend(row_sample(ts, row, columns) for ts, row in zip(t, rows, strict=True))
-        out.sort(key=lambda smp: smp.timestamp_s)
+            rows = min(math.ceil(self.window_s / interval) + 1, ring.capacity)
+            cached = gpu.rebuilt.get(tier)
+            if cached is None or cached.ring is not ring or cached.samples.maxlen != rows:
+                cached = gpu.rebuilt[tier] = _Rebuilt(ring, 0, deque(maxlen=rows))
+            out.extend(cached.update(columns))
+        out.sort(key=_timestamp)
         return tuple(out)
 
     def close(self, *, wait_s: float = DEFAULT_CLOSE_WAIT_S, shutdown: bool = True) -> bool:
@@ -425,6 +450,10 @@ class Sampler:
             except Exception as exc:  # closing must not raise on the way out
                 log.warning("%s: closing the device backend failed: %s", self.node, exc)
         return True
+
+
+def _timestamp(smp: Sample) -> float:
+    return smp.timestamp_s
 
 
 def _converter(type_text: str) -> Callable[[float], Any]:
