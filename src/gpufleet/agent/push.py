@@ -34,7 +34,7 @@ from dataclasses import dataclass
 import httpx
 
 from gpufleet.agent.spool import AgentState, Spool
-from gpufleet.wire import AGENT_MAX_BACKOFF_S, Ack, Batch
+from gpufleet.wire import AGENT_MAX_BACKOFF_S, AGENT_PUSH_TIMEOUT_S, Ack, Batch
 
 log = logging.getLogger("gpufleet.agent.push")
 
@@ -111,7 +111,7 @@ class Pusher:
         spool: Spool,
         *,
         transport: httpx.BaseTransport | None = None,
-        timeout_s: float = 5.0,
+        timeout_s: float = AGENT_PUSH_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         client: httpx.Client | None = None,

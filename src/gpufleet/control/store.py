@@ -51,7 +51,7 @@ from gpufleet.control.scheduling import SchedulerEvents
 from gpufleet.control.telemetry_store import TelemetryStore
 from gpufleet.control.writer import Writer
 from gpufleet.schedulers.base import NoScheduler
-from gpufleet.wire import AGENT_MAX_BACKOFF_S, Ack
+from gpufleet.wire import AGENT_MAX_BACKOFF_S, AGENT_PUSH_TIMEOUT_S, Ack
 
 log = logging.getLogger("gpufleet.control")
 Clock = Callable[[], float]
@@ -70,9 +70,10 @@ __all__ = [
 
 def restart_grace_extra_s(interval_s: float) -> float:
     """What a node gets on top of the lost threshold after the controller (re)starts or stalls:
-    its agent's worst retry delay (the backoff cap, never more than its heartbeat interval) plus
-    one push interval, so agents that backed off while it was down are back in time."""
-    return min(AGENT_MAX_BACKOFF_S, interval_s) + interval_s
+    its agent's worst retry delay (one attempt that times out, then the backoff cap, never more
+    than its heartbeat interval) plus one push interval, so agents that backed off while it was
+    down are heard again in time."""
+    return AGENT_PUSH_TIMEOUT_S + min(AGENT_MAX_BACKOFF_S, interval_s) + interval_s
 
 
 class NotFound(LookupError):

@@ -143,9 +143,11 @@ class ControllerProcess:
         return state
 
 
-def fleet_yaml(node: str, gpus: int = 2, faults: list[dict[str, Any]] | None = None) -> str:
+def fleet_yaml(
+    node: str, gpus: int = 2, faults: list[dict[str, Any]] | None = None, model: str = "h100-sxm"
+) -> str:
     """A one-node simulated fleet (``--sim FILE``), with scheduled faults if given."""
-    doc: dict[str, Any] = {"nodes": [{"name": node, "model": "h100-sxm", "gpus": gpus}]}
+    doc: dict[str, Any] = {"nodes": [{"name": node, "model": model, "gpus": gpus}]}
     if faults:
         doc["faults"] = [{"node": node, **f} for f in faults]
     return json.dumps(doc)  # JSON is YAML
@@ -162,13 +164,15 @@ class AgentProcess:
     lease_s: float = 3.0
     push_interval_s: float = 0.25
     faults: list[dict[str, Any]] = field(default_factory=list)
+    model: str = "h100-sxm"
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
 
     def start(self) -> AgentProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
         fleet = self.state_dir / "fleet.yaml"
-        fleet.write_text(fleet_yaml(self.node, faults=self.faults), encoding="utf-8")
+        text = fleet_yaml(self.node, faults=self.faults, model=self.model)
+        fleet.write_text(text, encoding="utf-8")
         self.starts += 1
         log = open(self.state_dir / f"agent-{self.starts}.log", "wb")  # noqa: SIM115
         self.proc = subprocess.Popen(
@@ -340,9 +344,11 @@ def overlaps(beats: Beats) -> list[tuple[int, int]]:
 
 
 def processes_with(marker: str) -> list[int]:
-    """Live (not zombie) processes whose command line holds ``marker`` (e.g. a heartbeat file)."""
+    """Live (not zombie) processes whose command line holds ``marker`` (e.g. a heartbeat file),
+    the copies' wrappers left out (their command line repeats the job's)."""
     out = []
     needle = marker.encode()
+    wrapper = b"gpufleet.schedulers.embedded.runner"
     for entry in os.scandir("/proc"):
         if not entry.name.isdigit():
             continue
@@ -351,6 +357,7 @@ def processes_with(marker: str) -> list[int]:
             stat = Path(entry.path, "stat").read_bytes()
         except OSError:
             continue
-        if needle in cmdline and stat.rsplit(b")", 1)[1].split()[0] != b"Z":
+        zombie = stat.rsplit(b")", 1)[1].split()[0] == b"Z"
+        if needle in cmdline and wrapper not in cmdline and not zombie:
             out.append(int(entry.name))
     return out
