@@ -394,7 +394,7 @@ class ControlStore:
                 if st in LOSABLE:
                     seen = max(nc.last_seen_s or 0.0, self.grace_from_s)
                     limit = self.lost_after_intervals * nc.interval_s
-                    if seen == self.grace_from_s:  # nothing heard since this controller began
+                    if (nc.last_seen_s or 0.0) < self.grace_from_s:  # not heard since it began
                         limit += restart_grace_extra_s(nc.interval_s)
                     if now - seen > limit:
                         self._move(
