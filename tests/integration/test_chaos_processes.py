@@ -71,7 +71,7 @@ class Chaos:
             if not a.alive():
                 a.start()
         for n in NODES:
-            wait_for(lambda n=n: self.ctl.node_state(n) == "in_service", 120, f"{n} in service")
+            self.ctl.wait_in_service(n)
 
     def node_of(self, job_id: str) -> str:
         def placed() -> str | None:
@@ -141,11 +141,7 @@ def _fault(c: Chaos, kind: str, rng: random.Random, target: str) -> str:
 
 
 def _check_job(c: Chaos, job_id: str, beats: Path) -> str:
-    doc: dict[str, Any] = wait_for(
-        lambda: (d := c.ctl.job(job_id))["state"] in ("succeeded", "failed", "cancelled") and d,
-        240,
-        f"job {job_id} ended",
-    )
+    doc: dict[str, Any] = c.ctl.wait_ended(job_id)
     attempts = doc["attempts"]
     assert doc["state"] == "succeeded", f"job {job_id} ended {doc['state']}: {attempts}"
     seen = read_beats(beats)
@@ -175,7 +171,7 @@ def _gpu_node(c: Chaos, name: str, faults: list[dict[str, Any]]) -> AgentProcess
         model="h200",
         faults=faults,
     ).start()
-    wait_for(lambda: c.ctl.node_state(name) == "in_service", 120, f"{name} in service")
+    c.ctl.wait_in_service(name)
     return agent
 
 

@@ -67,7 +67,7 @@ class Fleet:
             if not a.alive():
                 a.start()
         for name in self.agents:
-            wait_for(lambda n=name: self.ctl.node_state(n) == "in_service", 90, f"{name} up")
+            self.ctl.wait_in_service(name)
 
 
 @pytest.fixture(scope="module")
@@ -108,11 +108,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
 
 def _no_overlap_and_done(f: Fleet, job_id: str, beats: Path) -> dict[str, object]:
-    doc = wait_for(
-        lambda: (d := f.ctl.job(job_id))["state"] in ("succeeded", "failed", "cancelled") and d,
-        180,
-        f"job {job_id} ended",
-    )
+    doc = f.ctl.wait_ended(job_id)
     assert doc["state"] == "succeeded", doc
     seen = read_beats(beats)
     assert overlaps(seen) == [], f"two generations alive at once: {seen.runs}"

@@ -27,7 +27,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.base import JobSpec
 from gpufleet.schedulers.embedded.executor import (
     CopyReport,
@@ -65,18 +64,6 @@ def slots_from_infos(infos: Iterable[tuple[int, Any]]) -> list[WireSlot]:
             model = found.key if found else info.name
         out.append(WireSlot(index=i, model=model, memory_bytes=info.memory_total_bytes or 0))
     return out
-
-
-def slots_from_backend(backend: Any) -> list[WireSlot]:
-    """The schedulable GPUs of a ``GpuBackend``, asked now (lost GPUs left out). This calls
-    NVML on the caller's thread; an agent's sampler answers without that (`Agent.gpu_slots`)."""
-    infos = []
-    for i in range(backend.device_count()):
-        try:
-            infos.append((i, backend.device_info(i)))
-        except GpufleetError:
-            continue
-    return slots_from_infos(infos)
 
 
 @dataclass

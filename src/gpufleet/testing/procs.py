@@ -135,6 +135,22 @@ class ControllerProcess:
         doc: dict[str, Any] = r.json()
         return doc
 
+    def wait_ended(self, job_id: str, timeout_s: float = 240.0) -> dict[str, Any]:
+        """The job's document once it reached a final state."""
+
+        def ended() -> dict[str, Any] | None:
+            doc = self.job(job_id)
+            return doc if doc["state"] in ("succeeded", "failed", "cancelled") else None
+
+        done: dict[str, Any] = wait_for(ended, timeout_s, f"job {job_id} ended")
+        return done
+
+    def wait_in_service(self, node: str, timeout_s: float = 120.0) -> None:
+        def up() -> bool:
+            return self.node_state(node) == "in_service"
+
+        wait_for(up, timeout_s, f"node {node} in service")
+
     def node_state(self, node: str) -> str | None:
         r = self.call("GET", f"/api/v1/nodes/{node}")
         if r.status_code != 200:
