@@ -118,21 +118,19 @@ def _outage(rng: random.Random) -> float:
 def _fault(c: Chaos, kind: str, rng: random.Random, target: str) -> str:
     """Inject the fault; return what was done (for the log)."""
     time.sleep(rng.uniform(0.2, 1.5))
+    out = _outage(rng)
     if kind == "agent":
-        out = _outage(rng)
         c.agents[target].kill9()
         time.sleep(out)
         c.agents[target].start()
         return f"agent {target} kill -9, back after {out:.1f} s"
     if kind == "controller":
-        out = _outage(rng)
         down = time.monotonic()
         c.ctl.kill9()
         time.sleep(max(0.0, out - c.start_s))
         c.ctl.start(wait_s=120)
         return f"controller kill -9, outage {time.monotonic() - down:.1f} s (target {out:.1f} s)"
     if kind == "partition":
-        out = _outage(rng)
         c.proxies[target].cut()
         time.sleep(out)
         c.proxies[target].heal()

@@ -44,6 +44,18 @@ def _env() -> dict[str, str]:
     return env
 
 
+def _spawn(args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.Popen[bytes]:
+    """``python -m gpufleet ARGS``, its output to ``log_path``."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(
+            [PYTHON, "-m", "gpufleet", *args],
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+
+
 def create_tokens(data_dir: Path, wanted: dict[str, tuple[str, str | None]]) -> dict[str, str]:
     """Tokens straight into the controller's database (migrated here if new): ``{label: (role,
     node)}`` to ``{label: token}``; one process instead of one CLI call per token."""
@@ -82,19 +94,15 @@ class ControllerProcess:
         policy = self.data_dir / "policy.yaml"
         policy.write_text("max_out_fraction: 1.0\n", encoding="utf-8")
         self.starts += 1
-        log = open(self.data_dir / f"controller-{self.starts}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
+        self.proc = _spawn(
             [
-                *(PYTHON, "-m", "gpufleet", "controller", "--data-dir", str(self.data_dir)),
+                *("controller", "--data-dir", str(self.data_dir)),
                 *("--port", str(self.port), "--scheduler", self.scheduler),
                 *("--policy", str(policy)),
             ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env=_env(),
+            self.data_dir / f"controller-{self.starts}.log",
+            _env(),
         )
-        log.close()
         wait_for(self.ready, wait_s, f"controller on port {self.port}", step_s=0.05)
         return self
 
@@ -190,21 +198,17 @@ class AgentProcess:
         text = fleet_yaml(self.node, faults=self.faults, model=self.model)
         fleet.write_text(text, encoding="utf-8")
         self.starts += 1
-        log = open(self.state_dir / f"agent-{self.starts}.log", "wb")  # noqa: SIM115
-        self.proc = subprocess.Popen(
+        self.proc = _spawn(
             [
-                *(PYTHON, "-m", "gpufleet", "agent", "--sim", str(fleet)),
+                *("agent", "--sim", str(fleet)),
                 *("--listen", "127.0.0.1:0", "--controller", self.controller_url),
                 *("--state-dir", str(self.state_dir), "--run-jobs", "--executor", "process"),
                 *("--job-lease", f"{self.lease_s:g}", "--fast-interval", "0.25"),
                 *("--push-interval", f"{self.push_interval_s:g}"),
             ],
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            stdin=subprocess.DEVNULL,
-            env={**_env(), "GPUFLEET_AGENT_TOKEN": self.token},
+            self.state_dir / f"agent-{self.starts}.log",
+            {**_env(), "GPUFLEET_AGENT_TOKEN": self.token},
         )
-        log.close()
         return self
 
     def alive(self) -> bool:
