@@ -38,7 +38,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-TERM_GRACE_S = 3.0  # SIGTERM, then SIGKILL (kept below the executor's own kill grace)
+# SIGTERM, then SIGKILL; both waits together stay below the executor's kill grace (5 s), so the
+# wrapper finishes its own kill before the executor would SIGKILL it
+TERM_GRACE_S = 3.0
+KILL_WAIT_S = 1.0
 PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -131,7 +134,7 @@ def _gone(root: int, keep: int, wait_s: float) -> bool:
 def kill_tree(root: int, keep: int, grace_s: float = TERM_GRACE_S) -> None:
     """SIGTERM every descendant of ``root``, SIGKILL what is left after ``grace_s``, reap all
     but ``keep`` (the command, waited for by its ``Popen``)."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, 2.0)):
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, KILL_WAIT_S)):
         pids = descendants(root)
         if not pids:
             break
