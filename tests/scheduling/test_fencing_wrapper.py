@@ -17,8 +17,15 @@ import textwrap
 import time
 from pathlib import Path
 
-from gpufleet.schedulers.base import JobSpec
-from gpufleet.schedulers.embedded import Launch, LocalProcessExecutor
+from gpufleet.schedulers.base import JobSpec, JobState
+from gpufleet.schedulers.embedded import (
+    EmbeddedScheduler,
+    JobStore,
+    Launch,
+    LocalProcessExecutor,
+    NodeInfo,
+)
+from gpufleet.schedulers.embedded.placement import GpuSlot
 from gpufleet.schedulers.embedded.runner import TERM_GRACE_S
 from gpufleet.testing.procs import heartbeat_job, processes_with, read_beats
 from gpufleet.testing.testbed import wait_for
@@ -129,3 +136,35 @@ def test_a_copy_the_agent_killed_is_reported_fenced(tmp_path: Path) -> None:
     assert not processes_with(str(beats))
     [rep] = ex.poll("n1")
     assert rep.fenced and rep.exit_code is None and "killed" in rep.reason
+
+
+def test_a_fenced_copy_is_requeued_never_failed_and_uses_no_restart(tmp_path: Path) -> None:
+    """Issue 12, item 2: the copy its lease killed (exit 143 before) is requeued on the same
+    node, its restarts untouched, and the next copy runs to the end."""
+    lease_s = 1.0
+    ex = LocalProcessExecutor(root=tmp_path / "jobs", lease_s=lease_s, fenced=True)
+    node = NodeInfo("n1", (GpuSlot(0, "h100-sxm", 80 * 2**30),))
+    eng = EmbeddedScheduler(JobStore.open(tmp_path / "s.db"), ex, [node])
+    beats = tmp_path / "beats"
+    job_id = eng.submit(JobSpec("j", tuple(heartbeat_job(beats, 10)), max_restarts=0))
+    eng.tick()
+    assert eng.job(job_id).state is JobState.RUNNING
+    # nobody renews the lease (the agent lost the control plane): the wrapper fences the copy
+    wait_for(lambda: not ex.poll("n1")[0].running, lease_s + MARGIN_S + 5, "copy fenced")
+    ex.renew_lease()  # contact again
+    eng.tick()  # requeued, and placed again at once: the kill is confirmed
+    job = eng.job(job_id)
+    assert job.state is JobState.RUNNING and job.generation == 2 and job.restarts == 0, job
+    assert job.excluded == ()
+    [first, _second] = eng.attempts(job_id)
+    assert first.outcome.startswith("requeued") and "fenced" in first.outcome, first
+
+    def finished() -> bool:
+        ex.renew_lease()  # contact again: the next copy keeps its lease
+        eng.tick()
+        return eng.job(job_id).state.final
+
+    wait_for(finished, 60, "job finished", step_s=0.1)
+    job = eng.job(job_id)
+    assert job.state is JobState.SUCCEEDED and job.restarts == 0 and job.generation == 2
+    assert read_beats(beats).done == (2,)
