@@ -81,7 +81,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     t0 = time.monotonic()
     ctl.start()
     start_s = time.monotonic() - t0
-    long_lease = min(90.0, max(12.0, 3.0 * start_s))
+    long_lease = min(150.0, max(12.0, 4.0 * start_s))
     proxies = {n: TcpProxy(ctl.port).start() for n in names}
     agents = {
         n: AgentProcess(
@@ -182,7 +182,7 @@ def test_controller_outage_of_half_the_lease_kills_nothing(fleet: Fleet) -> None
 def test_controller_restart_loses_no_node(fleet: Fleet) -> None:
     fleet.heal()
     fleet.ctl.kill9()
-    fleet.ctl.start()
+    fleet.ctl.start(wait_s=180)
     ready = time.monotonic()
     states: dict[str, set[str]] = {n: set() for n in fleet.agents}
     # the longest an agent may take to be heard again: its backoff cap and one push interval

@@ -89,7 +89,7 @@ class ControllerProcess:
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
-    def start(self, wait_s: float = 60.0) -> ControllerProcess:
+    def start(self, wait_s: float = 120.0) -> ControllerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         policy = self.data_dir / "policy.yaml"
         policy.write_text("max_out_fraction: 1.0\n", encoding="utf-8")
