@@ -38,6 +38,7 @@ from gpufleet.testing.procs import (
 )
 from gpufleet.testing.testbed import wait_for
 
+pytestmark = pytest.mark.slow
 SHORT_LEASE_S = 4.0
 MARGIN_S = TERM_GRACE_S + 2.0  # the wrapper's TERM grace, its check step, a loaded machine
 

@@ -17,6 +17,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+
 from gpufleet.schedulers.base import JobSpec, JobState
 from gpufleet.schedulers.embedded import (
     EmbeddedScheduler,
@@ -30,6 +32,7 @@ from gpufleet.schedulers.embedded.runner import TERM_GRACE_S
 from gpufleet.testing.procs import heartbeat_job, processes_with, read_beats
 from gpufleet.testing.testbed import wait_for
 
+pytestmark = pytest.mark.slow
 MARGIN_S = TERM_GRACE_S + 2.0  # the wrapper's TERM grace, its check step, a loaded machine
 
 
