@@ -82,7 +82,7 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     t0 = time.monotonic()
     ctl.start()
     start_s = time.monotonic() - t0
-    long_lease = min(150.0, max(12.0, 4.0 * start_s))
+    long_lease = min(180.0, max(12.0, 6.0 * start_s))
     proxies = {n: TcpProxy(ctl.port).start() for n in names}
     agents = {
         n: AgentProcess(
