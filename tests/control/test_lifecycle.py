@@ -202,8 +202,15 @@ def test_controller_outage_is_not_node_loss(
     clock.advance(5.0)
     svc.tick()
     assert states(svc) == {"a": "in_service", "b": "in_service"}
-    clock.advance(2.0)  # 7 s after the gap: b has had its 3 x 2 s grace
-    push(svc, batch("a", 3, devices=False))
+    # b's grace after the gap: 3 x 2 s, plus its agent's worst retry delay (a 5 s attempt
+    # timing out, then a backoff capped at its 2 s interval) plus one 2 s push: 15 s
+    for k in (3, 4, 5):  # 14 s after the gap (ticks closer than the 5 s stall threshold)
+        clock.advance(3.0)
+        push(svc, batch("a", k, devices=False))
+        svc.tick()
+    assert states(svc) == {"a": "in_service", "b": "in_service"}
+    clock.advance(2.0)  # 16 s
+    push(svc, batch("a", 6, devices=False))
     svc.tick()
     assert states(svc) == {"a": "in_service", "b": "lost"}
 
@@ -223,10 +230,12 @@ def test_restart_gives_grace(tmp_path: object, clock: ManualClock) -> None:
     try:
         svc2.tick()
         assert states(svc2) == {"a": "in_service"}
-        for _ in range(5):
+        # its grace: 3 x 2 s, plus the agent's worst retry delay (an attempt timing out after
+        # 5 s, then a backoff capped at the 2 s interval) plus one 2 s push interval: 15 s
+        for _ in range(14):
             clock.advance(1.0)
             svc2.tick()
-        assert states(svc2) == {"a": "in_service"}  # 5 s of its 6 s grace
+        assert states(svc2) == {"a": "in_service"}  # 14 s of its 15 s grace
         clock.advance(2.0)
         svc2.tick()
         assert states(svc2) == {"a": "lost"}

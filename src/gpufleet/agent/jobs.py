@@ -10,7 +10,10 @@ Fencing (the generation is the fence token):
 - a start whose generation is older than one the node has seen for that job is refused (the
   executor checks), and a newer one kills the older copy;
 - an agent that has not heard from the control plane for ``lease_s`` kills every copy it runs
-  (the control plane may then start them elsewhere without a confirmed kill);
+  (the control plane may then start them elsewhere without a confirmed kill). The lease counts
+  from the last successful contact (an ``Ack``); ``on_contact`` passes each renewal on to the
+  executor, whose per-copy wrappers hold the lease themselves (``LocalProcessExecutor`` with
+  ``fenced``: a copy dies with its agent, ``kill -9`` included, and when the lease goes stale);
 - the control plane kills stale copies of a node that comes back (``kill`` commands).
 """
 
@@ -24,7 +27,6 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.base import JobSpec
 from gpufleet.schedulers.embedded.executor import (
     CopyReport,
@@ -64,18 +66,6 @@ def slots_from_infos(infos: Iterable[tuple[int, Any]]) -> list[WireSlot]:
     return out
 
 
-def slots_from_backend(backend: Any) -> list[WireSlot]:
-    """The schedulable GPUs of a ``GpuBackend``, asked now (lost GPUs left out). This calls
-    NVML on the caller's thread; an agent's sampler answers without that (`Agent.gpu_slots`)."""
-    infos = []
-    for i in range(backend.device_count()):
-        try:
-            infos.append((i, backend.device_info(i)))
-        except GpufleetError:
-            continue
-    return slots_from_infos(infos)
-
-
 @dataclass
 class AgentJobs:
     """The copies of jobs one node runs, as the control plane asked."""
@@ -90,6 +80,8 @@ class AgentJobs:
     keep_finished_s: float = KEEP_FINISHED_S
     last_contact_s: float = field(default=0.0)
     refused: dict[tuple[str, int], str] = field(default_factory=dict)
+    # called after each contact's commands ran (renews the wrappers' lease, see the docstring)
+    on_contact: Callable[[], None] | None = None
     _finished_at: dict[tuple[str, int], float] = field(default_factory=dict)
     _tails: dict[tuple[str, int], str] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
@@ -97,10 +89,13 @@ class AgentJobs:
     def __post_init__(self) -> None:
         if not self.last_contact_s:
             self.last_contact_s = self.clock()
+        if self.on_contact is not None:
+            self.on_contact()  # a fresh agent starts a fresh lease
 
     # ----- commands from the control plane ---------------------------------------------------
     def apply(self, commands: Sequence[WireCommand]) -> None:
-        """Run the ``Ack``'s commands; an ``Ack`` also renews the lease."""
+        """Run the ``Ack``'s commands; an ``Ack`` also renews the lease (after its kills ran, so
+        a copy the control plane gave up on is not given a longer life)."""
         with self._lock:
             self.last_contact_s = self.clock()
             for cmd in commands:
@@ -112,6 +107,11 @@ class AgentJobs:
                 except (ExecutorError, NodeUnreachable) as exc:
                     log.warning("job %s gen %d: %s", cmd.job_id, cmd.generation, exc)
                     self.refused[(cmd.job_id, cmd.generation)] = str(exc)
+            if self.on_contact is not None:
+                try:
+                    self.on_contact()
+                except OSError as exc:  # the copies then fence themselves: say why
+                    log.error("cannot renew the job lease: %s", exc)
 
     def _start(self, cmd: WireCommand) -> None:
         key = (cmd.job_id, cmd.generation)
@@ -172,6 +172,7 @@ class AgentJobs:
                         exit_code=r.exit_code,
                         reason=r.reason[:500],
                         node_fault=r.node_fault,
+                        fenced=r.fenced,
                         log_tail=self._tail(key),
                     )
                 )

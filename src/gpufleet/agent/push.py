@@ -10,13 +10,15 @@ the removal resends one batch, which the control plane's (agent_id, seq) check a
 
 Retries back off with full jitter: after the n-th failure in a row the next attempt waits a
 uniform random time in ``[0, min(MAX_BACKOFF_S, BASE_BACKOFF_S * 2**n))`` (`backoff_s`), so
-agents that lost the control plane together do not come back together. The cap is 5 s, and
-never more than the agent's heartbeat interval (the agent passes ``max_backoff_s``): once the
-control plane answers again every agent is back in contact within one heartbeat interval plus
-one push interval, inside both the restart grace a fresh controller gives every node (three
-heartbeat intervals before it declares one lost) and the 30 s job lease
-(`gpufleet.agent.jobs.DEFAULT_LEASE_S`), so a controller restart never loses nodes or makes
-them kill their jobs. A ``Retry-After`` from the control plane is honoured as is.
+agents that lost the control plane together do not come back together. The cap is 5 s
+(`gpufleet.wire.AGENT_MAX_BACKOFF_S`, which the control plane's restart grace also reads), and
+never more than the agent's heartbeat interval (the agent passes ``max_backoff_s``). The agent
+replays its spool as soon as the backoff allows (`retry_in_s`), not only at its next push: once
+the control plane answers again every agent is back in contact within the cap (at most 5 s),
+inside both the restart grace a fresh controller gives every node (the lost threshold plus the
+worst retry delay plus one push interval) and the job lease (`gpufleet.agent.jobs`, counted
+from the last ``Ack``), so an outage shorter than the lease never loses nodes or makes them
+kill their jobs. A ``Retry-After`` from the control plane is honoured as is.
 """
 
 from __future__ import annotations
@@ -32,13 +34,13 @@ from dataclasses import dataclass
 import httpx
 
 from gpufleet.agent.spool import AgentState, Spool
-from gpufleet.wire import Ack, Batch
+from gpufleet.wire import AGENT_MAX_BACKOFF_S, AGENT_PUSH_TIMEOUT_S, Ack, Batch
 
 log = logging.getLogger("gpufleet.agent.push")
 
 INGEST_PATH = "/api/v1/ingest"
 BASE_BACKOFF_S = 0.5
-MAX_BACKOFF_S = 5.0  # the cap of the retry wait (see the module docstring)
+MAX_BACKOFF_S = AGENT_MAX_BACKOFF_S  # the cap of the retry wait (see the module docstring)
 PERMANENT = frozenset({400, 413, 422})
 
 
@@ -109,7 +111,7 @@ class Pusher:
         spool: Spool,
         *,
         transport: httpx.BaseTransport | None = None,
-        timeout_s: float = 5.0,
+        timeout_s: float = AGENT_PUSH_TIMEOUT_S,
         clock: Callable[[], float] = time.time,
         rng: Callable[[], float] = random.random,
         client: httpx.Client | None = None,
@@ -157,6 +159,12 @@ class Pusher:
                 return
         self.spool.put(seq, encode(batch.model_copy(update={"buffered": True})))
         self.replay()
+
+    def retry_in_s(self) -> float | None:
+        """Seconds until spooled batches may be sent again (0: now); None when none wait."""
+        if len(self.spool) == 0:
+            return None
+        return max(0.0, self.retry_at - self.clock())
 
     def replay(self) -> int:
         """Send spooled batches, oldest first, until one fails; returns how many were acked."""

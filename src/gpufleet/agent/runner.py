@@ -55,6 +55,7 @@ log = logging.getLogger("gpufleet.agent")
 
 DEFAULT_PUSH_INTERVAL_S = 5.0
 MAX_SAMPLES_PER_BATCH = wire.MAX_SAMPLES_PER_BLOCK  # rows per GPU and tier (the wire limit)
+MIN_RETRY_WAIT_S = 0.05  # between two replays of the spool, however small the jittered backoff
 
 
 @dataclass
@@ -439,8 +440,27 @@ class Agent:
             self.push_once()  # flush what was sampled since the last push
 
     def _push_loop(self, stop: threading.Event) -> None:
-        while not stop.wait(self.config.push_interval_s):
-            self.push_once()
+        """A batch every push interval; while batches wait after a failure, the spool is also
+        replayed as soon as the backoff allows (`Pusher.retry_in_s`), so contact resumes within
+        the backoff cap of the control plane's return, not a push interval later."""
+        interval = self.config.push_interval_s
+        next_push = time.monotonic() + interval
+        while True:
+            wait = next_push - time.monotonic()
+            retry = self.pusher.retry_in_s() if self.pusher is not None else None
+            if retry is not None:
+                wait = min(wait, max(retry, MIN_RETRY_WAIT_S))
+            if stop.wait(max(wait, 0.0)):
+                return
+            if time.monotonic() >= next_push:
+                next_push = max(next_push + interval, time.monotonic())
+                self.push_once()
+            elif self.pusher is not None:
+                try:
+                    self.pusher.replay()
+                except Exception:
+                    self.push_errors += 1
+                    log.exception("replaying the spool failed")
 
     def close(self, wait_s: float = 2.0) -> bool:
         """Stop sampling and release NVML (bounded: False when a hung call kept it

@@ -15,6 +15,8 @@ from gpufleet.cli.output import console, emit_json
 from gpufleet.cli.process import CaOption, TlsCertOption, TlsKeyOption
 from gpufleet.errors import UsageError
 
+EXECUTORS = ("auto", "process", "sim")
+
 
 def register(app: typer.Typer) -> None:
     """Attach `gpufleet agent`."""
@@ -63,7 +65,16 @@ def register(app: typer.Typer) -> None:
             help="Run the jobs the control plane's embedded scheduler places on this node.",
         ),
         job_lease: float = typer.Option(
-            30.0, "--job-lease", help="Cut off from the control plane this long: kill own jobs."
+            30.0,
+            "--job-lease",
+            help="Seconds without a successful contact with the control plane after which the "
+            "node's jobs are killed (their wrappers also kill them at once if the agent dies).",
+        ),
+        executor: str = typer.Option(
+            "auto",
+            "--executor",
+            help="How jobs run: process (real processes under a fencing wrapper), sim (load on "
+            "the simulated GPUs), auto (sim with --sim, else process).",
         ),
         tls_cert: Path | None = TlsCertOption,
         tls_key: Path | None = TlsKeyOption,
@@ -82,6 +93,10 @@ def register(app: typer.Typer) -> None:
         if fast_interval <= 0 or slow_interval <= 0 or push_interval <= 0:
             raise UsageError("--fast-interval, --slow-interval and --push-interval must be > 0")
         token = read_token(token, token_file)
+        if executor not in EXECUTORS:
+            raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, not {executor!r}")
+        if job_lease <= 0:
+            raise UsageError("--job-lease must be > 0")
         if controller and not token:
             raise UsageError(
                 "--controller needs --token-file (or GPUFLEET_AGENT_TOKEN_FILE, "
@@ -120,7 +135,7 @@ def register(app: typer.Typer) -> None:
         if run_jobs:
             if not controller:
                 raise UsageError("--run-jobs needs --controller (jobs come from the control plane)")
-            agent.enable_jobs(_agent_jobs(fleet, backend, state_dir, job_lease))
+            agent.enable_jobs(_agent_jobs(fleet, backend, state_dir, job_lease, executor))
         server = AgentServer(agent, host, port, tls=tls.server_context() if tls else None).start()
         stop = threading.Event()
         for sig in (signal.SIGTERM, signal.SIGINT):
@@ -153,20 +168,28 @@ def register(app: typer.Typer) -> None:
             emit_json({"event": "stopped", "rounds": agent.sampler.ticks}, line=True)
 
 
-def _agent_jobs(fleet: object, backend: object, state_dir: Path, lease_s: float) -> Any:
-    """Jobs on this node: real processes (LocalProcessExecutor) or simulated GPU load (--sim)."""
-    from gpufleet.agent.jobs import AgentJobs, slots_from_backend
+def _agent_jobs(
+    fleet: object, backend: object, state_dir: Path, lease_s: float, executor: str
+) -> Any:
+    """Jobs on this node: real processes (LocalProcessExecutor under fencing wrappers) or
+    simulated GPU load (SimExecutor). The GPUs offered come from the agent's sampler at each
+    report (`Agent.enable_jobs`), so a GPU lost later is no longer offered."""
+    from gpufleet.agent.jobs import AgentJobs
     from gpufleet.schedulers.embedded import LocalProcessExecutor, SimExecutor
 
     sim = getattr(fleet, "sim", None)
-    executor: object = (
-        SimExecutor(sim, lease_s=lease_s)
-        if sim is not None
-        else LocalProcessExecutor(root=state_dir / "jobs")
-    )
+    if executor == "sim" and sim is None:
+        raise UsageError("--executor sim needs --sim (it loads the simulated GPUs)")
+    if sim is not None and executor in ("sim", "auto"):
+        return AgentJobs(
+            backend.node_name,  # type: ignore[attr-defined]
+            SimExecutor(sim, lease_s=lease_s),
+            lease_s=lease_s,
+        )
+    local = LocalProcessExecutor(root=state_dir / "jobs", lease_s=lease_s, fenced=True)
     return AgentJobs(
         backend.node_name,  # type: ignore[attr-defined]
-        executor,  # type: ignore[arg-type]
-        slots_from_backend(backend),
+        local,
         lease_s=lease_s,
+        on_contact=local.renew_lease,
     )

@@ -51,7 +51,7 @@ from gpufleet.control.scheduling import SchedulerEvents
 from gpufleet.control.telemetry_store import TelemetryStore
 from gpufleet.control.writer import Writer
 from gpufleet.schedulers.base import NoScheduler
-from gpufleet.wire import Ack
+from gpufleet.wire import AGENT_MAX_BACKOFF_S, AGENT_PUSH_TIMEOUT_S, Ack
 
 log = logging.getLogger("gpufleet.control")
 Clock = Callable[[], float]
@@ -66,6 +66,14 @@ __all__ = [
     "NotFound",
     "Snapshot",
 ]
+
+
+def restart_grace_extra_s(interval_s: float) -> float:
+    """What a node gets on top of the lost threshold after the controller (re)starts or stalls:
+    its agent's worst retry delay (one attempt that times out, then the backoff cap, never more
+    than its heartbeat interval) plus one push interval, so agents that backed off while it was
+    down are heard again in time."""
+    return AGENT_PUSH_TIMEOUT_S + min(AGENT_MAX_BACKOFF_S, interval_s) + interval_s
 
 
 class NotFound(LookupError):
@@ -360,6 +368,13 @@ class ControlStore:
         self._notify.extend(after)
 
     # -- periodic work ------------------------------------------------------------------------
+    def begin_grace(self) -> None:
+        """The API listens from now on: every node's grace period counts from here."""
+        self.writer.call(self._begin_grace)
+
+    def _begin_grace(self) -> None:
+        self.grace_from_s = self.clock()
+
     def note_own_gap(self, gap_s: float) -> None:
         """The controller itself was not running for ``gap_s``: restart every node's grace."""
         self.writer.call(lambda: self._note_own_gap(gap_s))
@@ -399,6 +414,8 @@ class ControlStore:
                 if st in LOSABLE:
                     seen = max(nc.last_seen_s or 0.0, self.grace_from_s)
                     limit = self.lost_after_intervals * nc.interval_s
+                    if (nc.last_seen_s or 0.0) < self.grace_from_s:  # not heard since it began
+                        limit += restart_grace_extra_s(nc.interval_s)
                     if now - seen > limit:
                         self._move(
                             s,

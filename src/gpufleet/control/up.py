@@ -121,6 +121,7 @@ def serve(
         while not server.started and not server.should_exit:
             time.sleep(0.05)
         if server.started:
+            service.store.begin_grace()  # agents can reach it from now: their grace starts
             on_ready()
 
     threading.Thread(target=watch, daemon=True).start()

@@ -21,6 +21,8 @@ from gpufleet.wire.jobs import (
     WireSlot,
 )
 from gpufleet.wire.limits import (
+    AGENT_MAX_BACKOFF_S,
+    AGENT_PUSH_TIMEOUT_S,
     MAX_BATCH_BYTES,
     MAX_GPUS_PER_NODE,
     MAX_SAMPLES_PER_BLOCK,
@@ -29,6 +31,8 @@ from gpufleet.wire.limits import (
 from gpufleet.wire.telemetry import WireDevice, WireEvent, WireSamples
 
 __all__ = [
+    "AGENT_MAX_BACKOFF_S",
+    "AGENT_PUSH_TIMEOUT_S",
     "JOB_SPEC",
     "MAX_BATCH_BYTES",
     "MAX_GPUS_PER_NODE",

@@ -94,6 +94,9 @@ class WireJobCopy(BaseModel):
     exit_code: int | None = None
     reason: str = Field("", max_length=500)
     node_fault: bool = False  # it died because of the node (a GPU fell off the bus, ...)
+    # stopped by fencing (its agent's lease ran out, the agent died) or killed by the agent:
+    # requeued, never counted as the job's own failure
+    fenced: bool = False
     log_tail: str | None = Field(None, max_length=8192)  # end of its output, when changed
 
 

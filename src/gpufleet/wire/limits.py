@@ -28,6 +28,12 @@ MAX_FINDINGS = 4096
 MAX_EVENTS = 4096
 MAX_SEQ = 2**63 - 1  # a signed 64-bit column holds it
 MAX_HEARTBEAT_S = 3600.0
+# The longest an agent waits between two attempts to reach an unreachable control plane (its
+# jittered backoff is capped at this and at its heartbeat interval), and the longest one attempt
+# may take; a restarted control plane gives every node both plus one heartbeat interval on top
+# of the lost threshold.
+AGENT_MAX_BACKOFF_S = 5.0
+AGENT_PUSH_TIMEOUT_S = 5.0
 
 # a time or a reading: a finite JSON number (an integer is fine), never a string or a boolean
 FiniteNumber = Annotated[float, Field(strict=True, allow_inf_nan=False)]

@@ -258,6 +258,10 @@ class EmbeddedScheduler:
         if faults:
             r = faults[0]
             why = r.reason or "copy stopped"
+            if r.fenced and not r.node_fault:  # the lease ran out or the agent died: not the job
+                return failover.requeue(
+                    self, job, now, f"node {r.node}: {why}", count_restart=False
+                )
             return failover.requeue(self, job, now, f"node {r.node}: {why}", faulty_node=r.node)
         exited = [r for r in reps if not r.running]
         if not exited:

@@ -8,6 +8,12 @@ generation older than one it has seen, kills older copies of a job when a newer 
 lost node comes back and when a restarted scheduler reconciles). An agent that cannot reach the
 scheduler for ``lease_s`` kills its own jobs, so the scheduler may start a job elsewhere once that
 lease has run out even when it cannot confirm the kill.
+
+On a node, ``LocalProcessExecutor`` puts that lease into each copy's wrapper (``runner``): the
+wrapper kills its copy's whole process tree when the agent dies (a pipe only the agent holds
+reaches end of file) or when the agent's lease file goes stale, so a ``kill -9`` of the agent
+cannot leave a copy running past its lease. A copy stopped that way, or killed by the executor,
+is reported ``fenced``: the scheduler requeues it, it never counts as the job's own failure.
 """
 
 from __future__ import annotations
@@ -63,6 +69,9 @@ class CopyReport:
     # False: not (yet) seen in a report of the node's agent; the executor only stands in for a
     # start it has queued (``RemoteAgentExecutor``). The scheduler keeps such a job ``starting``.
     confirmed: bool = True
+    # stopped by fencing or by a kill of the agent/scheduler (lease ran out, agent died, asked
+    # to): an infrastructure stop, requeued without using the job's own restarts
+    fenced: bool = False
 
 
 @runtime_checkable
@@ -91,6 +100,13 @@ class JobExecutor(Protocol):
     def log_path(self, job_id: str, generation: int, node: str) -> Path | None: ...
 
 
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text(encoding="utf-8").strip()
+    except OSError:
+        return None
+
+
 def visible_devices(gpus: tuple[int, ...]) -> str:
     """``CUDA_VISIBLE_DEVICES`` for GPU indexes (CUDA's order; see the CUDA C Programming
     Guide, "CUDA Environment Variables")."""
@@ -113,15 +129,45 @@ class LocalProcessExecutor:
     its own session: the wrapper captures stdout and stderr to ``log`` and writes the exit status
     to ``exit``, so a later executor (another CLI call, a restarted scheduler) still learns how a
     job ended and can kill a copy by its process group.
+
+    ``fenced=True`` (a node agent): every wrapper holds the read end of a pipe whose write end
+    only this executor holds (its end of file: the agent died) and watches ``lease_file``
+    (stale for more than ``lease_s``: the agent lost the control plane); either kills the copy's
+    whole process tree (see ``runner``). The agent renews the lease with `renew_lease`.
     """
 
     root: Path
     lease_s: float = 0.0  # local: the scheduler and the processes share a machine
+    fenced: bool = False  # copies die with this executor's process or with a stale lease
     confirms_starts = False  # the process runs when ``start`` returns
     kill_grace_s: float = 5.0
     python: str = sys.executable
     popen: Callable[..., subprocess.Popen[bytes]] = subprocess.Popen
     _procs: dict[tuple[str, int, str], _Proc] = field(default_factory=dict)
+    _pipe: tuple[int, int] | None = None
+
+    @property
+    def lease_file(self) -> Path:
+        """The file the agent touches at every successful contact with the control plane."""
+        return self.root / "lease"
+
+    def renew_lease(self) -> None:
+        """The agent heard from the control plane: its copies may run ``lease_s`` longer."""
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.lease_file.touch()
+
+    def _lease_args(self) -> tuple[list[str], tuple[int, ...]]:
+        """The wrapper's lease options and the descriptors it inherits."""
+        if not self.fenced:
+            return [], ()
+        if self._pipe is None:
+            self._pipe = os.pipe()  # neither end is inheritable unless passed (PEP 446)
+        args = ["--lease-fd", str(self._pipe[0])]
+        if self.lease_s > 0:
+            if not self.lease_file.exists():
+                self.renew_lease()
+            args += ["--lease-file", str(self.lease_file), "--lease-s", f"{self.lease_s:g}"]
+        return args, (self._pipe[0],)
 
     def _dir(self, job_id: str, generation: int, node: str) -> Path:
         return self.root / f"job-{job_id}" / f"gen-{generation}-{node}"
@@ -154,11 +200,13 @@ class LocalProcessExecutor:
             encoding="utf-8",
         )
         env = job_environment(launch.env)  # a clean environment: never the agent's secrets
-        argv = [self.python, "-m", "gpufleet.schedulers.embedded.runner", str(d), "--"]
+        lease_args, fds = self._lease_args()
+        argv = [self.python, "-m", "gpufleet.schedulers.embedded.runner", str(d), *lease_args]
         try:
             proc = self.popen(
-                [*argv, *spec.command],
+                [*argv, "--", *spec.command],
                 env=env,
+                pass_fds=fds,
                 cwd=spec.checkpoint_dir if spec.checkpoint_dir else None,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -200,14 +248,21 @@ class LocalProcessExecutor:
         exit_file = d / "exit"
         if exit_file.exists():
             text = exit_file.read_text(encoding="utf-8").strip()
+            fence = _read(d / "fenced")
+            if fence is not None:
+                return CopyReport(
+                    job_id, generation, node, False, None, f"fenced: {fence}", fenced=True
+                )
+            if (d / "killed").exists():
+                why = f"killed by the agent (exit {text})"
+                return CopyReport(job_id, generation, node, False, None, why, fenced=True)
             code = int(text) if text.lstrip("-").isdigit() else None
             return CopyReport(job_id, generation, node, False, code, f"exit {text}")
         if self._alive(key, d):
             return CopyReport(job_id, generation, node, True)
-        killed = (d / "killed").exists()
-        return CopyReport(
-            job_id, generation, node, False, None, "killed" if killed else "wrapper vanished"
-        )
+        if (d / "killed").exists():
+            return CopyReport(job_id, generation, node, False, None, "killed", fenced=True)
+        return CopyReport(job_id, generation, node, False, None, "wrapper vanished")
 
     def _scan(self, node: str) -> list[CopyReport]:
         out: list[CopyReport] = []

@@ -105,6 +105,7 @@ class RemoteAgentExecutor:
                         c.exit_code,
                         c.reason,
                         c.node_fault,
+                        fenced=c.fenced,
                     )
                     for c in rep.copies
                 }
@@ -113,7 +114,8 @@ class RemoteAgentExecutor:
                         self.logs[(c.job_id, c.generation)] = c.log_tail
                 view = NodeView(batch.agent_id, batch.seq, now, rep.lease_s, info, copies)
                 self.views[node] = view
-                self.lease_s = max(self.lease_s, rep.lease_s + self.stale_s)
+                # the longest lease an agent now reports (the default until one reports)
+                self.lease_s = max(v.lease_s for v in self.views.values()) + self.stale_s
                 self._settle_pending(node, view, now)
             elif view is not None and view.agent_id == batch.agent_id:
                 view.seen_s = max(view.seen_s, now) if fresh else view.seen_s
