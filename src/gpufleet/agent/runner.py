@@ -147,6 +147,7 @@ class Agent:
         self.pusher: Pusher | None = None
         self.state: AgentState | None = None
         self.jobs: AgentJobs | None = None  # set by enable_jobs (issue 7)
+        self.push_soon = threading.Event()  # a copy started or stopped: report it now
         self.acks_applied = 0  # acknowledgements from the control plane applied to the tracker
         self._acks_lock = threading.Lock()
         self._pending_acks: dict[tuple[str, str], wire.WireAck] = {}
@@ -374,8 +375,8 @@ class Agent:
             with self._acks_lock:
                 for a in ack.acks:
                     self._pending_acks[(a.code, a.component)] = a
-        if self.jobs is not None:
-            self.jobs.apply(ack.commands)
+        if self.jobs is not None and self.jobs.apply(ack.commands):
+            self.push_soon.set()  # report the started or stopped copies now
 
     def _apply_acks(self) -> None:
         """Acknowledge in the health tracker the findings acknowledged on the control plane (its
@@ -438,8 +439,22 @@ class Agent:
             pusher.join(timeout=10)
             self.push_once()  # flush what was sampled since the last push
 
+    def push_every_s(self) -> float:
+        """The push period: the push interval, or the jobs exchange period when shorter."""
+        every = self.config.push_interval_s
+        return min(every, self.jobs.exchange_s) if self.jobs is not None else every
+
     def _push_loop(self, stop: threading.Event) -> None:
-        while not stop.wait(self.config.push_interval_s):
+        while True:
+            due = time.monotonic() + self.push_every_s()
+            while not stop.is_set() and not self.push_soon.is_set():
+                left = due - time.monotonic()
+                if left <= 0:
+                    break
+                self.push_soon.wait(min(left, 0.1))
+            if stop.is_set():
+                return
+            self.push_soon.clear()
             self.push_once()
 
     def close(self, wait_s: float = 2.0) -> bool:

@@ -52,12 +52,13 @@ class JobStatus:
     state: JobState
     nodes: tuple[str, ...] = ()
     gpus: tuple[int, ...] = ()
-    restarts: int = 0
+    restarts: int = 0  # restarts after its own non-zero exits (``max_restarts``)
     exit_code: int | None = None
     reason: str = ""
     submitted_at_s: float | None = None
     started_at_s: float | None = None
     ended_at_s: float | None = None
+    requeues: int = 0  # infrastructure requeues: node lost, fail finding, fencing
 
 
 @dataclass(frozen=True)

@@ -62,10 +62,11 @@ class JobOut(_View):
     state: str
     nodes: list[str]
     gpus: int
-    restarts: int
+    restarts: int  # restarts after the job's own non-zero exits (max_restarts)
     exit_code: int | None
     reason: str
     priority: int
     submitted_at_s: float | None
     started_at_s: float | None
     ended_at_s: float | None
+    requeues: int = 0  # infrastructure requeues: node lost, fail finding, fencing

@@ -148,7 +148,7 @@ class EmbeddedBackend:
                     job,
                     now,
                     "not started: the controller restarted before its agent heard of it",
-                    count_restart=False,
+                    budget="none",
                 )
 
     # ----- node lifecycle --------------------------------------------------------------------

@@ -13,6 +13,10 @@ so a lost answer loses nothing. Until a report shows a started copy, ``poll`` an
 never shows within ``start_timeout_s`` after it was sent is dropped: the scheduler then sees the
 copy vanished and requeues the job.
 
+A kill the agent has not confirmed yet makes the scheduler hold the job back; ``copy_gone``
+answers True once a fresh report of that node shows the copy ended (positive confirmation, so
+the job starts elsewhere within about two exchanges instead of waiting for the lease).
+
 Reports from old batches (replayed after an outage: ``sent_at_s`` older than ``stale_s``, or a
 sequence number not above the newest) are ignored: a stale snapshot would hide newer copies.
 """
@@ -181,6 +185,21 @@ class RemoteAgentExecutor:
                 return True  # the newest report shows it is not running
             self.kills.setdefault(node, set()).add(key)
             return False  # the agent kills it on its next exchange (or when its lease ends)
+
+    def copy_gone(self, job_id: str, generation: int, node: str) -> bool:
+        """Does the node's newest fresh report show this copy ended (or a never-sent start)?
+
+        Only a report that lists the copy as not running counts: a copy missing from the report
+        may be one the agent lost track of (the lease then decides). Raises
+        ``NodeUnreachable`` when the node has not reported for ``stale_s``."""
+        key = (job_id, generation)
+        with self._lock:
+            p = self.starts.get(node, {}).get(key)
+            if p is not None:
+                return p.sent_s is None  # a start still queued was never seen by the agent
+            view = self._fresh(node)
+            c = view.copies.get(key)
+            return c is not None and not c.running
 
     def poll(self, node: str) -> list[CopyReport]:
         with self._lock:
