@@ -7,7 +7,7 @@ agents through a `RemoteAgentExecutor`: commands ride on the ``Ack`` of their pu
 (``exchange``). Lifecycle events: a node going lost -> ``node_lost``; a drain with ``fail``
 (a fail finding, repair, failed) -> ``node_drained(fail=True)``, its jobs requeued elsewhere;
 resume -> ``node_back`` (stale copies fenced first). A tick thread settles jobs and places new
-ones every ``tick_s``.
+ones every ``tick_s``, and at once when an agent's report shows a copy started or ended.
 """
 
 from __future__ import annotations
@@ -102,7 +102,13 @@ class EmbeddedBackend:
             self.eng.tick()
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.tick_s):
+        while not self._stop.is_set():
+            # every tick_s, or at once when an agent's report shows a copy started or ended
+            changed = self.executor.changed
+            changed.wait(self.tick_s)
+            changed.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:

@@ -54,6 +54,10 @@ class _PendingStart:
     sent_s: float | None = None
 
 
+def _running(copies: Mapping[Key, CopyReport]) -> set[Key]:
+    return {k for k, c in copies.items() if c.running}
+
+
 class RemoteAgentExecutor:
     """Commands to agents through ``Ack``s; copies known from their ``jobs`` reports."""
 
@@ -78,6 +82,9 @@ class RemoteAgentExecutor:
         self.starts: dict[str, dict[Key, _PendingStart]] = {}
         self.kills: dict[str, set[Key]] = {}
         self.logs: dict[Key, str] = {}
+        # set when a report shows a copy started or ended: the scheduler ticks at once
+        # (a killed copy's job may start elsewhere, a start counts as running)
+        self.changed = threading.Event()
         self._lock = threading.Lock()
 
     # ----- the exchange (called for every ingested batch) -------------------------------------
@@ -115,6 +122,8 @@ class RemoteAgentExecutor:
                 for c in rep.copies:
                     if c.log_tail is not None:
                         self.logs[(c.job_id, c.generation)] = c.log_tail
+                if view is None or _running(view.copies) != _running(copies):
+                    self.changed.set()
                 view = NodeView(batch.agent_id, batch.seq, now, rep.lease_s, info, copies)
                 self.views[node] = view
                 self.lease_s = max(self.lease_s, rep.lease_s + self.stale_s)
