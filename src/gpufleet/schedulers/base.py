@@ -167,7 +167,7 @@ class NodeFacts:
     """What the control plane knows of a node that a scheduler needs when it joins."""
 
     name: str
-    usable: bool  # in service and not cordoned
+    usable: bool  # in service, not cordoned, no active fail finding (so no lost GPU)
     why: str = ""  # why not usable
     rack: str | None = None
 

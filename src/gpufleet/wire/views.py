@@ -29,6 +29,9 @@ class NodeOut(_View):
     state_reason: str
     findings_active: int
     findings_fail: int
+    # what to show as the node's reason: "drain blocked by circuit breaker" while the breaker
+    # keeps this failing node in service (no new work lands there), else ``state_reason``
+    reason: str = ""
 
 
 class FindingOut(_View):

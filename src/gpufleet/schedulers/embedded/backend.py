@@ -68,7 +68,9 @@ class EmbeddedBackend:
         if self._remote is None:
             self._remote = RemoteAgentExecutor(clock=context.clock)
         store = JobStore(context.engine)  # the control plane's database (same migrations)
-        self._eng = EmbeddedScheduler(store, self._remote, (), clock=context.clock)
+        self._eng = EmbeddedScheduler(
+            store, self._remote, (), clock=context.clock, usable=self._usable
+        )
         self.unverified = {j.id for j in store.jobs(ACTIVE)}
         self._thread = threading.Thread(target=self._loop, name="gpufleet-sched", daemon=True)
         self._thread.start()
@@ -77,6 +79,14 @@ class EmbeddedBackend:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+    def _usable(self, node: str) -> bool:
+        """May work be placed on ``node`` now? Asked of the control plane at every placement:
+        a node with a fail finding whose drain the circuit breaker blocked stays "up" here
+        (no drain reached the scheduler), but takes no new or requeued job."""
+        assert self._context is not None
+        facts = self._context.node_facts(node)
+        return facts is not None and facts.usable
 
     @property
     def eng(self) -> EmbeddedScheduler:

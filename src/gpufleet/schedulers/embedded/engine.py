@@ -169,7 +169,8 @@ class EmbeddedScheduler:
                 word = "drain"
             else:
                 word = "idle" if alloc == 0 else "alloc" if alloc >= total else "mixed"
-            out.append(SchedNodeState(name, word, row.reason, total, alloc, row.state == "up"))
+            usable = row.state == "up" and self.usable(name)
+            out.append(SchedNodeState(name, word, row.reason, total, alloc, usable))
         return out
 
     def drain(self, node: str, reason: str) -> None:
@@ -318,9 +319,7 @@ class EmbeddedScheduler:
             if any(r.running and valid.get(r.job_id) != r.generation for r in reps):
                 self.fence_node(name)
         failover.release_confirmed(self, now)
-        up = [
-            nodes[n].info for n in sorted(reports) if nodes[n].state == "up" and self.usable(n)
-        ]
+        up = [nodes[n].info for n in sorted(reports) if nodes[n].state == "up" and self.usable(n)]
         started = self._schedule(now, up, active)
         return TickResult(tuple(started), tuple(finished))
 

@@ -32,8 +32,10 @@ from sqlalchemy import (
     insert,
     inspect,
     select,
-    text as sql_text,
     update,
+)
+from sqlalchemy import (
+    text as sql_text,
 )
 from sqlalchemy.exc import SQLAlchemyError
 
