@@ -18,8 +18,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.agent.fleet import FleetConfig, FleetDriver, job_runners
-from gpufleet.testing.testbed import Agents, Controller, wait_for
+from gpufleet.testing.testbed import Controller, UpAgents, wait_for
 from tests.integration.conftest import embedded, fleet_of
 
 TARGET_S = 10.0  # issue 12: fault to running elsewhere, reachable agent, default settings
@@ -47,31 +46,14 @@ class ProcessBed:
 
     def __init__(self, root: Path) -> None:
         self.ctl = Controller(root / "data", tick_s=1.0).start()  # the service's default tick
-        self.fleet = fleet_of(["n1", "n2", "n3"])
-        backends = self.fleet.backends()
-        self.jobs_root = root / "jobs"
-        runners = job_runners(backends, None, self.jobs_root)  # processes, default lease
-        cfg = FleetConfig(
-            controller=self.ctl.url,
-            token=self.ctl.token("agent"),
-            state_dir=root / "agents",
-            fast_interval_s=1.0,
-            push_interval_s=1.0,  # as `gpufleet up` with jobs
-            heartbeat_interval_s=2.0,
-        )
-        self.driver = FleetDriver(backends, cfg, jobs=runners).start()
-        # the fault injection of the testbed, on these agents' fleet
-        self.faults = Agents(self.ctl.url, "", self.fleet)
+        fleet = fleet_of(["n1", "n2", "n3"])
+        self.agents = UpAgents(self.ctl.url, self.ctl.token("agent"), fleet, root).start()
 
     def job(self, jid: str) -> dict[str, Any]:
         return dict(self.ctl.call("GET", f"/api/v1/jobs/{jid}").json())
 
     def stop(self) -> None:
-        for runner in self.driver.jobs.values():
-            for rep in runner.executor.poll(runner.node):
-                if rep.running:
-                    runner.executor.kill(rep.job_id, rep.generation, runner.node)
-        self.driver.stop(flush=False, close_wait_s=0.5)
+        self.agents.stop()
         self.ctl.stop()
 
 
@@ -100,7 +82,7 @@ def test_xid79_reachable_agent_moves_a_process_job_fast_and_fenced(
     wait_for(lambda: heartbeats(hb).get(1), 10, "first copy's heartbeats")
     node, gpu = first["nodes"][0], first["gpu_indexes"][0]
     t0 = time.time()
-    pbed.faults.inject_xid79(node, gpu)
+    pbed.agents.inject_xid79(node, gpu)
     moved = wait_for(
         lambda: (j := pbed.job(jid))["state"] == "running" and j["nodes"] != [node] and j,
         3 * TARGET_S,

@@ -62,7 +62,7 @@ def test_exit_code_and_stderr_captured(tmp_path: Path) -> None:
     eng = local(tmp_path)
     code = "import sys; sys.stderr.write('boom\\n'); sys.exit(3)"
     jid = eng.submit(JobSpec("bad", gpus=1, max_restarts=2, command=(sys.executable, "-c", code)))
-    assert wait_final(eng, jid) is JobState.FAILED
+    assert wait_final(eng, jid, limit_s=60) is JobState.FAILED  # three copies, one at a time
     job = eng.job(jid)
     assert job.exit_code == 3 and (job.restarts, job.requeues) == (2, 0)
     assert "max_restarts=2" in job.reason
@@ -83,7 +83,7 @@ def test_own_failure_restarts_then_succeeds(tmp_path: Path) -> None:
     spec = JobSpec("flaky", gpus=1, command=(sys.executable, "-c", code, str(marker)))
     assert spec.max_restarts == 3 and spec.max_requeues == 10
     jid = eng.submit(spec)
-    assert wait_final(eng, jid) is JobState.SUCCEEDED
+    assert wait_final(eng, jid, limit_s=40) is JobState.SUCCEEDED
     job = eng.job(jid)
     assert (job.restarts, job.requeues) == (1, 0)
     assert [a.outcome for a in eng.attempts(jid)] == ["requeued: exit 7", "exit 0"]
@@ -190,3 +190,26 @@ def test_cli_rejects_impossible_job(tmp_path: Path) -> None:
     )
     assert res.exit_code != 0
     assert "only 0 of 1 node" in str(res.exception)
+
+
+def test_cli_restart_budgets_default_on_and_shown(tmp_path: Path) -> None:
+    """`jobs submit` restarts by default (3 own failures, 10 infrastructure requeues); both
+    budgets are in --help, in the stored spec and in `jobs show`/`jobs list`."""
+    runner = CliRunner()
+    help_text = runner.invoke(app, ["jobs", "submit", "--help"], terminal_width=200).output
+    assert "--max-restarts" in help_text and "--max-requeues" in help_text
+    sd = ["--state-dir", str(tmp_path / "st")]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    res = runner.invoke(app, ["jobs", "submit", *sd, "--json", "--", *sleeper])
+    assert res.exit_code == 0, res.output
+    job = json.loads(res.output)
+    assert (job["spec"]["max_restarts"], job["spec"]["max_requeues"]) == (3, 10)
+    res = runner.invoke(app, ["jobs", "submit", *sd, "--json", "--max-requeues", "2", "--", "true"])
+    assert json.loads(res.output)["spec"]["max_requeues"] == 2
+    res = runner.invoke(app, ["jobs", "show", job["id"], *sd], terminal_width=200)
+    assert "restarts: 0/3 (own exits); requeues: 0/10 (infrastructure)" in res.output
+    res = runner.invoke(app, ["jobs", "list", *sd], terminal_width=200)
+    assert "requeues" in res.output
+    res = runner.invoke(app, ["jobs", "submit", *sd, "--max-requeues", "-1", "--", "true"])
+    assert res.exit_code != 0 and "--max-requeues" in res.output
+    runner.invoke(app, ["jobs", "cancel", job["id"], *sd])

@@ -273,9 +273,13 @@ class EmbeddedScheduler:
         bad = [r for r in exited if r.exit_code != 0]
         if bad:
             code = bad[0].exit_code
+            # copies that exited need no kill (asking would wait out the kill grace); the other
+            # ranks of a multi-node job are killed
+            ended = len(exited) == len(reps) or failover.kill_copies(self, job)
             if job.restarts < job.spec.max_restarts:  # its own failure: the restart budget
-                return failover.requeue(self, job, now, f"exit {code}", budget="restart")
-            failover.kill_copies(self, job)
+                return failover.requeue(
+                    self, job, now, f"exit {code}", budget="restart", confirmed=ended
+                )
             why = f"exit {code}"
             if job.spec.max_restarts:
                 why += f"; no restarts left (max_restarts={job.spec.max_restarts})"
