@@ -181,6 +181,9 @@ class SchedulerContext:
     engine: Engine
     clock: Callable[[], float]
     node_facts: Callable[[str], NodeFacts | None]
+    # hands commands for a node's agent to the control plane as soon as the scheduler has
+    # them (they ride on that node's next Ack), instead of after the node's next report
+    deliver: Callable[[str, list[WireCommand]], None] | None = None
 
 
 @runtime_checkable

@@ -67,6 +67,7 @@ class EmbeddedBackend:
         self._context = context
         if self._remote is None:
             self._remote = RemoteAgentExecutor(clock=context.clock)
+        self._remote.deliver = context.deliver
         store = JobStore(context.engine)  # the control plane's database (same migrations)
         self._eng = EmbeddedScheduler(
             store, self._remote, (), clock=context.clock, usable=self._usable

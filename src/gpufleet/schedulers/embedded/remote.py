@@ -7,11 +7,13 @@ commands for that node. So ``start``/``kill`` queue commands, ``poll`` answers f
 report (plus the starts not yet confirmed, as running), and a node whose last report is older
 than ``stale_s`` is unreachable (``NodeUnreachable``): what runs there is unknown.
 
-Commands repeat in every ``Ack`` until the report shows them done (agents treat repeats as no-ops),
-so a lost answer loses nothing. Until a report shows a started copy, ``poll`` answers it as a
-``CopyReport`` with ``confirmed=False`` and the job stays ``starting``. A start that the agent
-never shows within ``start_timeout_s`` after it was sent is dropped: the scheduler then sees the
-copy vanished and requeues the job.
+A new command also goes to ``deliver`` (the control plane's outbox, `SchedulerContext.deliver`)
+the moment it is queued, so it rides on the node's very next ``Ack`` instead of the one after
+the node's next report. Commands repeat in every ``Ack`` until the report shows them done
+(agents treat repeats as no-ops), so a lost answer loses nothing. Until a report shows a
+started copy, ``poll`` answers it as a ``CopyReport`` with ``confirmed=False`` and the job stays
+``starting``. A start that the agent never shows within ``start_timeout_s`` after it was sent
+is dropped: the scheduler then sees the copy vanished and requeues the job.
 
 A kill the agent has not confirmed yet makes the scheduler hold the job back; ``copy_gone``
 answers True once a fresh report of that node shows the copy ended (positive confirmation, so
@@ -85,6 +87,7 @@ class RemoteAgentExecutor:
         # set when a report shows a copy started or ended: the scheduler ticks at once
         # (a killed copy's job may start elsewhere, a start counts as running)
         self.changed = threading.Event()
+        self.deliver: Callable[[str, list[WireCommand]], None] | None = None
         self._lock = threading.Lock()
 
     # ----- the exchange (called for every ingested batch) -------------------------------------
@@ -147,24 +150,29 @@ class RemoteAgentExecutor:
                 kills.discard(key)
 
     def _commands(self, node: str, now: float) -> list[WireCommand]:
-        out = []
-        for key, p in self.starts.get(node, {}).items():
-            if p.sent_s is None:
-                p.sent_s = now
-            la = p.launch
-            out.append(
-                WireCommand(
-                    op="start",
-                    job_id=key[0],
-                    generation=key[1],
-                    gpus=list(la.gpus),
-                    env=dict(la.env),
-                    spec=la.spec,
-                )
-            )
+        out = [self._start_command(p, now) for p in self.starts.get(node, {}).values()]
         for job_id, gen in sorted(self.kills.get(node, set())):
             out.append(WireCommand(op="kill", job_id=job_id, generation=gen))
         return out
+
+    @staticmethod
+    def _start_command(p: _PendingStart, now: float) -> WireCommand:
+        if p.sent_s is None:
+            p.sent_s = now
+        la = p.launch
+        return WireCommand(
+            op="start",
+            job_id=la.job_id,
+            generation=la.generation,
+            gpus=list(la.gpus),
+            env=dict(la.env),
+            spec=la.spec,
+        )
+
+    def _send_now(self, node: str, cmd: WireCommand) -> None:
+        """Hand a new command to the control plane's outbox (outside ``_lock``)."""
+        if self.deliver is not None:
+            self.deliver(node, [cmd])
 
     # ----- JobExecutor -------------------------------------------------------------------------
     def _fresh(self, node: str) -> NodeView:
@@ -177,8 +185,12 @@ class RemoteAgentExecutor:
         with self._lock:
             self._fresh(launch.node)
             key = (launch.job_id, launch.generation)
-            self.starts.setdefault(launch.node, {})[key] = _PendingStart(launch)
+            p = _PendingStart(launch)
+            self.starts.setdefault(launch.node, {})[key] = p
             self.kills.get(launch.node, set()).discard(key)
+            cmd = self._start_command(p, self.clock()) if self.deliver else None
+        if cmd is not None:
+            self._send_now(launch.node, cmd)
 
     def kill(self, job_id: str, generation: int, node: str) -> bool:
         key = (job_id, generation)
@@ -192,8 +204,11 @@ class RemoteAgentExecutor:
             fresh = view is not None and self.clock() - view.seen_s <= self.stale_s
             if fresh and p is None and (known is None or not known.running):
                 return True  # the newest report shows it is not running
+            new = key not in self.kills.get(node, set())
             self.kills.setdefault(node, set()).add(key)
-            return False  # the agent kills it on its next exchange (or when its lease ends)
+        if new:
+            self._send_now(node, WireCommand(op="kill", job_id=job_id, generation=generation))
+        return False  # the agent kills it on its next exchange (or when its lease ends)
 
     def copy_gone(self, job_id: str, generation: int, node: str) -> bool:
         """Does the node's newest fresh report show this copy ended (or a never-sent start)?
