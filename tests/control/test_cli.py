@@ -30,7 +30,7 @@ def test_migrate_and_tokens(tmp_path: Path) -> None:
     d = str(tmp_path / "d")
     r = runner.invoke(app, ["controller", "migrate", "--data-dir", d, "--json"])
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["revision"] == "0002"
+    assert json.loads(r.output)["revision"] == "0003"
     r = runner.invoke(
         app, ["token", "create", "--role", "operator", "--tenant", "t1", "--data-dir", d, "--json"]
     )
