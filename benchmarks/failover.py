@@ -66,6 +66,7 @@ HEARTBEATS = (
     '( while :; do echo "$GPUFLEET_GENERATION $(date +%s.%N)" >> "$HB"; sleep 0.05; done ) & wait'
 )
 MODEL = "h100-sxm"
+SETUP_S = 120.0  # starting a run on a loaded machine; not part of any figure
 
 
 def heartbeats(path: Path) -> dict[int, list[float]]:
@@ -117,7 +118,7 @@ class Run:
             r = self.ctl.call("GET", "/api/v1/nodes").json()
             return sum(1 for x in r["nodes"] if x["state"] == "in_service") >= n
 
-        wait_for(known, 30, "nodes in service")
+        _setup(lambda: wait_for(known, SETUP_S, "nodes in service"))
 
     def overlap_s(self) -> float:
         """How long the old generation's heartbeats went on after the new one's first."""
@@ -132,14 +133,25 @@ class Run:
         self.ctl.stop()
 
 
+class SetupFailed(Exception):
+    """A run could not be set up (before any fault): it measures nothing."""
+
+
+def _setup(fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except TimeoutError as exc:
+        raise SetupFailed(str(exc)) from exc
+
+
 def xid_fault(root: Path, outage_s: float | None) -> dict[str, float]:
     """(a) and (c): XID 79 on the job's GPU (with a controller outage right after, for (c))."""
     run = Run(root, ["n1", "n2", "n3"])
     try:
         run.nodes_known(3)
         jid = run.submit()
-        first = run.running(jid)
-        wait_for(lambda: heartbeats(run.hb).get(1), 30, "first copy's heartbeats")
+        first = _setup(lambda: run.running(jid, limit_s=SETUP_S))
+        _setup(lambda: wait_for(lambda: heartbeats(run.hb).get(1), SETUP_S, "heartbeats"))
         node, gpu = first["nodes"][0], first["gpu_indexes"][0]
         t0 = time.time()
         run.agents.inject_xid79(node, gpu)
@@ -184,8 +196,8 @@ def agent_killed(root: Path) -> dict[str, float]:
         for n in ("n2", "n3"):  # the job must start on the separate agent's node
             run.ctl.call("POST", f"/api/v1/nodes/{n}/actions/cordon", json={"reason": "bench"})
         jid = run.submit()
-        run.running(jid)
-        wait_for(lambda: heartbeats(run.hb).get(1), 30, "first copy's heartbeats")
+        _setup(lambda: run.running(jid, limit_s=SETUP_S))
+        _setup(lambda: wait_for(lambda: heartbeats(run.hb).get(1), SETUP_S, "heartbeats"))
         for n in ("n2", "n3"):
             run.ctl.call("POST", f"/api/v1/nodes/{n}/actions/uncordon", json={"reason": "bench"})
         t0 = time.time()
@@ -232,13 +244,20 @@ SCENARIOS: dict[str, tuple[str, Callable[[Path, argparse.Namespace], dict[str, f
 
 def measure(key: str, args: argparse.Namespace) -> dict[str, Any]:
     title, fn = SCENARIOS[key]
-    times, overlaps = [], []
-    for i in range(args.faults):
-        root = Path(tempfile.mkdtemp(prefix=f"gpufleet-failover-{key}{i}-"))
+    times: list[float] = []
+    overlaps: list[float] = []
+    setup_failures = 0
+    while len(times) < args.faults and setup_failures < args.faults:
+        root = Path(tempfile.mkdtemp(prefix=f"gpufleet-failover-{key}{len(times)}-"))
         try:
             r = fn(root, args)
+        except SetupFailed as exc:  # before the fault: this run measures nothing, run again
+            setup_failures += 1
+            print(f"  ({key}) setup failed, run again: {exc}", file=sys.stderr, flush=True)
+            continue
         finally:
             shutil.rmtree(root, ignore_errors=True)
+        i = len(times)
         times.append(r["seconds"])
         overlaps.append(r["overlap_s"])
         if not args.json:
@@ -247,6 +266,7 @@ def measure(key: str, args: argparse.Namespace) -> dict[str, Any]:
     return {
         "scenario": f"{key}: {title}",
         "faults": len(times),
+        "setup_failures": setup_failures,
         "seconds": [round(t, 3) for t in times],
         "p50_s": round(statistics.median(times), 3),
         "p99_s": round(p99, 3),
