@@ -200,7 +200,7 @@ def test_cli_restart_budgets_default_on_and_shown(tmp_path: Path) -> None:
     assert "--max-restarts" in help_text and "--max-requeues" in help_text
     sd = ["--state-dir", str(tmp_path / "st")]
     sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
-    res = runner.invoke(app, ["jobs", "submit", *sd, "--json", "--", *sleeper])
+    res = runner.invoke(app, ["jobs", "submit", *sd, "--sim", "1x2xh100", "--json", "--", *sleeper])
     assert res.exit_code == 0, res.output
     job = json.loads(res.output)
     assert (job["spec"]["max_restarts"], job["spec"]["max_requeues"]) == (3, 10)
@@ -208,8 +208,8 @@ def test_cli_restart_budgets_default_on_and_shown(tmp_path: Path) -> None:
     assert json.loads(res.output)["spec"]["max_requeues"] == 2
     res = runner.invoke(app, ["jobs", "show", job["id"], *sd], terminal_width=200)
     assert "restarts: 0/3 (own exits); requeues: 0/10 (infrastructure)" in res.output
-    res = runner.invoke(app, ["jobs", "list", *sd], terminal_width=200)
-    assert "requeues" in res.output
+    res = runner.invoke(app, ["jobs", "list", *sd, "--json"])
+    assert [(j["restarts"], j["requeues"]) for j in json.loads(res.output)] == [(0, 0), (0, 0)]
     res = runner.invoke(app, ["jobs", "submit", *sd, "--max-requeues", "-1", "--", "true"])
     assert res.exit_code != 0 and "--max-requeues" in res.output
     runner.invoke(app, ["jobs", "cancel", job["id"], *sd])
