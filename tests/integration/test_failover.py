@@ -71,7 +71,7 @@ def test_xid79_moves_the_job_to_another_node_fast(bed: Bed) -> None:
         5,
         "API shows it running elsewhere",
     )
-    assert j["restarts"] == 1
+    assert (j["requeues"], j["restarts"]) == (1, 0)
     # The lifecycle drained the faulty node for the fail finding.
     assert ctl.service is not None
     wait_for(
@@ -149,7 +149,8 @@ def test_copy_gone_while_controller_down_counts_a_restart(bed: Bed) -> None:
     assert agents.executor.copies[second].launch.env["GPUFLEET_RESTART_COUNT"] == "1"
     assert agents.executor.copies[second].launch.env["GPUFLEET_CHECKPOINT_DIR"] == "/ckpt/b"
     j = _job(ctl, jid)
-    assert j["restarts"] == 1
+    # the node lost it: an infrastructure requeue, not one of the job's own restarts
+    assert (j["requeues"], j["restarts"]) == (1, 0)
     ended = [a for a in j["attempts"] if a["generation"] == first[1]]
     assert len(ended) == 1 and ended[0]["outcome"].startswith(f"requeued: copy on {node} gone")
     _no_overlap(agents)

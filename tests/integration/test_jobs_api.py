@@ -21,6 +21,7 @@ LIST_KEYS = {
     "nodes",
     "gpus",
     "restarts",
+    "requeues",
     "exit_code",
     "reason",
     "priority",
@@ -51,7 +52,8 @@ def test_submit_runs_on_an_agent_and_lists_in_the_dashboard_shape(bed: Bed) -> N
     done = wait_for(
         lambda: _job(ctl, jid)["state"] == "succeeded" and _job(ctl, jid), 15, "job succeeds"
     )
-    assert done["exit_code"] == 0 and done["restarts"] == 0
+    assert done["exit_code"] == 0 and (done["restarts"], done["requeues"]) == (0, 0)
+    assert (done["max_restarts"], done["max_requeues"]) == (3, 10)  # failover on by default
     assert len(done["nodes"]) == 1 and done["gpu_indexes"] == [0, 1]
     # The simulated agent really ran it: one copy, on the node the controller shows, ~1 s long.
     ran = [i for i in agents.executor.intervals if i.job_id == jid]

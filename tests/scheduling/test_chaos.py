@@ -142,6 +142,8 @@ def check_run(result: dict[str, Any]) -> None:
         assert job.state.final, f"job {job_id} never finished: {job.state} {job.reason}"
         assert result["finals"][job_id] == 1, f"job {job_id} ended {result['finals'][job_id]}x"
         assert job.restarts <= job.spec.max_restarts
+        assert job.requeues <= job.spec.max_requeues
+        assert job.restarts == 0, "simulated jobs exit 0: no restart may be counted"
     per_job: dict[str, list[tuple[float, float]]] = {}
     for iv in result["intervals"]:
         per_job.setdefault(iv.job_id, []).append((iv.start_s, iv.end_s))
@@ -162,7 +164,7 @@ def test_chaos_fifty_seeded_runs(tmp_path: Path, block: int) -> None:
         result = run_chaos(seed, tmp_path / f"chaos-{seed}.db")
         check_run(result)
         stats["restarts"] += result["restarts"]
-        stats["requeues"] += sum(j.restarts for j in result["jobs"].values())
+        stats["requeues"] += sum(j.requeues for j in result["jobs"].values())
     # The runs must actually exercise restarts and failovers, or they prove nothing.
     assert stats["restarts"] > 0
     assert stats["requeues"] > 0

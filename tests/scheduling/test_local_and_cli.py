@@ -58,12 +58,36 @@ def test_real_process_gets_its_gpus_and_log(tmp_path: Path) -> None:
 
 
 def test_exit_code_and_stderr_captured(tmp_path: Path) -> None:
+    """A job that always exits non-zero is restarted max_restarts times, then fails."""
     eng = local(tmp_path)
     code = "import sys; sys.stderr.write('boom\\n'); sys.exit(3)"
-    jid = eng.submit(JobSpec("bad", gpus=1, command=(sys.executable, "-c", code)))
-    assert wait_final(eng, jid) is JobState.FAILED
-    assert eng.job(jid).exit_code == 3
+    jid = eng.submit(JobSpec("bad", gpus=1, max_restarts=2, command=(sys.executable, "-c", code)))
+    assert wait_final(eng, jid, limit_s=60) is JobState.FAILED  # three copies, one at a time
+    job = eng.job(jid)
+    assert job.exit_code == 3 and (job.restarts, job.requeues) == (2, 0)
+    assert "max_restarts=2" in job.reason
+    assert len(eng.attempts(jid)) == 3  # the first copy and two restarts
     assert "boom" in eng.log_path(jid).read_text()  # type: ignore[union-attr]
+
+
+def test_own_failure_restarts_then_succeeds(tmp_path: Path) -> None:
+    """Restarts are on by default (max_restarts 3): a job that fails once and then succeeds
+    ends succeeded, with one restart and no requeue; the second copy sees the count."""
+    eng = local(tmp_path)
+    marker = tmp_path / "failed-once"
+    code = (
+        "import os, sys, pathlib; m = pathlib.Path(sys.argv[1]); "
+        "print('count', os.environ['GPUFLEET_RESTART_COUNT']); "
+        "sys.exit(0 if m.exists() else (m.write_text('x') and 7))"
+    )
+    spec = JobSpec("flaky", gpus=1, command=(sys.executable, "-c", code, str(marker)))
+    assert spec.max_restarts == 3 and spec.max_requeues == 10
+    jid = eng.submit(spec)
+    assert wait_final(eng, jid, limit_s=40) is JobState.SUCCEEDED
+    job = eng.job(jid)
+    assert (job.restarts, job.requeues) == (1, 0)
+    assert [a.outcome for a in eng.attempts(jid)] == ["requeued: exit 7", "exit 0"]
+    assert "count 1" in eng.log_path(jid).read_text()  # type: ignore[union-attr]
 
 
 def test_cancel_kills_the_process(tmp_path: Path) -> None:
@@ -97,7 +121,7 @@ def test_failover_drill_under_ten_seconds() -> None:
     assert abs(r.detected_after_s - 0.65) < 1e-6
     assert abs(r.sim_failover_s - 0.65) < 1e-6
     assert r.sim_failover_s + r.wall_failover_s < 10.0
-    assert r.restart_count == 1 and r.env_restart_count == "1"
+    assert r.requeue_count == 1 and r.restart_count == 0 and r.env_restart_count == "1"
     assert r.checkpoint_dir == "/ckpt/train"
 
 
@@ -166,3 +190,26 @@ def test_cli_rejects_impossible_job(tmp_path: Path) -> None:
     )
     assert res.exit_code != 0
     assert "only 0 of 1 node" in str(res.exception)
+
+
+def test_cli_restart_budgets_default_on_and_shown(tmp_path: Path) -> None:
+    """`jobs submit` restarts by default (3 own failures, 10 infrastructure requeues); both
+    budgets are in --help, in the stored spec and in `jobs show`/`jobs list`."""
+    runner = CliRunner()
+    help_text = runner.invoke(app, ["jobs", "submit", "--help"], terminal_width=200).output
+    assert "--max-restarts" in help_text and "--max-requeues" in help_text
+    sd = ["--state-dir", str(tmp_path / "st")]
+    sleeper = [sys.executable, "-c", "import time; time.sleep(30)"]
+    res = runner.invoke(app, ["jobs", "submit", *sd, "--sim", "1x2xh100", "--json", "--", *sleeper])
+    assert res.exit_code == 0, res.output
+    job = json.loads(res.output)
+    assert (job["spec"]["max_restarts"], job["spec"]["max_requeues"]) == (3, 10)
+    res = runner.invoke(app, ["jobs", "submit", *sd, "--json", "--max-requeues", "2", "--", "true"])
+    assert json.loads(res.output)["spec"]["max_requeues"] == 2
+    res = runner.invoke(app, ["jobs", "show", job["id"], *sd], terminal_width=200)
+    assert "restarts: 0/3 (own exits); requeues: 0/10 (infrastructure)" in res.output
+    res = runner.invoke(app, ["jobs", "list", *sd, "--json"])
+    assert [(j["restarts"], j["requeues"]) for j in json.loads(res.output)] == [(0, 0), (0, 0)]
+    res = runner.invoke(app, ["jobs", "submit", *sd, "--max-requeues", "-1", "--", "true"])
+    assert res.exit_code != 0 and "--max-requeues" in res.output
+    runner.invoke(app, ["jobs", "cancel", job["id"], *sd])

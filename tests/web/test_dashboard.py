@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.control.remediation import BLOCKED_REASON
 from gpufleet.devices.sim import Fault, FaultKind
 from tests.web.conftest import LiveFleet, artifacts_dir, wait_for
 
@@ -261,6 +262,13 @@ def test_refused_token_shows_the_login_form(fleet64: LiveFleet, page: Any) -> No
     assert page.evaluate("sessionStorage.getItem('gpufleet.token')") is None
 
 
+def _stub(page: Any, pattern: str, doc: Any) -> None:
+    """Answer ``pattern`` with ``doc``; no live stream (only the stubbed answer counts)."""
+    body = json.dumps(doc)
+    page.route(pattern, lambda r: r.fulfill(status=200, content_type="application/json", body=body))
+    page.route("**/api/v1/stream", lambda r: r.abort())
+
+
 def test_circuit_breaker_banner_says_it_once(fleet64: LiveFleet, page: Any) -> None:
     """The open breaker's banner gives the figures once, in one sentence (it used to append
     the server's own sentence with the same figures between two other copies of them)."""
@@ -273,15 +281,23 @@ def test_circuit_breaker_banner_says_it_once(fleet64: LiveFleet, page: Any) -> N
         total=64,
         max_out_fraction=0.1,
     )
-    body = json.dumps(summary)
-    page.route(
-        "**/api/v1/summary",
-        lambda r: r.fulfill(status=200, content_type="application/json", body=body),
-    )
-    page.route("**/api/v1/stream", lambda r: r.abort())  # only the stubbed summary
+    _stub(page, "**/api/v1/summary", summary)
     page.goto(fleet64.dashboard("viewer"))
     page.wait_for_selector("#breaker:not([hidden])")
     text = page.inner_text("#breaker")
     assert text.startswith("Circuit breaker OPEN: 8/64 nodes out, above the 10 % limit.")
     assert text.count("8/64") == 1 and text.lower().count("circuit breaker") == 1
     assert "drain by hand" in text
+
+
+def test_breaker_blocked_node_shows_the_block_as_its_reason(fleet64: LiveFleet, page: Any) -> None:
+    """A failing node the breaker keeps in service is listed for attention with the API's
+    reason, "drain blocked by circuit breaker", not its stale lifecycle reason."""
+    listed = fleet64.api("/nodes?gpus=false&limit=5000")
+    node = listed["nodes"][0]
+    node.update(health=2, findings_fail=1, state="in_service", reason=BLOCKED_REASON)
+    _stub(page, "**/api/v1/nodes?*", listed)
+    page.goto(fleet64.dashboard("viewer"))
+    row = page.wait_for_selector(f"#attention-table tr[data-node='{node['name']}']")
+    assert row is not None
+    assert row.query_selector("td.reason").inner_text() == BLOCKED_REASON

@@ -218,6 +218,9 @@ class FleetDriver:
     def _push(self, agent: Agent) -> None:
         t0 = time.perf_counter()
         agent.push_once()
+        if agent.push_soon.is_set():  # its Ack started or stopped a copy: report that now
+            agent.push_soon.clear()
+            agent.push_once()
         self._push_ms.append((time.perf_counter() - t0) * 1000.0)
 
     def run(self, stop: threading.Event, duration_s: float | None = None) -> FleetStats:

@@ -42,6 +42,10 @@ log = logging.getLogger("gpufleet.agent.jobs")
 DEFAULT_LEASE_S = 30.0  # longer than a controller restart, short enough to fail over a lost node
 LOG_TAIL_BYTES = 4096
 KEEP_FINISHED_S = 600.0  # how long a finished copy is still reported
+# An agent that runs jobs exchanges with the control plane at least this often (its batches
+# carry the jobs report; the answers carry start/kill commands), whatever its push interval:
+# commands reach it and their outcome reaches the scheduler within about a second.
+DEFAULT_EXCHANGE_S = 1.0
 
 
 def _spec_of(cmd: WireCommand) -> JobSpec:
@@ -76,6 +80,7 @@ class AgentJobs:
     # no NVML call runs here: `Agent.enable_jobs` fills it in when left empty)
     slots: Sequence[WireSlot] | Callable[[], Sequence[WireSlot]] = ()
     lease_s: float = DEFAULT_LEASE_S
+    exchange_s: float = DEFAULT_EXCHANGE_S
     clock: Callable[[], float] = time.time
     keep_finished_s: float = KEEP_FINISHED_S
     last_contact_s: float = field(default=0.0)
@@ -93,11 +98,13 @@ class AgentJobs:
             self.on_contact()  # a fresh agent starts a fresh lease
 
     # ----- commands from the control plane ---------------------------------------------------
-    def apply(self, commands: Sequence[WireCommand]) -> None:
-        """Run the ``Ack``'s commands; an ``Ack`` also renews the lease (after its kills ran, so
-        a copy the control plane gave up on is not given a longer life)."""
+    def apply(self, commands: Sequence[WireCommand]) -> bool:
+        """Run the ``Ack``'s commands; an ``Ack`` also renews the lease. Returns True when a copy
+        started or stopped: the agent then reports at once (the control plane waits for that
+        report to start a killed job elsewhere, and to count a start as running)."""
         with self._lock:
             self.last_contact_s = self.clock()
+            before = self._running() if commands else set()
             for cmd in commands:
                 try:
                     if cmd.op == "start":
@@ -112,6 +119,13 @@ class AgentJobs:
                     self.on_contact()
                 except OSError as exc:  # the copies then fence themselves: say why
                     log.error("cannot renew the job lease: %s", exc)
+            return bool(commands) and self._running() != before
+
+    def _running(self) -> set[tuple[str, int]]:
+        try:
+            return {(r.job_id, r.generation) for r in self.executor.poll(self.node) if r.running}
+        except NodeUnreachable:
+            return set()
 
     def _start(self, cmd: WireCommand) -> None:
         key = (cmd.job_id, cmd.generation)

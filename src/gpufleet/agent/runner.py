@@ -148,6 +148,7 @@ class Agent:
         self.pusher: Pusher | None = None
         self.state: AgentState | None = None
         self.jobs: AgentJobs | None = None  # set by enable_jobs (issue 7)
+        self.push_soon = threading.Event()  # a copy started or stopped: report it now
         self.acks_applied = 0  # acknowledgements from the control plane applied to the tracker
         self._acks_lock = threading.Lock()
         self._pending_acks: dict[tuple[str, str], wire.WireAck] = {}
@@ -375,8 +376,8 @@ class Agent:
             with self._acks_lock:
                 for a in ack.acks:
                     self._pending_acks[(a.code, a.component)] = a
-        if self.jobs is not None:
-            self.jobs.apply(ack.commands)
+        if self.jobs is not None and self.jobs.apply(ack.commands):
+            self.push_soon.set()  # report the started or stopped copies now
 
     def _apply_acks(self) -> None:
         """Acknowledge in the health tracker the findings acknowledged on the control plane (its
@@ -439,28 +440,40 @@ class Agent:
             pusher.join(timeout=10)
             self.push_once()  # flush what was sampled since the last push
 
+    def push_every_s(self) -> float:
+        """The push period: the push interval, or the jobs exchange period when shorter."""
+        every = self.config.push_interval_s
+        return min(every, self.jobs.exchange_s) if self.jobs is not None else every
+
     def _push_loop(self, stop: threading.Event) -> None:
-        """A batch every push interval; while batches wait after a failure, the spool is also
-        replayed as soon as the backoff allows (`Pusher.retry_in_s`), so contact resumes within
-        the backoff cap of the control plane's return, not a push interval later."""
-        interval = self.config.push_interval_s
-        next_push = time.monotonic() + interval
+        """A batch every push period (`push_every_s`), and at once when `push_soon` is set (a
+        copy started or stopped); while batches wait after a failure, the spool is also replayed
+        as soon as the backoff allows (`Pusher.retry_in_s`), so contact resumes within the
+        backoff cap of the control plane's return, not a push period later."""
+        next_push = time.monotonic() + self.push_every_s()
         while True:
-            wait = next_push - time.monotonic()
-            retry = self.pusher.retry_in_s() if self.pusher is not None else None
-            if retry is not None:
-                wait = min(wait, max(retry, MIN_RETRY_WAIT_S))
-            if stop.wait(max(wait, 0.0)):
+            while not stop.is_set() and not self.push_soon.is_set():
+                wait = next_push - time.monotonic()
+                if wait <= 0:
+                    break
+                retry = self.pusher.retry_in_s() if self.pusher is not None else None
+                if retry is not None and retry <= 0:
+                    try:
+                        self.pusher.replay()  # type: ignore[union-attr]
+                    except Exception:
+                        self.push_errors += 1
+                        log.exception("replaying the spool failed")
+                    retry = self.pusher.retry_in_s() if self.pusher is not None else None
+                    if retry is not None:
+                        wait = min(wait, max(retry, MIN_RETRY_WAIT_S))
+                elif retry is not None:
+                    wait = min(wait, max(retry, MIN_RETRY_WAIT_S))
+                self.push_soon.wait(min(wait, 0.1))
+            if stop.is_set():
                 return
-            if time.monotonic() >= next_push:
-                next_push = max(next_push + interval, time.monotonic())
-                self.push_once()
-            elif self.pusher is not None:
-                try:
-                    self.pusher.replay()
-                except Exception:
-                    self.push_errors += 1
-                    log.exception("replaying the spool failed")
+            self.push_soon.clear()
+            next_push = time.monotonic() + self.push_every_s()
+            self.push_once()
 
     def close(self, wait_s: float = 2.0) -> bool:
         """Stop sampling and release NVML (bounded: False when a hung call kept it

@@ -470,7 +470,10 @@ def _up(
             tokens=node_tokens,
             state_dir=_data_dir(data_dir) / "agents",
             fast_interval_s=1.0,
-            push_interval_s=2.0,
+            # agents running jobs exchange every second (commands out, outcomes back: see
+            # `gpufleet.agent.jobs.DEFAULT_EXCHANGE_S`); liveness is still judged on 2 s
+            push_interval_s=1.0 if jobs else 2.0,
+            heartbeat_interval_s=2.0,
             # the agents reach their own listener on loopback: trust exactly its certificate
             verify=pinned_verify(tls.cert) if tls else True,
         ),

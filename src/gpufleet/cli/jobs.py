@@ -135,6 +135,10 @@ def _env_pairs(values: list[str] | None) -> dict[str, str]:
     return out
 
 
+# restarts: the job's own non-zero exits; requeues: infrastructure (node lost, fail finding)
+BUDGET_COLS = ("restarts", "requeues")
+
+
 @jobs_app.command("submit")
 def submit(
     command: list[str] = typer.Argument(None, help="The command to run (after --)."),
@@ -151,7 +155,20 @@ def submit(
     mig_profile: str = typer.Option(None, "--mig-profile", help="Not supported (embedded)."),
     image: str = typer.Option(None, "--image", help="Container image (not run locally)."),
     priority: int = typer.Option(0, "--priority"),
-    max_restarts: int = typer.Option(0, "--max-restarts", help="Failovers allowed."),
+    max_restarts: int = typer.Option(
+        3,
+        "--max-restarts",
+        min=0,
+        help="Restarts after the job's own non-zero exits (then it fails). Node loss, fail "
+        "findings and fencing never count here.",
+    ),
+    max_requeues: int = typer.Option(
+        10,
+        "--max-requeues",
+        min=0,
+        help="Requeues for infrastructure (node lost, fail finding, fencing): the job moves to "
+        "another node this many times at most.",
+    ),
     checkpoint_dir: str = typer.Option(None, "--checkpoint-dir"),
     env: list[str] = typer.Option(None, "--env", help="KEY=VALUE (repeatable)."),
     duration: float = typer.Option(
@@ -180,6 +197,7 @@ def submit(
         nodes=nodes,
         priority=priority,
         max_restarts=max_restarts,
+        max_requeues=max_requeues,
         checkpoint_dir=checkpoint_dir,
         env=_env_pairs(env),
         duration_s=duration,
@@ -223,7 +241,7 @@ def list_jobs(
         if as_json:
             emit_json({"jobs": [j.model_dump(mode="json") for j in remote_jobs]})
             return
-        table = Table("id", "name", "tenant", "state", "nodes", "gpus", "restarts", "reason")
+        table = Table("id", "name", "tenant", "state", "nodes", "gpus", *BUDGET_COLS, "reason")
         for rj in remote_jobs:
             table.add_row(
                 rj.id,
@@ -233,6 +251,7 @@ def list_jobs(
                 ",".join(rj.nodes) or "-",
                 str(rj.gpus),
                 str(rj.restarts),
+                str(rj.requeues),
                 rj.reason,
             )
         console.print(table)
@@ -242,7 +261,7 @@ def list_jobs(
     if as_json:
         emit_json(jobs)
         return
-    table = Table("id", "name", "tenant", "state", "nodes", "gpus", "restarts", "reason")
+    table = Table("id", "name", "tenant", "state", "nodes", "gpus", *BUDGET_COLS, "reason")
     for j in jobs:
         table.add_row(
             j.id,
@@ -252,6 +271,7 @@ def list_jobs(
             ",".join(j.nodes) or "-",
             ",".join(str(g) for g in j.gpus) or "-",
             str(j.restarts),
+            str(j.requeues),
             j.reason,
         )
     console.print(table)
@@ -275,7 +295,11 @@ def show(
             return
         console.print(f"[bold]job {d['id']}[/] {d['name']} (tenant {d['tenant']}): {d['state']}")
         console.print(f"  command: {shlex.join(d['command']) or fmt(d['image'])}")
-        console.print(f"  nodes: {','.join(d['nodes']) or '-'}; restarts: {d['restarts']}")
+        console.print(f"  nodes: {','.join(d['nodes']) or '-'}")
+        console.print(
+            f"  restarts: {d['restarts']}/{d['max_restarts']} (own exits); "
+            f"requeues: {d['requeues']}/{d['max_requeues']} (infrastructure)"
+        )
         console.print(f"  exit {fmt(d['exit_code'])}; reason: {d['reason'] or '-'}")
         for a in d["attempts"]:
             console.print(
@@ -293,7 +317,11 @@ def show(
     console.print(f"[bold]job {status.id}[/] {s.name} (tenant {s.tenant}): {status.state.value}")
     console.print(f"  command: {shlex.join(s.command) or fmt(s.image)}")
     console.print(f"  gpus: {s.gpus} x {s.nodes} node(s); priority {s.priority}")
-    console.print(f"  restarts: {status.restarts}/{s.max_restarts}; exit {fmt(status.exit_code)}")
+    console.print(
+        f"  restarts: {status.restarts}/{s.max_restarts} (own exits); "
+        f"requeues: {status.requeues}/{s.max_requeues} (infrastructure); "
+        f"exit {fmt(status.exit_code)}"
+    )
     console.print(f"  reason: {status.reason or '-'}; log: {fmt(log)}")
     for a in attempts:
         console.print(

@@ -61,6 +61,7 @@ class JobDetail(JobOut):
     gpu_indexes: list[int]
     gpu_model: str | None
     max_restarts: int
+    max_requeues: int
     checkpoint_dir: str | None
     attempts: list[AttemptOut]
 
@@ -82,6 +83,7 @@ def job_out(j: JobStatus) -> JobOut:
         nodes=list(j.nodes),
         gpus=j.spec.gpus * j.spec.nodes,
         restarts=j.restarts,
+        requeues=j.requeues,
         exit_code=j.exit_code,
         reason=j.reason,
         priority=j.spec.priority,
@@ -171,6 +173,7 @@ def register(
             gpu_indexes=list(j.gpus),
             gpu_model=s.gpu_model,
             max_restarts=s.max_restarts,
+            max_requeues=s.max_requeues,
             checkpoint_dir=s.checkpoint_dir,
             attempts=[
                 AttemptOut(

@@ -23,6 +23,7 @@ from gpufleet.control.models import (
     Transition,
     ValidationResultRow,
 )
+from gpufleet.control.remediation import BLOCKED_REASON, blocked_drain
 from gpufleet.control.store import ControlStore, NodeView, NotFound
 from gpufleet.control.telemetry_store import FIELD_INDEX, FIELDS
 
@@ -51,6 +52,15 @@ def _finding_gpu(nc: NodeView, key: tuple[str, str]) -> int | None:
         if g.uuid == component:
             return i
     return None
+
+
+def node_reason(store: ControlStore, nc: NodeView) -> str:
+    """The node's reason as the dashboard shows it (see ``NodeOut.reason``)."""
+    view = store.view
+    findings = [(k[0], f.severity) for k, f in nc.findings.items()]
+    if blocked_drain(view.policy, view.breaker.open, nc.state, findings):
+        return BLOCKED_REASON
+    return nc.state_reason
 
 
 def node_out(store: ControlStore, nc: NodeView, with_gpus: bool = True) -> sc.NodeWithGpus:
@@ -84,6 +94,7 @@ def node_out(store: ControlStore, nc: NodeView, with_gpus: bool = True) -> sc.No
         last_seen_s=nc.last_seen_s,
         state_since_s=nc.state_since_s,
         state_reason=nc.state_reason,
+        reason=node_reason(store, nc),
         findings_active=len(nc.findings),
         findings_fail=sum(1 for f in nc.findings.values() if f.severity >= 2),
         gpu_latest=latest,

@@ -9,6 +9,11 @@ takes out keeps the count within that (``out + 1 <= allowed``). So the breaker i
 until it closes. ``min_out_nodes`` (default 1) is the floor for small fleets, where 10 % of a
 handful of nodes rounds down to none: on 4 nodes, ``min_out_nodes: 2`` lets a second failing node
 be drained (its jobs fail over) and blocks the third; on 30 nodes the default allows 3 out.
+
+A drain the breaker blocked is not forgotten: the node stays in service with its fail finding,
+its reason reads ``drain blocked by circuit breaker`` (``blocked_drain``), schedulers place no
+work there (``gpufleet.control.scheduling.node_facts``), and once the breaker closes the
+controller's loop drains it (``ControlStore.check_nodes``).
 """
 
 from __future__ import annotations
@@ -16,15 +21,24 @@ from __future__ import annotations
 import fnmatch
 import logging
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpufleet.errors import ConfigError
 
+if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
+    from gpufleet.control.lifecycle import PostCommit
+    from gpufleet.control.store import ControlStore
+
 log = logging.getLogger("gpufleet.control.remediation")
+BLOCKED_REASON = "drain blocked by circuit breaker"
 
 
 class RemediationPolicy(BaseModel):
@@ -152,3 +166,55 @@ def decide(
     if policy.dry_run:
         return Decision("dry_run", f"{reason} (dry run: would drain)")
     return Decision("drain", reason)
+
+
+def drain_codes(policy: RemediationPolicy, findings: Iterable[tuple[str, int]]) -> list[str]:
+    """The codes among ``(code, severity)`` findings that the policy drains a node for."""
+    return [code for code, severity in findings if policy.wants_drain(code, severity)]
+
+
+def blocked_drain(
+    policy: RemediationPolicy, breaker_open: bool, state: str, findings: Iterable[tuple[str, int]]
+) -> bool:
+    """Is this node kept in service only because the breaker blocks its drain?"""
+    return (
+        breaker_open
+        and not policy.dry_run
+        and state == "in_service"
+        and bool(drain_codes(policy, findings))
+    )
+
+
+def retry_blocked_drains(store: ControlStore, s: Session, after: PostCommit) -> list[str]:
+    """Drain the in-service nodes whose drain the breaker blocked, now that it is closed, as
+    long as it stays closed (each drain counts against it). A node an operator put back in
+    service after the block (its state is newer than the block's event) is left alone.
+    Runs on the writer (``ControlStore.check_nodes``); returns the nodes drained."""
+    from sqlalchemy import select
+
+    from gpufleet.control.lifecycle import NodeState
+    from gpufleet.control.models import EventRow
+
+    drained: list[str] = []
+    for nc in list(store.nodes.values()):
+        if nc.state != NodeState.IN_SERVICE.value or store.policy.dry_run:
+            continue
+        codes = drain_codes(store.policy, ((k[0], f.severity) for k, f in nc.findings.items()))
+        if not codes:
+            continue
+        store._update_breaker(s)
+        if store.breaker.open:
+            break
+        blocked = s.execute(
+            select(EventRow.id)
+            .where(EventRow.node == nc.name)
+            .where(EventRow.kind == "remediation_blocked")
+            .where(EventRow.at_s >= nc.state_since_s)
+            .limit(1)
+        ).first()
+        if blocked is None:
+            continue
+        reason = f"finding {codes[0]}: drained once the circuit breaker closed ({BLOCKED_REASON})"
+        store._move(s, nc, NodeState.DRAINING, actor="remediation", reason=reason, after=after)
+        drained.append(nc.name)
+    return drained

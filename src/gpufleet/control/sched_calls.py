@@ -118,6 +118,12 @@ class SchedulerCalls:
         return False
 
     # -- agents' exchange -----------------------------------------------------------------------
+    def deliver(self, node: str, cmds: list[WireCommand]) -> None:
+        """Commands the scheduler has for ``node`` now (a kill after a fail drain, a start):
+        they ride on the node's next ``Ack`` (``SchedulerContext.deliver``)."""
+        with self._lock:
+            self._outbox.setdefault(node, []).extend(cmds)
+
     def exchange(self, batch: Batch, now_s: float) -> list[WireCommand]:
         """Hand the batch's job report to the scheduler and return the commands waiting for
         this node (from its earlier reports); nothing when the backend runs no agent jobs."""

@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from gpufleet.control.lifecycle import NodeState
+from gpufleet.control.remediation import BLOCKED_REASON, blocked_drain
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.base import Feature, NodeFacts, SchedulerBackend
 
@@ -49,14 +50,25 @@ def fail_drain(store: ControlStore, node: str) -> bool:
 
 
 def node_facts(store: ControlStore, node: str) -> NodeFacts | None:
-    """What a scheduler may know of a node: usable (in service, not cordoned), why not, rack,
-    tenant."""
-    nc = store.view.nodes.get(node)  # the writer's snapshot (this runs off the writer)
+    """What a scheduler may know of a node: usable, why not, rack, tenant. Usable means in
+    service, not cordoned and without an active fail finding (a lost GPU is one), whatever the
+    circuit breaker says: a drain it blocked leaves the node in service, never fit for new
+    work."""
+    view = store.view  # the writer's snapshot (this runs off the writer)
+    nc = view.nodes.get(node)
     if nc is None:
         return None
-    usable = nc.state == NodeState.IN_SERVICE.value and not nc.cordoned
-    why = "" if usable else f"control plane state {nc.state}{' (cordoned)' * nc.cordoned}"
-    return NodeFacts(node, usable, why, nc.rack, nc.tenant)
+    fails = sorted(k[0] for k, f in nc.findings.items() if f.severity >= 2)
+    findings = [(k[0], f.severity) for k, f in nc.findings.items()]
+    if nc.state != NodeState.IN_SERVICE.value or nc.cordoned:
+        why = f"control plane state {nc.state}{' (cordoned)' * nc.cordoned}"
+    elif blocked_drain(view.policy, view.breaker.open, nc.state, findings):
+        why = f"{BLOCKED_REASON} (fail finding {', '.join(fails)})"
+    elif fails:
+        why = f"fail finding {', '.join(fails)}"
+    else:
+        why = ""
+    return NodeFacts(node, not why, why, nc.rack, nc.tenant)
 
 
 class SchedulerEvents:

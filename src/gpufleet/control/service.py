@@ -90,7 +90,12 @@ class ControlService:
 
     def start(self) -> None:
         self.scheduler.start(
-            SchedulerContext(self.engine, self.clock, lambda node: node_facts(self.store, node))
+            SchedulerContext(
+                self.engine,
+                self.clock,
+                lambda node: node_facts(self.store, node),
+                deliver=self.store.sched.deliver,
+            )
         )
         self.events.start()
         self.ingest.start()

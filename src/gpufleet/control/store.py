@@ -45,7 +45,7 @@ from gpufleet.control.models import (
     Node,
     Rack,
 )
-from gpufleet.control.remediation import CircuitBreaker, RemediationPolicy
+from gpufleet.control.remediation import CircuitBreaker, RemediationPolicy, retry_blocked_drains
 from gpufleet.control.sched_calls import SchedulerCalls
 from gpufleet.control.scheduling import SchedulerEvents
 from gpufleet.control.telemetry_store import TelemetryStore
@@ -435,6 +435,8 @@ class ControlStore:
                 ):
                     self._complete_drain(s, nc, after)
                     moved.append((nc.name, S.DRAINED.value))
+            if not self.breaker.open:  # drains it blocked while it was open (issue 12)
+                moved += [(n, S.DRAINING.value) for n in retry_blocked_drains(self, s, after)]
         self._run_after(after)
         if moved:
             self._bump()

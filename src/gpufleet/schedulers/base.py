@@ -52,12 +52,13 @@ class JobStatus:
     state: JobState
     nodes: tuple[str, ...] = ()
     gpus: tuple[int, ...] = ()
-    restarts: int = 0
+    restarts: int = 0  # restarts after its own non-zero exits (``max_restarts``)
     exit_code: int | None = None
     reason: str = ""
     submitted_at_s: float | None = None
     started_at_s: float | None = None
     ended_at_s: float | None = None
+    requeues: int = 0  # infrastructure requeues: node lost, fail finding, fencing
 
 
 @dataclass(frozen=True)
@@ -166,7 +167,7 @@ class NodeFacts:
     """What the control plane knows of a node that a scheduler needs when it joins."""
 
     name: str
-    usable: bool  # in service and not cordoned
+    usable: bool  # in service, not cordoned, no active fail finding (so no lost GPU)
     why: str = ""  # why not usable
     rack: str | None = None
     tenant: str | None = None  # None: shared by every tenant
@@ -181,6 +182,9 @@ class SchedulerContext:
     engine: Engine
     clock: Callable[[], float]
     node_facts: Callable[[str], NodeFacts | None]
+    # hands commands for a node's agent to the control plane as soon as the scheduler has
+    # them (they ride on that node's next Ack), instead of after the node's next report
+    deliver: Callable[[str, list[WireCommand]], None] | None = None
 
 
 @runtime_checkable

@@ -200,3 +200,57 @@ def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, step_s: float
         if time.monotonic() > deadline:
             raise TimeoutError(f"{what}: not within {timeout_s:g} s")
         time.sleep(step_s)
+
+
+@dataclass
+class UpAgents:
+    """The agents of a ``SimFleet``'s nodes as `gpufleet up` runs them (`FleetDriver`, its
+    push and heartbeat intervals, default lease), with jobs as real processes
+    (`LocalProcessExecutor` under ``jobs_root``, what `up` runs on real GPUs): the path the
+    failover test and benchmark measure. ``inject_xid79`` makes a GPU fall off the bus."""
+
+    url: str
+    token: str
+    fleet: SimFleet
+    state_dir: Path
+    push_interval_s: float = 1.0  # `gpufleet up` with jobs (gpufleet.cli.controller._up)
+    heartbeat_interval_s: float = 2.0
+    driver: Any = None
+
+    @property
+    def jobs_root(self) -> Path:
+        return self.state_dir / "jobs"
+
+    def start(self) -> UpAgents:
+        from gpufleet.agent.fleet import FleetConfig, FleetDriver, job_runners
+
+        backends = self.fleet.backends()
+        cfg = FleetConfig(
+            controller=self.url,
+            token=self.token,
+            state_dir=self.state_dir / "agents",
+            fast_interval_s=1.0,
+            push_interval_s=self.push_interval_s,
+            heartbeat_interval_s=self.heartbeat_interval_s,
+        )
+        runners = job_runners(backends, None, self.jobs_root)
+        self.driver = FleetDriver(backends, cfg, jobs=runners).start()
+        return self
+
+    def inject_xid79(self, node: str, gpu: int) -> float:
+        """The GPU falls off the bus now (XID 79); returns the fleet-clock time of the fault."""
+        g = self.fleet.node(node).gpus[gpu]
+        now = self.fleet.clock()
+        self.fleet.inject(Fault(FaultKind.FALLEN_OFF_BUS, node=node, gpu=gpu, at_s=now - g.t0))
+        return now
+
+    def stop(self) -> None:
+        """Stop the agents and kill the job processes they still run."""
+        if self.driver is None:
+            return
+        for runner in self.driver.jobs.values():
+            for rep in runner.executor.poll(runner.node):
+                if rep.running:
+                    runner.executor.kill(rep.job_id, rep.generation, runner.node)
+        self.driver.stop(flush=False, close_wait_s=0.5)
+        self.driver = None

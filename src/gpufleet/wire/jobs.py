@@ -43,7 +43,10 @@ class JobRequest:
     mig_profile: Annotated[str | None, Field(max_length=64)] = None
     nodes: Annotated[int, Field(ge=1, le=4096)] = 1
     priority: Annotated[int, Field(ge=-1000, le=1000)] = 0
-    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 0
+    # restarts after the job's own non-zero exits; infrastructure requeues (node lost, fail
+    # finding, fencing) never count here: they have their own cap, ``max_requeues``
+    max_restarts: Annotated[int, Field(ge=0, le=1000)] = 3
+    max_requeues: Annotated[int, Field(ge=0, le=1000)] = 10
     checkpoint_dir: Annotated[str | None, Field(max_length=4096)] = None
     env: EnvVars = Field(default_factory=dict)
     duration_s: Annotated[float | None, Field(gt=0, le=10**7)] = None  # simulated: work length

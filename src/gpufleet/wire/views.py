@@ -29,6 +29,9 @@ class NodeOut(_View):
     state_reason: str
     findings_active: int
     findings_fail: int
+    # what to show as the node's reason: "drain blocked by circuit breaker" while the breaker
+    # keeps this failing node in service (no new work lands there), else ``state_reason``
+    reason: str = ""
 
 
 class FindingOut(_View):
@@ -62,10 +65,11 @@ class JobOut(_View):
     state: str
     nodes: list[str]
     gpus: int
-    restarts: int
+    restarts: int  # restarts after the job's own non-zero exits (max_restarts)
     exit_code: int | None
     reason: str
     priority: int
     submitted_at_s: float | None
     started_at_s: float | None
     ended_at_s: float | None
+    requeues: int = 0  # infrastructure requeues: node lost, fail finding, fencing

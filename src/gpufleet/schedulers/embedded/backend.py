@@ -7,7 +7,7 @@ agents through a `RemoteAgentExecutor`: commands ride on the ``Ack`` of their pu
 (``exchange``). Lifecycle events: a node going lost -> ``node_lost``; a drain with ``fail``
 (a fail finding, repair, failed) -> ``node_drained(fail=True)``, its jobs requeued elsewhere;
 resume -> ``node_back`` (stale copies fenced first). A tick thread settles jobs and places new
-ones every ``tick_s``.
+ones every ``tick_s``, and at once when an agent's report shows a copy started or ended.
 """
 
 from __future__ import annotations
@@ -67,8 +67,11 @@ class EmbeddedBackend:
         self._context = context
         if self._remote is None:
             self._remote = RemoteAgentExecutor(clock=context.clock)
+        self._remote.deliver = context.deliver
         store = JobStore(context.engine)  # the control plane's database (same migrations)
-        self._eng = EmbeddedScheduler(store, self._remote, (), clock=context.clock)
+        self._eng = EmbeddedScheduler(
+            store, self._remote, (), clock=context.clock, usable=self._usable
+        )
         self.unverified = {j.id for j in store.jobs(ACTIVE)}
         self._thread = threading.Thread(target=self._loop, name="gpufleet-sched", daemon=True)
         self._thread.start()
@@ -77,6 +80,14 @@ class EmbeddedBackend:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+
+    def _usable(self, node: str) -> bool:
+        """May work be placed on ``node`` now? Asked of the control plane at every placement:
+        a node with a fail finding whose drain the circuit breaker blocked stays "up" here
+        (no drain reached the scheduler), but takes no new or requeued job."""
+        assert self._context is not None
+        facts = self._context.node_facts(node)
+        return facts is not None and facts.usable
 
     @property
     def eng(self) -> EmbeddedScheduler:
@@ -113,7 +124,13 @@ class EmbeddedBackend:
                 self.store.put_node(replace(row, info=replace(row.info, tenant=tenant)))
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.tick_s):
+        while not self._stop.is_set():
+            # every tick_s, or at once when an agent's report shows a copy started or ended
+            changed = self.executor.changed
+            changed.wait(self.tick_s)
+            changed.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:
@@ -159,7 +176,7 @@ class EmbeddedBackend:
                     job,
                     now,
                     "not started: the controller restarted before its agent heard of it",
-                    count_restart=False,
+                    budget="none",
                 )
 
     # ----- node lifecycle --------------------------------------------------------------------

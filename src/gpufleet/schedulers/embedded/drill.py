@@ -37,7 +37,8 @@ class DrillResult:
     detected_after_s: float  # simulated seconds from the fault to the drain
     sim_failover_s: float  # simulated seconds from the fault to running elsewhere
     wall_failover_s: float  # wall seconds the same path took to compute
-    restart_count: int
+    restart_count: int  # the job's own non-zero exits restarted (none here)
+    requeue_count: int  # infrastructure requeues (the fault)
     checkpoint_dir: str | None
     env_restart_count: str
 
@@ -142,6 +143,7 @@ def run_drill(
             sim_failover_s=clock() - fault_at,
             wall_failover_s=wall_busy,
             restart_count=job.restarts,
+            requeue_count=job.requeues,
             checkpoint_dir=job.spec.checkpoint_dir,
             env_restart_count=launches[-1][1].get("GPUFLEET_RESTART_COUNT", ""),
         )

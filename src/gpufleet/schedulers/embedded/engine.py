@@ -97,8 +97,12 @@ class EmbeddedScheduler:
         clock: Callable[[], float] = time.time,
         quotas: Mapping[str, int] | None = None,
         listener: Listener | None = None,
+        usable: Callable[[str], bool] | None = None,
     ) -> None:
         self.store = store
+        # asked at every placement: may work go to this node now? (the control plane's view:
+        # in service, not cordoned, no fail finding, no lost GPU; see ``EmbeddedBackend``)
+        self.usable: Callable[[str], bool] = usable or (lambda node: True)
         self.executor = executor
         self.clock = clock
         self.listener = listener
@@ -165,7 +169,8 @@ class EmbeddedScheduler:
                 word = "drain"
             else:
                 word = "idle" if alloc == 0 else "alloc" if alloc >= total else "mixed"
-            out.append(SchedNodeState(name, word, row.reason, total, alloc, row.state == "up"))
+            usable = row.state == "up" and self.usable(name)
+            out.append(SchedNodeState(name, word, row.reason, total, alloc, usable))
         return out
 
     def drain(self, node: str, reason: str) -> None:
@@ -179,7 +184,7 @@ class EmbeddedScheduler:
         if job.state.final:
             raise UsageError(f"job {job_id} already ended ({job.state.value})")
         if job.state in ACTIVE:
-            failover.requeue(self, job, self.clock(), "requeued by request", enforce_max=False)
+            failover.requeue(self, job, self.clock(), "requeued by request", budget="none")
 
     def set_quota(self, tenant: str, gpus: int | None) -> None:
         self.store.set_quota(tenant, gpus)
@@ -259,9 +264,7 @@ class EmbeddedScheduler:
             r = faults[0]
             why = r.reason or "copy stopped"
             if r.fenced and not r.node_fault:  # the lease ran out or the agent died: not the job
-                return failover.requeue(
-                    self, job, now, f"node {r.node}: {why}", count_restart=False
-                )
+                return failover.requeue(self, job, now, f"node {r.node}: {why}", budget="requeue")
             return failover.requeue(self, job, now, f"node {r.node}: {why}", faulty_node=r.node)
         exited = [r for r in reps if not r.running]
         if not exited:
@@ -271,11 +274,18 @@ class EmbeddedScheduler:
             return job
         bad = [r for r in exited if r.exit_code != 0]
         if bad:
-            failover.kill_copies(self, job)
             code = bad[0].exit_code
-            new = replace(
-                job, state=JobState.FAILED, exit_code=code, ended_at=now, reason=f"exit {code}"
-            )
+            # copies that exited need no kill (asking would wait out the kill grace); the other
+            # ranks of a multi-node job are killed
+            ended = len(exited) == len(reps) or failover.kill_copies(self, job)
+            if job.restarts < job.spec.max_restarts:  # its own failure: the restart budget
+                return failover.requeue(
+                    self, job, now, f"exit {code}", budget="restart", confirmed=ended
+                )
+            why = f"exit {code}"
+            if job.spec.max_restarts:
+                why += f"; no restarts left (max_restarts={job.spec.max_restarts})"
+            new = replace(job, state=JobState.FAILED, exit_code=code, ended_at=now, reason=why)
             return self.transition(job, new, now, f"exit {code}")
         if len(exited) == len(reps):
             new = replace(job, state=JobState.SUCCEEDED, exit_code=0, ended_at=now, reason="")
@@ -314,7 +324,8 @@ class EmbeddedScheduler:
             valid = {j.id: j.generation for j in active if name in j.nodes}
             if any(r.running and valid.get(r.job_id) != r.generation for r in reps):
                 self.fence_node(name)
-        up = [nodes[n].info for n in sorted(reports) if nodes[n].state == "up"]
+        failover.release_confirmed(self, now)
+        up = [nodes[n].info for n in sorted(reports) if nodes[n].state == "up" and self.usable(n)]
         started = self._schedule(now, up, active)
         return TickResult(tuple(started), tuple(finished))
 
@@ -374,7 +385,7 @@ class EmbeddedScheduler:
                 "GPUFLEET_JOB_ID": job.id,
                 "GPUFLEET_JOB_NAME": job.spec.name,
                 "GPUFLEET_TENANT": job.spec.tenant,
-                "GPUFLEET_RESTART_COUNT": str(job.restarts),
+                "GPUFLEET_RESTART_COUNT": str(job.restarts + job.requeues),
                 "GPUFLEET_GENERATION": str(job.generation),
                 "GPUFLEET_NODES": ",".join(job.nodes),
                 "GPUFLEET_NODE_RANK": str(rank),

@@ -1,13 +1,19 @@
 """Failover: move the jobs of a lost or fail-drained node elsewhere, never running one twice.
 
-Rules (issue 7, "Failover"):
-- A job on a node that goes ``lost`` or is drained for a fail finding is requeued with the same
-  spec (so the same checkpoint directory) and ``restarts + 1``, which the next copy sees as
-  ``GPUFLEET_RESTART_COUNT``; once ``max_restarts`` is used up it fails instead.
-- Fencing: every placement has a new generation. Before requeueing, the old copy is killed; when
-  the kill cannot be confirmed (the agent is unreachable) the job may only start again after the
-  agent's lease has surely run out (last contact + ``lease_s``: the agent kills its own jobs by
-  then). When the node comes back, ``fence`` kills whatever stale copy it still runs.
+Rules (issues 7 and 12, "Failover"):
+- A job on a node that goes ``lost`` or is drained for a fail finding (or whose copy the node
+  killed: a fallen GPU, fencing) is requeued with the same spec (so the same checkpoint
+  directory) and ``requeues + 1``: an infrastructure requeue, capped by ``max_requeues``, that
+  never consumes the job's own restart budget. A copy that exits non-zero is restarted with
+  ``restarts + 1`` while ``restarts < max_restarts``, else the job fails. The next copy sees
+  ``restarts + requeues`` (every earlier copy) as ``GPUFLEET_RESTART_COUNT``.
+- Fencing: every placement has a new generation. Before requeueing, the old copy is killed. The
+  new copy starts only once the old one is known dead: either the agent's report shows it ended
+  (positive confirmation, checked at every tick: ``release_confirmed``; an agent that answers
+  gets the kill on its next exchange and reports it on the one after), or, for an agent that
+  does not answer, once its lease has surely run out (last contact + ``lease_s``: the agent
+  kills its own jobs by then). When the node comes back, ``fence`` kills whatever stale copy it
+  still runs.
 - Restart reconciliation: the store is the truth. A restarted engine asks each reachable agent
   what runs: copies it confirms are adopted, finished ones are recorded, missing ones are requeued,
   and anything not current is killed.
@@ -16,7 +22,7 @@ Rules (issue 7, "Failover"):
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from gpufleet.schedulers.base import JobState
 from gpufleet.schedulers.embedded.executor import CopyReport, NodeUnreachable
@@ -27,6 +33,11 @@ if TYPE_CHECKING:
 
 ACTIVE = (JobState.STARTING, JobState.RUNNING)
 WAITING = (JobState.QUEUED, JobState.REQUEUED)
+
+# What a requeue consumes: ``requeue`` (infrastructure: node lost, fail finding, fencing;
+# capped by ``max_requeues``), ``restart`` (the job's own non-zero exit; ``max_restarts``) or
+# ``none`` (asked by an operator, or never started).
+Budget = Literal["requeue", "restart", "none"]
 
 
 def fence_deadline(eng: EmbeddedScheduler, nodes: tuple[str, ...]) -> float:
@@ -56,36 +67,63 @@ def requeue(
     reason: str,
     *,
     faulty_node: str | None = None,
-    count_restart: bool = True,
-    enforce_max: bool = True,
+    budget: Budget = "requeue",
     confirmed: bool | None = None,
 ) -> JobRow | None:
-    """Kill the job's copies and put it back in the queue (or fail it: no restarts left)."""
+    """Kill the job's copies and put it back in the queue (or fail it: its budget is used up)."""
     if confirmed is None:
         confirmed = kill_copies(eng, job)
     not_before = now if confirmed else max(now, fence_deadline(eng, job.nodes))
-    outcome = f"requeued: {reason}"
-    if count_restart and enforce_max and job.restarts >= job.spec.max_restarts:
-        new = replace(
-            job,
-            state=JobState.FAILED,
-            ended_at=now,
-            reason=f"{reason}; no restarts left (max_restarts={job.spec.max_restarts})",
-        )
-        outcome = f"failed: {reason}"
+    spec = job.spec
+    if budget == "restart" and job.restarts >= spec.max_restarts:
+        why = f"{reason}; no restarts left (max_restarts={spec.max_restarts})"
+    elif budget == "requeue" and job.requeues >= spec.max_requeues:
+        why = f"{reason}; no requeues left (max_requeues={spec.max_requeues})"
     else:
-        excluded = job.excluded
-        if faulty_node is not None and faulty_node not in excluded:
-            excluded = (*excluded, faulty_node)
-        new = replace(
-            job,
-            state=JobState.REQUEUED,
-            restarts=job.restarts + (1 if count_restart else 0),
-            not_before=not_before,
-            reason=reason,
-            excluded=excluded,
-        )
-    return eng.transition(job, new, now, outcome)
+        why = ""
+    if why:
+        new = replace(job, state=JobState.FAILED, ended_at=now, reason=why)
+        return eng.transition(job, new, now, f"failed: {reason}")
+    excluded = job.excluded
+    if faulty_node is not None and faulty_node not in excluded:
+        excluded = (*excluded, faulty_node)
+    new = replace(
+        job,
+        state=JobState.REQUEUED,
+        restarts=job.restarts + (budget == "restart"),
+        requeues=job.requeues + (budget == "requeue"),
+        not_before=not_before,
+        reason=reason,
+        excluded=excluded,
+    )
+    return eng.transition(job, new, now, f"requeued: {reason}")
+
+
+def copies_gone(eng: EmbeddedScheduler, job: JobRow) -> bool:
+    """Does every agent of the job's last placement now report that copy ended?
+
+    Positive confirmation only: an executor that cannot tell (no ``copy_gone``) or a node that
+    does not answer gives False, and the fencing deadline decides."""
+    gone = getattr(eng.executor, "copy_gone", None)
+    if gone is None or not job.nodes:
+        return False
+    try:
+        return all(bool(gone(job.id, job.generation, n)) for n in job.nodes)
+    except NodeUnreachable:
+        return False
+
+
+def release_confirmed(eng: EmbeddedScheduler, now: float) -> list[str]:
+    """Waiting jobs held back for an unconfirmed kill whose agents now report the old copy
+    ended: they may start now. Returns their ids."""
+    released = []
+    for job in eng.store.jobs(WAITING):
+        if job.not_before <= now or job.generation == 0 or not copies_gone(eng, job):
+            continue
+        new = replace(job, not_before=now, reason="old copy confirmed ended: starting again")
+        if eng.transition(job, new, now) is not None:
+            released.append(job.id)
+    return released
 
 
 def on_node_failure(eng: EmbeddedScheduler, node: str, now: float, reason: str) -> list[str]:

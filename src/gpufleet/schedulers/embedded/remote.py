@@ -7,11 +7,17 @@ commands for that node. So ``start``/``kill`` queue commands, ``poll`` answers f
 report (plus the starts not yet confirmed, as running), and a node whose last report is older
 than ``stale_s`` is unreachable (``NodeUnreachable``): what runs there is unknown.
 
-Commands repeat in every ``Ack`` until the report shows them done (agents treat repeats as no-ops),
-so a lost answer loses nothing. Until a report shows a started copy, ``poll`` answers it as a
-``CopyReport`` with ``confirmed=False`` and the job stays ``starting``. A start that the agent
-never shows within ``start_timeout_s`` after it was sent is dropped: the scheduler then sees the
-copy vanished and requeues the job.
+A new command also goes to ``deliver`` (the control plane's outbox, `SchedulerContext.deliver`)
+the moment it is queued, so it rides on the node's very next ``Ack`` instead of the one after
+the node's next report. Commands repeat in every ``Ack`` until the report shows them done
+(agents treat repeats as no-ops), so a lost answer loses nothing. Until a report shows a
+started copy, ``poll`` answers it as a ``CopyReport`` with ``confirmed=False`` and the job stays
+``starting``. A start that the agent never shows within ``start_timeout_s`` after it was sent
+is dropped: the scheduler then sees the copy vanished and requeues the job.
+
+A kill the agent has not confirmed yet makes the scheduler hold the job back; ``copy_gone``
+answers True once a fresh report of that node shows the copy ended (positive confirmation, so
+the job starts elsewhere within about two exchanges instead of waiting for the lease).
 
 Reports from old batches (replayed after an outage: ``sent_at_s`` older than ``stale_s``, or a
 sequence number not above the newest) are ignored: a stale snapshot would hide newer copies.
@@ -50,6 +56,10 @@ class _PendingStart:
     sent_s: float | None = None
 
 
+def _running(copies: Mapping[Key, CopyReport]) -> set[Key]:
+    return {k for k, c in copies.items() if c.running}
+
+
 class RemoteAgentExecutor:
     """Commands to agents through ``Ack``s; copies known from their ``jobs`` reports."""
 
@@ -74,6 +84,10 @@ class RemoteAgentExecutor:
         self.starts: dict[str, dict[Key, _PendingStart]] = {}
         self.kills: dict[str, set[Key]] = {}
         self.logs: dict[Key, str] = {}
+        # set when a report shows a copy started or ended: the scheduler ticks at once
+        # (a killed copy's job may start elsewhere, a start counts as running)
+        self.changed = threading.Event()
+        self.deliver: Callable[[str, list[WireCommand]], None] | None = None
         self._lock = threading.Lock()
 
     # ----- the exchange (called for every ingested batch) -------------------------------------
@@ -112,6 +126,8 @@ class RemoteAgentExecutor:
                 for c in rep.copies:
                     if c.log_tail is not None:
                         self.logs[(c.job_id, c.generation)] = c.log_tail
+                if view is None or _running(view.copies) != _running(copies):
+                    self.changed.set()
                 view = NodeView(batch.agent_id, batch.seq, now, rep.lease_s, info, copies)
                 self.views[node] = view
                 # the longest lease an agent now reports (the default until one reports)
@@ -136,24 +152,29 @@ class RemoteAgentExecutor:
                 kills.discard(key)
 
     def _commands(self, node: str, now: float) -> list[WireCommand]:
-        out = []
-        for key, p in self.starts.get(node, {}).items():
-            if p.sent_s is None:
-                p.sent_s = now
-            la = p.launch
-            out.append(
-                WireCommand(
-                    op="start",
-                    job_id=key[0],
-                    generation=key[1],
-                    gpus=list(la.gpus),
-                    env=dict(la.env),
-                    spec=la.spec,
-                )
-            )
+        out = [self._start_command(p, now) for p in self.starts.get(node, {}).values()]
         for job_id, gen in sorted(self.kills.get(node, set())):
             out.append(WireCommand(op="kill", job_id=job_id, generation=gen))
         return out
+
+    @staticmethod
+    def _start_command(p: _PendingStart, now: float) -> WireCommand:
+        if p.sent_s is None:
+            p.sent_s = now
+        la = p.launch
+        return WireCommand(
+            op="start",
+            job_id=la.job_id,
+            generation=la.generation,
+            gpus=list(la.gpus),
+            env=dict(la.env),
+            spec=la.spec,
+        )
+
+    def _send_now(self, node: str, cmd: WireCommand) -> None:
+        """Hand a new command to the control plane's outbox (outside ``_lock``)."""
+        if self.deliver is not None:
+            self.deliver(node, [cmd])
 
     # ----- JobExecutor -------------------------------------------------------------------------
     def _fresh(self, node: str) -> NodeView:
@@ -166,8 +187,12 @@ class RemoteAgentExecutor:
         with self._lock:
             self._fresh(launch.node)
             key = (launch.job_id, launch.generation)
-            self.starts.setdefault(launch.node, {})[key] = _PendingStart(launch)
+            p = _PendingStart(launch)
+            self.starts.setdefault(launch.node, {})[key] = p
             self.kills.get(launch.node, set()).discard(key)
+            cmd = self._start_command(p, self.clock()) if self.deliver else None
+        if cmd is not None:
+            self._send_now(launch.node, cmd)
 
     def kill(self, job_id: str, generation: int, node: str) -> bool:
         key = (job_id, generation)
@@ -181,8 +206,26 @@ class RemoteAgentExecutor:
             fresh = view is not None and self.clock() - view.seen_s <= self.stale_s
             if fresh and p is None and (known is None or not known.running):
                 return True  # the newest report shows it is not running
+            new = key not in self.kills.get(node, set())
             self.kills.setdefault(node, set()).add(key)
-            return False  # the agent kills it on its next exchange (or when its lease ends)
+        if new:
+            self._send_now(node, WireCommand(op="kill", job_id=job_id, generation=generation))
+        return False  # the agent kills it on its next exchange (or when its lease ends)
+
+    def copy_gone(self, job_id: str, generation: int, node: str) -> bool:
+        """Does the node's newest fresh report show this copy ended (or a never-sent start)?
+
+        Only a report that lists the copy as not running counts: a copy missing from the report
+        may be one the agent lost track of (the lease then decides). Raises
+        ``NodeUnreachable`` when the node has not reported for ``stale_s``."""
+        key = (job_id, generation)
+        with self._lock:
+            p = self.starts.get(node, {}).get(key)
+            if p is not None:
+                return p.sent_s is None  # a start still queued was never seen by the agent
+            view = self._fresh(node)
+            c = view.copies.get(key)
+            return c is not None and not c.running
 
     def poll(self, node: str) -> list[CopyReport]:
         with self._lock:

@@ -30,8 +30,12 @@ from sqlalchemy import (
     create_engine,
     event,
     insert,
+    inspect,
     select,
     update,
+)
+from sqlalchemy import (
+    text as sql_text,
 )
 from sqlalchemy.exc import SQLAlchemyError
 
@@ -51,7 +55,10 @@ sched_jobs = Table(
     Column("spec", Text, nullable=False),  # JSON of the JobSpec
     Column("state", String(20), nullable=False, index=True),
     Column("priority", Integer, nullable=False, default=0),
-    Column("restarts", Integer, nullable=False, default=0),
+    Column("restarts", Integer, nullable=False, default=0),  # own non-zero exits restarted
+    # infrastructure requeues (node lost, fail finding, fencing); added in migration 0003, and
+    # by ``JobStore`` itself to a standalone store made before it (``_add_missing_columns``)
+    Column("requeues", Integer, nullable=False, default=0, server_default="0"),
     Column("generation", Integer, nullable=False, default=0),  # fence token of the placement
     Column("nodes", Text, nullable=False, default="[]"),
     Column("gpus", Text, nullable=False, default="[]"),  # per node: a list of GPU indexes
@@ -103,6 +110,7 @@ class JobRow:
     spec: JobSpec
     state: JobState
     restarts: int = 0
+    requeues: int = 0
     generation: int = 0
     nodes: tuple[str, ...] = ()
     gpus: tuple[tuple[int, ...], ...] = ()
@@ -127,6 +135,7 @@ class JobRow:
             nodes=self.nodes,
             gpus=flat,
             restarts=self.restarts,
+            requeues=self.requeues,
             exit_code=self.exit_code,
             reason=self.reason,
             submitted_at_s=self.submitted_at,
@@ -175,6 +184,7 @@ def _row_to_job(r: Any) -> JobRow:
         spec=JOB_SPEC.validate_json(r.spec),
         state=JobState(r.state),
         restarts=int(r.restarts),
+        requeues=int(r.requeues or 0),
         generation=int(r.generation),
         nodes=tuple(json.loads(r.nodes)),
         gpus=tuple(tuple(x) for x in json.loads(r.gpus)),
@@ -196,6 +206,7 @@ def _job_values(job: JobRow) -> dict[str, Any]:
         "state": job.state.value,
         "priority": job.spec.priority,
         "restarts": job.restarts,
+        "requeues": job.requeues,
         "generation": job.generation,
         "nodes": json.dumps(list(job.nodes)),
         "gpus": json.dumps([list(g) for g in job.gpus]),
@@ -217,6 +228,20 @@ def _sqlite_pragmas(dbapi_conn: Any, _record: Any) -> None:
     cur.close()
 
 
+# Columns added after a table first shipped: (table, column, DDL type and default). A store
+# made before them (a `gpufleet jobs` state directory, a control plane database not yet
+# migrated) gets them here, so an old database keeps working without Alembic.
+ADDED_COLUMNS = (("sched_jobs", "requeues", "INTEGER NOT NULL DEFAULT 0"),)
+
+
+def _add_missing_columns(engine: Engine) -> None:
+    names = inspect(engine)
+    for table, column, ddl in ADDED_COLUMNS:
+        if column not in {c["name"] for c in names.get_columns(table)}:
+            with engine.begin() as conn:
+                conn.execute(sql_text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}"))
+
+
 class JobStore:
     """The embedded scheduler's tables behind a few typed operations."""
 
@@ -224,6 +249,7 @@ class JobStore:
         self.engine = engine
         try:
             metadata.create_all(engine)
+            _add_missing_columns(engine)
         except SQLAlchemyError as exc:
             raise GpufleetError(f"scheduler store {engine.url!r}: {exc}") from exc
 

@@ -151,7 +151,7 @@ async function load(el, ctx, name, full) {
     <div class="facts"><span>rack <b>${n.rack ?? "—"}</b></span><span>model <b>${n.model ?? "—"}</b></span><span>GPUs <b>${n.gpus}</b></span>
     ${n.tenant ? html`<span>tenant <b>${n.tenant}</b></span>` : ""}<span>last seen <b title="${ts(n.last_seen_s)}">${ago(n.last_seen_s, now)}</b></span>
     <span>${words(n.state)} since <b title="${ts(n.state_since_s)}">${ago(n.state_since_s, now)}</b></span></div>
-    <div class="reason-line">${n.state_reason}</div>${actionsHtml(ctx, n)}`);
+    <div class="reason-line">${n.reason || n.state_reason}</div>${actionsHtml(ctx, n)}`);
   wireActions(el, ctx, n.name);
   setHtml($("#findings", el), findingsHtml(ctx, detail.findings, now));
   wireAcks(el, ctx, n.name);

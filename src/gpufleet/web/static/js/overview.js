@@ -50,7 +50,7 @@ function attentionHtml(nodes, now) {
       <td><a href="#/node/${encodeURIComponent(n.name)}">${n.name}</a></td>
       <td>${stateBadge(n.state)}${n.cordoned ? html` <span class="badge cordon">cordoned</span>` : ""}</td>
       <td>${healthBadge(n.health)}</td><td class="num">${n.findings_active}</td>
-      <td>${n.rack ?? ""}</td><td class="reason" title="${n.state_reason}">${n.state_reason}</td>
+      <td>${n.rack ?? ""}</td><td class="reason" title="${n.reason || n.state_reason}">${n.reason || n.state_reason}</td>
       <td class="muted nowrap">${ago(n.state_since_s, now)}</td></tr>`);
   const more = bad.length > ATTENTION_MAX ? html`<p class="muted">and ${bad.length - ATTENTION_MAX} more: see <a href="#/nodes">Nodes</a>.</p>` : "";
   return html`<table class="grid" id="attention-table"><thead><tr><th>node</th><th>state</th><th>health</th><th class="num">findings</th><th>rack</th><th>reason</th><th>since</th></tr></thead><tbody>${rows}</tbody></table>${more}`;
