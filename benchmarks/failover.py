@@ -92,9 +92,9 @@ class Run:
     def __init__(self, root: Path, names: list[str]) -> None:
         self.root = root
         self.ctl = Controller(root / "data", tick_s=1.0).start()
-        self.agent_token = self.ctl.token("agent")
         fleet = SimFleet(FleetSpec(tuple(NodeSpec(n, MODEL, 2) for n in names)))
-        self.agents = UpAgents(self.ctl.url, self.agent_token, fleet, root).start()
+        self.node_tokens = self.ctl.node_tokens(fleet)  # node-bound, as `gpufleet up` makes
+        self.agents = UpAgents(self.ctl.url, "", fleet, root, tokens=self.node_tokens).start()
         self.hb = root / "hb"
 
     def job(self, jid: str) -> dict[str, Any]:
@@ -169,19 +169,16 @@ def xid_fault(root: Path, outage_s: float | None) -> dict[str, float]:
 
 def _agent_process(run: Run, node: str, state: Path) -> subprocess.Popen[bytes]:
     """The job's node agent as its own process (what ``kill -9`` hits)."""
-    env = {**os.environ, "GPUFLEET_AGENT_TOKEN": run.agent_token}
-    help_text = subprocess.run(
-        [sys.executable, "-m", "gpufleet", "agent", "--help"], capture_output=True, text=True
-    ).stdout
-    if "--executor" in help_text:  # the real agent with process jobs (issue 12, item 1)
-        argv = [
-            *(sys.executable, "-m", "gpufleet", "agent", "--sim", f"1x2x{MODEL}"),
-            *("--run-jobs", "--executor", "process", "--controller", run.ctl.url),
-            *("--state-dir", str(state), "--listen", "127.0.0.1:0"),
-        ]
-    else:  # this tree: the same agent `gpufleet up` runs, alone in a process
-        argv = [sys.executable, __file__, "--serve-agent", node, "--controller", run.ctl.url]
-        argv += ["--state-dir", str(state)]
+    env = {**os.environ, "GPUFLEET_AGENT_TOKEN": run.node_tokens[node]}
+    state.mkdir(parents=True, exist_ok=True)
+    fleet_file = state / "fleet.yaml"  # one simulated node with the job's node name
+    fleet_file.write_text(f"nodes:\n  - {{name: {node}, model: {MODEL}, gpus: 2}}\n")
+    # the real agent with jobs as processes under their fencing wrapper (issue 12, item 1)
+    argv = [
+        *(sys.executable, "-m", "gpufleet", "agent", "--sim", str(fleet_file)),
+        *("--run-jobs", "--executor", "process", "--controller", run.ctl.url),
+        *("--state-dir", str(state), "--listen", "127.0.0.1:0", "--push-interval", "1"),
+    ]
     return subprocess.Popen(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
 
 
@@ -222,14 +219,6 @@ def _kill_orphans(state: Path) -> None:
             os.killpg(int(pid_file.read_text()), signal.SIGKILL)
         except (OSError, ValueError):
             continue
-
-
-def serve_agent(node: str, controller: str, state: Path) -> None:
-    """``--serve-agent``: run `gpufleet up`'s agent for one simulated node until killed."""
-    fleet = SimFleet(FleetSpec((NodeSpec(node, MODEL, 2),)))
-    token = os.environ["GPUFLEET_AGENT_TOKEN"]
-    UpAgents(controller, token, fleet, state).start()
-    signal.pause()
 
 
 SCENARIOS: dict[str, tuple[str, Callable[[Path, argparse.Namespace], dict[str, float]]]] = {
@@ -284,13 +273,7 @@ def main() -> int:
     ap.add_argument("--scenarios", default="a,b,c", help="comma-separated: a, b, c")
     ap.add_argument("--outage", type=float, default=5.0, help="(c): controller down, seconds")
     ap.add_argument("--json", action="store_true")
-    ap.add_argument("--serve-agent", metavar="NODE", help=argparse.SUPPRESS)
-    ap.add_argument("--controller", help=argparse.SUPPRESS)
-    ap.add_argument("--state-dir", type=Path, help=argparse.SUPPRESS)
     args = ap.parse_args()
-    if args.serve_agent:
-        serve_agent(args.serve_agent, args.controller, args.state_dir)
-        return 0
     keys = [k.strip() for k in args.scenarios.split(",") if k.strip()]
     unknown = [k for k in keys if k not in SCENARIOS]
     if unknown or args.faults < 1:

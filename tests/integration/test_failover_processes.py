@@ -47,7 +47,8 @@ class ProcessBed:
     def __init__(self, root: Path) -> None:
         self.ctl = Controller(root / "data", tick_s=1.0).start()  # the service's default tick
         fleet = fleet_of(["n1", "n2", "n3"])
-        self.agents = UpAgents(self.ctl.url, self.ctl.token("agent"), fleet, root).start()
+        tokens = self.ctl.node_tokens(fleet)
+        self.agents = UpAgents(self.ctl.url, "", fleet, root, tokens=tokens).start()
 
     def job(self, jid: str) -> dict[str, Any]:
         return dict(self.ctl.call("GET", f"/api/v1/jobs/{jid}").json())

@@ -111,8 +111,8 @@ def test_an_unbound_agent_token_gets_no_job_and_no_secret(bed: Bed) -> None:
     ctl, _ = bed(nodes=["n1"])
     wait_for(lambda: _known(ctl, 1), 15, "agent offers job slots")
     unbound = ctl.token("agent")
-    # the trial's attack: a fake node claiming 16 GPUs with 64 slots, from an unbound token
-    r = _push(ctl, unbound, _batch("fake", 1, gpus=16, slots=64))
+    # the trial's attack: a fake node claiming 16 GPUs (the most a node may have) with 16 slots, from an unbound token
+    r = _push(ctl, unbound, _batch("fake", 1, gpus=16, slots=16))
     assert r.status_code == 200, r.text
     body = {"name": "big", "command": ["sim"], "gpus": 16, "env": {"HF_TOKEN": SECRET}}
     refused = ctl.call("POST", "/api/v1/jobs", json=body)
@@ -121,7 +121,7 @@ def test_an_unbound_agent_token_gets_no_job_and_no_secret(bed: Bed) -> None:
     # a node-bound token offering more slots than its node registered: only the real ones count
     bound = ctl.token("agent", node="two")
     for seq in (1, 2):
-        r = _push(ctl, bound, _batch("two", seq, gpus=2, slots=64))
+        r = _push(ctl, bound, _batch("two", seq, gpus=2, slots=8))
         assert r.status_code == 200, r.text
     wait_for(lambda: "two" in embedded(ctl).store.nodes(), 10, "node two joins")
     slots = embedded(ctl).store.nodes()["two"].info.gpus
@@ -130,7 +130,7 @@ def test_an_unbound_agent_token_gets_no_job_and_no_secret(bed: Bed) -> None:
     ok = ctl.call("POST", "/api/v1/jobs", json={**body, "gpus": 1, "duration_s": 600})
     assert ok.status_code == 201
     for seq in range(2, 6):
-        r = _push(ctl, unbound, _batch("fake", seq, gpus=16, slots=64))
+        r = _push(ctl, unbound, _batch("fake", seq, gpus=16, slots=16))
         assert "commands" not in r.json() and SECRET not in r.text
         time.sleep(0.3)
 

@@ -216,6 +216,8 @@ class UpAgents:
     push_interval_s: float = 1.0  # `gpufleet up` with jobs (gpufleet.cli.controller._up)
     heartbeat_interval_s: float = 2.0
     driver: Any = None
+    # node name -> a token bound to it, as `up` makes them (only those may offer job slots)
+    tokens: dict[str, str] = field(default_factory=dict)
 
     @property
     def jobs_root(self) -> Path:
@@ -228,6 +230,7 @@ class UpAgents:
         cfg = FleetConfig(
             controller=self.url,
             token=self.token,
+            tokens=self.tokens,
             state_dir=self.state_dir / "agents",
             fast_interval_s=1.0,
             push_interval_s=self.push_interval_s,
