@@ -44,9 +44,15 @@ def test_migrate_and_tokens(tmp_path: Path) -> None:
     assert json.loads(r.output)["node"] == "gpu-01"
     r = runner.invoke(app, ["token", "create", "--role", "viewer", "--node", "x", "--data-dir", d])
     assert isinstance(r.exception, UsageError) and "--role agent" in str(r.exception)
+    # --node alone makes an agent token, as its help says; no --role and no --node is an error
+    r = runner.invoke(app, ["token", "create", "--node", "gpu-02", "--data-dir", d, "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["role"] == "agent" and json.loads(r.output)["node"] == "gpu-02"
+    r = runner.invoke(app, ["token", "create", "--data-dir", d])
+    assert isinstance(r.exception, UsageError) and "--role" in str(r.exception)
     r = runner.invoke(app, ["token", "list", "--data-dir", d, "--json"])
     listed = json.loads(r.output)
-    assert [t["role"] for t in listed] == ["operator", "agent"]
+    assert [t["role"] for t in listed] == ["operator", "agent", "agent"]
     assert made["token"] not in r.output  # only prefixes are listed
     r = runner.invoke(app, ["token", "revoke", str(made["id"]), "--data-dir", d, "--json"])
     assert r.exit_code == 0

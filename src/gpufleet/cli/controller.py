@@ -157,7 +157,9 @@ def register(app: typer.Typer) -> None:
 
     @tok.command("create")
     def token_create(
-        role: str = typer.Option(..., "--role", help="admin, operator, viewer or agent."),
+        role: str | None = typer.Option(
+            None, "--role", help="admin, operator, viewer or agent (agent with --node)."
+        ),
         name: str = typer.Option("", "--name", help="A label shown in lists."),
         tenant: str | None = typer.Option(None, "--tenant", help="Bind to a tenant."),
         node: str | None = typer.Option(
@@ -178,8 +180,12 @@ def register(app: typer.Typer) -> None:
         from gpufleet.control import actions
         from gpufleet.control.up import write_secret
 
-        if node is not None and role not in ("agent",):
+        if node is not None and role not in (None, "agent"):
             raise UsageError("--node makes an agent token: use --role agent with it")
+        if role is None:
+            if node is None:
+                raise UsageError("token create needs --role (admin, operator, viewer or agent)")
+            role = "agent"
         store = _open_store(data_dir, db_url)
         token, tid = actions.create_token(store, _local_admin(), role, name, tenant, node)
         store.engine.dispose()
