@@ -169,7 +169,8 @@ def xid_fault(root: Path, outage_s: float | None) -> dict[str, float]:
 
 def _agent_process(run: Run, node: str, state: Path) -> subprocess.Popen[bytes]:
     """The job's node agent as its own process (what ``kill -9`` hits)."""
-    env = {**os.environ, "GPUFLEET_AGENT_TOKEN": run.node_tokens[node]}
+    token = run.node_tokens.get(node) or run.ctl.token("agent", node=node)
+    env = {**os.environ, "GPUFLEET_AGENT_TOKEN": token}
     state.mkdir(parents=True, exist_ok=True)
     fleet_file = state / "fleet.yaml"  # one simulated node with the job's node name
     fleet_file.write_text(f"nodes:\n  - {{name: {node}, model: {MODEL}, gpus: 2}}\n")
