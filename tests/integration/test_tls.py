@@ -112,6 +112,20 @@ def test_controller_and_agent_over_tls(tmp_path: Path) -> None:
         assert len(nodes) == 1
         r = httpx.get(f"https://{metrics}/metrics", verify=str(cert), timeout=5)
         assert r.status_code == 200 and "DCGM_FI_DEV_GPU_UTIL" in r.text
+        # the jobs CLI verifies with --ca too: with it the controller answers (this one runs no
+        # scheduler: 501), without it the certificate is refused before any request
+        token_file = tmp_path / "admin.token"
+        token_file.write_text(admin["token"] + "\n", encoding="utf-8")
+        jobs = [sys.executable, "-m", "gpufleet", "jobs", "list", "--controller", url]
+        jobs += ["--token-file", str(token_file)]
+        env = {k: v for k, v in env_for(tmp_path).items() if k != "GPUFLEET_CA"}
+        with_ca = subprocess.run(
+            [*jobs, "--ca", str(cert)], capture_output=True, text=True, env=env, timeout=60
+        )
+        without = subprocess.run(jobs, capture_output=True, text=True, env=env, timeout=60)
+        assert with_ca.returncode == 2 and "501" in with_ca.stderr + with_ca.stdout, with_ca
+        assert "certificate" not in (with_ca.stderr + with_ca.stdout).lower()
+        assert without.returncode != 0 and "certificate verify failed" in without.stderr, without
     finally:
         if agent is not None:
             stop(agent, signal.SIGTERM)

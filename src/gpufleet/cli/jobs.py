@@ -23,6 +23,7 @@ import typer
 
 from gpufleet.cli.common import JsonOption, SeedOption, TokenFileOption, read_token
 from gpufleet.cli.output import console, emit_json, fmt
+from gpufleet.cli.process import CaOption
 from gpufleet.errors import NoDeviceError, UsageError
 from gpufleet.schedulers.base import JobSpec
 from gpufleet.wire.jobs import JOB_SPEC
@@ -62,15 +63,18 @@ NodesSimOption = typer.Option(
 )
 
 
-def _client(controller: str, token: str | None) -> Client:
-    """The control-plane client for ``--controller``/``--token``."""
+def _client(controller: str, token: str | None, ca: Path | None = None) -> Client:
+    """The control-plane client for ``--controller``/``--token`` (``--ca``: the PEM bundle to
+    verify an https controller with)."""
     from gpufleet.client import Client
 
     if not token:
         raise UsageError(
             "--controller needs --token-file (or GPUFLEET_TOKEN_FILE, GPUFLEET_TOKEN, --token)"
         )
-    return Client(controller, token)
+    if ca is not None and not ca.is_file():
+        raise UsageError(f"--ca {ca}: no such file")
+    return Client(controller, token, ca=ca)
 
 
 def _local_nodes(sim: str | None, seed: int) -> list[NodeInfo]:
@@ -180,6 +184,7 @@ def submit(
     controller: str = ControllerOption,
     token: str = TokenOption,
     token_file: Path = TokenFileOption,
+    ca: Path | None = CaOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Submit a job: `gpufleet jobs submit --gpus 2 -- python train.py`."""
@@ -207,7 +212,7 @@ def submit(
         name, command = body.pop("name"), body.pop("command")
         if tenant is None:  # the controller takes the token's tenant
             body.pop("tenant", None)
-        with _client(controller, read_token(token, token_file)) as client:
+        with _client(controller, read_token(token, token_file), ca) as client:
             job = client.submit(name, command, **body)
         if as_json:
             emit_json(job.model_dump(mode="json"))
@@ -230,13 +235,14 @@ def list_jobs(
     controller: str = ControllerOption,
     token: str = TokenOption,
     token_file: Path = TokenFileOption,
+    ca: Path | None = CaOption,
     as_json: bool = JsonOption,
 ) -> None:
     """List jobs, newest last."""
     from rich.table import Table
 
     if controller:
-        with _client(controller, read_token(token, token_file)) as client:
+        with _client(controller, read_token(token, token_file), ca) as client:
             remote_jobs = client.jobs()
         if as_json:
             emit_json({"jobs": [j.model_dump(mode="json") for j in remote_jobs]})
@@ -284,11 +290,12 @@ def show(
     controller: str = ControllerOption,
     token: str = TokenOption,
     token_file: Path = TokenFileOption,
+    ca: Path | None = CaOption,
     as_json: bool = JsonOption,
 ) -> None:
     """A job's spec, state and every attempt (where and how each copy ran)."""
     if controller:
-        with _client(controller, read_token(token, token_file)) as client:
+        with _client(controller, read_token(token, token_file), ca) as client:
             d = client.job(job_id)
         if as_json:
             emit_json(d)
@@ -337,11 +344,12 @@ def cancel(
     controller: str = ControllerOption,
     token: str = TokenOption,
     token_file: Path = TokenFileOption,
+    ca: Path | None = CaOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Cancel a job (kills its running copies)."""
     if controller:
-        with _client(controller, read_token(token, token_file)) as client:
+        with _client(controller, read_token(token, token_file), ca) as client:
             cancelled = client.cancel(job_id)
         if as_json:
             emit_json(cancelled.model_dump(mode="json"))
@@ -365,11 +373,12 @@ def logs(
     controller: str = ControllerOption,
     token: str = TokenOption,
     token_file: Path = TokenFileOption,
+    ca: Path | None = CaOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Print the output of the job's latest copy."""
     if controller:
-        with _client(controller, read_token(token, token_file)) as client:
+        with _client(controller, read_token(token, token_file), ca) as client:
             text = client.logs(job_id, tail=tail)
         if as_json:
             emit_json({"job": job_id, "log": None, "text": text})
