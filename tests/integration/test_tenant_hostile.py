@@ -111,7 +111,8 @@ def test_an_unbound_agent_token_gets_no_job_and_no_secret(bed: Bed) -> None:
     ctl, _ = bed(nodes=["n1"])
     wait_for(lambda: _known(ctl, 1), 15, "agent offers job slots")
     unbound = ctl.token("agent")
-    # the trial's attack: a fake node claiming 16 GPUs (the most a node may have) with 16 slots, from an unbound token
+    # the trial's attack: a fake node claiming 16 GPUs (the most a node may have) with 16
+    # slots, from an unbound token
     r = _push(ctl, unbound, _batch("fake", 1, gpus=16, slots=16))
     assert r.status_code == 200, r.text
     body = {"name": "big", "command": ["sim"], "gpus": 16, "env": {"HF_TOKEN": SECRET}}
