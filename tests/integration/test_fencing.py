@@ -132,6 +132,12 @@ def test_agent_kill_9(fleet: Fleet) -> None:
     seen = read_beats(beats)
     assert seen.runs[1][1] <= killed_at + SHORT_LEASE_S + MARGIN_S
     assert len(seen.runs) >= 2 and doc["restarts"] is not None
+    # job state (logs, exit files, launch specs with the job's env, the lease) is private
+    for agent in fleet.agents.values():
+        jobs = agent.state_dir / "jobs"
+        for path in [jobs, *jobs.rglob("*")] if jobs.exists() else []:
+            mode = path.stat().st_mode & 0o777
+            assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
     fleet.heal()
 
 
