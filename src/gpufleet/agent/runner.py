@@ -55,7 +55,7 @@ log = logging.getLogger("gpufleet.agent")
 
 DEFAULT_PUSH_INTERVAL_S = 5.0
 MAX_SAMPLES_PER_BATCH = wire.MAX_SAMPLES_PER_BLOCK  # rows per GPU and tier (the wire limit)
-MIN_RETRY_WAIT_S = 0.05  # between two replays of the spool, however small the jittered backoff
+PUSH_LOOP_STEP_S = 0.1  # how often the push loop looks at the spool's backoff and push_soon
 
 
 @dataclass
@@ -453,27 +453,27 @@ class Agent:
         next_push = time.monotonic() + self.push_every_s()
         while True:
             while not stop.is_set() and not self.push_soon.is_set():
-                wait = next_push - time.monotonic()
-                if wait <= 0:
+                left = next_push - time.monotonic()
+                if left <= 0:
                     break
-                retry = self.pusher.retry_in_s() if self.pusher is not None else None
-                if retry is not None and retry <= 0:
-                    try:
-                        self.pusher.replay()  # type: ignore[union-attr]
-                    except Exception:
-                        self.push_errors += 1
-                        log.exception("replaying the spool failed")
-                    retry = self.pusher.retry_in_s() if self.pusher is not None else None
-                    if retry is not None:
-                        wait = min(wait, max(retry, MIN_RETRY_WAIT_S))
-                elif retry is not None:
-                    wait = min(wait, max(retry, MIN_RETRY_WAIT_S))
-                self.push_soon.wait(min(wait, 0.1))
+                self._replay_if_due()
+                self.push_soon.wait(min(left, PUSH_LOOP_STEP_S))
             if stop.is_set():
                 return
             self.push_soon.clear()
             next_push = time.monotonic() + self.push_every_s()
             self.push_once()
+
+    def _replay_if_due(self) -> None:
+        """Send the spool now if batches wait and the backoff allows it."""
+        pusher = self.pusher
+        if pusher is None or pusher.retry_in_s() != 0.0:
+            return
+        try:
+            pusher.replay()
+        except Exception:
+            self.push_errors += 1
+            log.exception("replaying the spool failed")
 
     def close(self, wait_s: float = 2.0) -> bool:
         """Stop sampling and release NVML (bounded: False when a hung call kept it
