@@ -52,6 +52,11 @@ class Document:
         node = _walk(self.root, loc)
         return None if node is None else int(node.start_mark.line) + 1
 
+    def key_line(self, loc: Loc) -> int | None:
+        """The 1-based line where the key ending ``loc`` is written (for a bad key)."""
+        key = _key_node(self.root, loc)
+        return None if key is None else int(key.start_mark.line) + 1
+
 
 def _walk(node: yaml.Node | None, loc: Loc) -> yaml.Node | None:
     """The deepest node along ``loc``; parts not in the document (a union tag) are skipped."""

@@ -34,6 +34,7 @@ COMMAND_MODULES = (
     "gpufleet.cli.jobs",
     "gpufleet.cli.mig",
     "gpufleet.cli.config",
+    "gpufleet.cli.maintenance",
 )
 
 
