@@ -106,9 +106,8 @@ def local_scheduler(
     """The embedded scheduler over ``state_dir``, under an exclusive lock, ticked once.
     ``discover``: find this host's GPUs when the store knows no node (submitting needs them;
     listing, showing, cancelling and reading logs do not)."""
-    from gpufleet.schedulers.embedded import EmbeddedScheduler, JobStore, LocalProcessExecutor
-
     from gpufleet.private import private_dir, private_file
+    from gpufleet.schedulers.embedded import EmbeddedScheduler, JobStore, LocalProcessExecutor
 
     state_dir = private_dir(state_dir.expanduser())  # job env and logs: 0700 / 0600
     with open(private_file(state_dir / "lock"), "w", encoding="utf-8") as lock:
