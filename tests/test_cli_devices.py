@@ -84,11 +84,18 @@ def test_status_json_reports_load_and_reasons() -> None:
     doc = run_json("status", "--sim", "4x2xh100", "--busy")
     gpus = [g for n in doc["nodes"] for g in n["gpus"]]
     assert len(gpus) == 8
-    busy = [g for g in gpus if g["gpu_util_pct"]]
-    idle = [g for g in gpus if g["gpu_util_pct"] == 0]
-    assert busy and idle  # the seeded mix has both
-    assert all("idle" in g["clock_event_reasons_words"] for g in idle)
-    assert all(g["power_w"] > 100 for g in busy)
+    # --busy means busy (issue 17): every GPU runs one of the mix's loads, none idles
+    assert all(g["gpu_util_pct"] >= 30 for g in gpus)
+    assert not any("idle" in g["clock_event_reasons_words"] for g in gpus)
+    assert all(g["power_w"] > 100 for g in gpus)
+    idle = run_json("status", "--sim", "4x2xh100")  # without --busy every GPU idles
+    assert all(g["gpu_util_pct"] == 0 for n in idle["nodes"] for g in n["gpus"])
+
+
+def test_status_busy_with_the_default_seed_on_one_node() -> None:
+    """One node with seed 7 used to draw "idle" and show every GPU at 0 % under --busy."""
+    doc = run_json("status", "--sim", "1x8xh100-sxm", "--busy")
+    assert all(g["gpu_util_pct"] > 0 for g in doc["nodes"][0]["gpus"])
 
 
 def test_status_table_renders() -> None:
@@ -140,7 +147,7 @@ def test_without_gpu_one_line_and_exit_2(command: str) -> None:
 
 def test_status_and_inventory_fit_80_columns_without_splitting_figures() -> None:
     """At 80 columns the boxed tables used to wrap every cell: "35/38" became "35/3" + "8"."""
-    status = runner.invoke(app, ["status", "--sim", "2x2xh100", "--busy"], env={"COLUMNS": "80"})
+    status = runner.invoke(app, ["status", "--sim", "2x2xh100"], env={"COLUMNS": "80"})
     assert status.exit_code == 0, status.output
     lines = status.stdout.splitlines()
     assert max(len(ln) for ln in lines) <= 80

@@ -213,3 +213,29 @@ def test_cli_restart_budgets_default_on_and_shown(tmp_path: Path) -> None:
     res = runner.invoke(app, ["jobs", "submit", *sd, "--max-requeues", "-1", "--", "true"])
     assert res.exit_code != 0 and "--max-requeues" in res.output
     runner.invoke(app, ["jobs", "cancel", job["id"], *sd])
+
+
+def test_cli_list_needs_no_gpu_and_keeps_state_private(tmp_path: Path) -> None:
+    """`jobs list --state-dir NEW` on a machine without a GPU used to say "pass --sim", an
+    option `jobs list` does not have; listing needs no GPU (issue 17)."""
+    runner = CliRunner()
+    sd = ["--state-dir", str(tmp_path / "st")]
+    res = runner.invoke(app, ["jobs", "list", *sd, "--json"])
+    assert res.exit_code == 0, res.output
+    assert json.loads(res.output) == []
+    res = runner.invoke(
+        app,
+        ["jobs", "submit", *sd, "--sim", "1x2xh100", "--gpus", "2", "--", "sleep", "30"],
+    )
+    assert res.exit_code == 0, res.output
+    res = runner.invoke(app, ["jobs", "list", *sd], env={"COLUMNS": "200"})
+    row = next(ln for ln in res.output.splitlines() if "sleep" in ln)
+    cells = [c.strip() for c in row.split("│")[1:-1]]
+    # "gpus" is what the job asks for, as with --controller; "on gpus" the indices
+    assert cells[5:7] == ["2", "0,1"], cells
+    runner.invoke(app, ["jobs", "cancel", "1", *sd])
+    st = tmp_path / "st"
+    assert st.stat().st_mode & 0o777 == 0o700
+    for name in ("lock", "sched.db"):
+        assert (st / name).stat().st_mode & 0o777 == 0o600, name
+    assert (st / "runs").stat().st_mode & 0o777 == 0o700

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import importlib
 import sys
+from typing import Any
 
 import typer
+from typer.core import TyperArgument, TyperOption
 
 from gpufleet import __version__
 from gpufleet.cli.output import print_error
@@ -55,6 +57,29 @@ def _root(
 
 for _name in COMMAND_MODULES:
     importlib.import_module(_name).register(app)
+
+# What --help shows after an option: what a user types (N, SECONDS, FILE), never typer's
+# internal tags (<bool> on a flag, <int>, <str>, <float range>).
+_HELP_TYPES = {"int": "N", "float": "NUMBER", "str": "TEXT", "path": "PATH", "datetime": "TIME"}
+
+
+def _help_type(self: TyperOption | TyperArgument, ctx: Any) -> str | None:
+    if getattr(self, "is_flag", False) or getattr(self, "count", False):
+        return None
+    if self.metavar is not None:
+        return self.metavar
+    label = self.display_type(ctx)
+    if label is None or not label.startswith("<"):
+        return label
+    words = label.strip("<>").split()
+    if "|" in words[0]:  # a choice: the choices themselves
+        return words[0]
+    word = _HELP_TYPES.get(words[0].removeprefix("list[").removesuffix("]"), words[0].upper())
+    return f"{word}..." if self.nargs != 1 or self.multiple else word
+
+
+TyperOption.display_type_rich = _help_type  # type: ignore[method-assign]
+TyperArgument.display_type_rich = _help_type  # type: ignore[method-assign,assignment]
 
 
 # Commands whose exit status is a verdict (docs/cli.md "Exit codes"): 0 ok, 1 warn, 2 fail,

@@ -101,19 +101,21 @@ def _local_nodes(sim: str | None, seed: int) -> list[NodeInfo]:
 
 @contextlib.contextmanager
 def local_scheduler(
-    state_dir: Path, sim: str | None = None, seed: int = 7
+    state_dir: Path, sim: str | None = None, seed: int = 7, *, discover: bool = True
 ) -> Iterator[EmbeddedScheduler]:
-    """The embedded scheduler over ``state_dir``, under an exclusive lock, ticked once."""
+    """The embedded scheduler over ``state_dir``, under an exclusive lock, ticked once.
+    ``discover``: find this host's GPUs when the store knows no node (submitting needs them;
+    listing, showing, cancelling and reading logs do not)."""
+    from gpufleet.private import private_dir, private_file
     from gpufleet.schedulers.embedded import EmbeddedScheduler, JobStore, LocalProcessExecutor
 
-    state_dir = state_dir.expanduser()
-    state_dir.mkdir(parents=True, exist_ok=True)
-    with open(state_dir / "lock", "w", encoding="utf-8") as lock:
+    state_dir = private_dir(state_dir.expanduser())  # job env and logs: 0700 / 0600
+    with open(private_file(state_dir / "lock"), "w", encoding="utf-8") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        store = JobStore.open(state_dir / "sched.db")
+        store = JobStore.open(private_file(state_dir / "sched.db"))
         try:
             nodes: list[NodeInfo] = []
-            if sim or not store.nodes():
+            if sim or (discover and not store.nodes()):
                 try:
                     nodes = _local_nodes(sim, seed)
                 except NoDeviceError as exc:
@@ -121,7 +123,7 @@ def local_scheduler(
                         f"{exc.message}; the scheduler needs GPUs to place jobs on",
                         hint="pass --sim 1x8xh100 to schedule on a simulated node",
                     ) from exc
-            executor = LocalProcessExecutor(root=state_dir / "runs")
+            executor = LocalProcessExecutor(root=private_dir(state_dir / "runs"))
             eng = EmbeddedScheduler(store, executor, nodes)
             eng.tick()
             yield eng
@@ -262,12 +264,16 @@ def list_jobs(
             )
         console.print(table)
         return
-    with local_scheduler(state_dir) as eng:
+    with local_scheduler(state_dir, discover=False) as eng:
         jobs = eng.list_jobs()
     if as_json:
         emit_json(jobs)
         return
-    table = Table("id", "name", "tenant", "state", "nodes", "gpus", *BUDGET_COLS, "reason")
+    # "gpus" means what the job asks for (per node x nodes), as with --controller; the indices
+    # it runs on are their own column
+    table = Table(
+        "id", "name", "tenant", "state", "nodes", "gpus", "on gpus", *BUDGET_COLS, "reason"
+    )
     for j in jobs:
         table.add_row(
             j.id,
@@ -275,6 +281,7 @@ def list_jobs(
             j.spec.tenant,
             j.state.value,
             ",".join(j.nodes) or "-",
+            str(j.spec.gpus * j.spec.nodes),
             ",".join(str(g) for g in j.gpus) or "-",
             str(j.restarts),
             str(j.requeues),
@@ -313,7 +320,7 @@ def show(
                 f"  attempt gen {a['generation']} on {','.join(a['nodes'])}: {a['outcome']}"
             )
         return
-    with local_scheduler(state_dir) as eng:
+    with local_scheduler(state_dir, discover=False) as eng:
         status = eng.job(job_id).status()
         attempts = eng.attempts(job_id)
         log = eng.log_path(job_id)
@@ -356,7 +363,7 @@ def cancel(
         else:
             console.print(f"job {job_id}: {cancelled.state}")
         return
-    with local_scheduler(state_dir) as eng:
+    with local_scheduler(state_dir, discover=False) as eng:
         eng.cancel(job_id)
         status = eng.job(job_id).status()
     if as_json:
@@ -385,7 +392,7 @@ def logs(
         else:
             typer.echo(text, nl=False)
         return
-    with local_scheduler(state_dir) as eng:
+    with local_scheduler(state_dir, discover=False) as eng:
         path = eng.log_path(job_id)
     text = path.read_text(encoding="utf-8", errors="replace") if path else ""
     if tail > 0:

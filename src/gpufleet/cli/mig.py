@@ -213,27 +213,87 @@ def mps_cmd(
     _emit_doc(mps_config(replicas, resource=resource), as_json, out, "mps.yaml")
 
 
+def _devices(text: str) -> list[int]:
+    try:
+        out = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        out = []
+    if not out or any(d < 0 for d in out):
+        raise UsageError(f"--device {text!r}: expected GPU indexes, e.g. 0 or 0,1,2")
+    return out
+
+
+PipeDirOption = typer.Option(
+    "/tmp/nvidia-mps-{gpu}",
+    "--pipe-dir",
+    help="Per-GPU pipe directory ({gpu}: the index).",
+    metavar="DIR",
+)
+
+
 def mps_daemon_cmd(
-    device: int = typer.Option(0, "--device", help="GPU index."),
-    client: list[str] = typer.Option(..., "--client", help="NAME:PERCENT[:MEMORY], repeatable."),
-    model: str | None = typer.Option(None, "--model", help="GPU model, to check memory limits."),
+    device: str = typer.Option("0", "--device", help="GPU index(es): 0 or 0,1,2.", metavar="GPUS"),
+    client: list[str] = typer.Option(
+        ..., "--client", help="NAME:PERCENT[:MEMORY], repeatable.", metavar="CLIENT"
+    ),
+    model: str | None = typer.Option(
+        None, "--model", help="GPU model, to check memory limits.", metavar="MODEL"
+    ),
+    pipe_dir: str = PipeDirOption,
+    log_dir: str = typer.Option(
+        "/var/log/nvidia-mps-{gpu}", "--log-dir", help="Per-GPU log directory.", metavar="DIR"
+    ),
     as_json: bool = JsonOption,
 ) -> None:
-    """Bare-metal MPS: start/stop commands and each client's environment."""
+    """Bare-metal MPS: per-GPU start/check/stop commands and each client's environment."""
     from gpufleet.catalog import load_catalog
     from gpufleet.mig.sharing import mps_commands, parse_mps_clients
 
     mem = load_catalog().gpu(model).memory_bytes if model else None
-    doc = mps_commands(device, parse_mps_clients(client), gpu_memory_bytes=mem)
+    clients = parse_mps_clients(client)
+    docs = [
+        mps_commands(d, clients, pipe_dir=pipe_dir, log_dir=log_dir, gpu_memory_bytes=mem)
+        for d in _devices(device)
+    ]
     if as_json:
-        emit_json(doc)
+        emit_json(docs[0] if len(docs) == 1 else {"devices": docs})
         return
-    typer.echo("# start\n" + "\n".join(doc["start"]))
-    typer.echo("# stop\n" + "\n".join(doc["stop"]))
-    for c in doc["clients"]:
-        typer.echo(f"# client {c['name']}\n{c['run']}")
-    for w in doc["warnings"]:
-        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    for doc in docs:
+        typer.echo(f"# GPU {doc['device']}: pipes in {doc['pipe_dir']}, logs in {doc['log_dir']}")
+        typer.echo("# start\n" + "\n".join(doc["start"]))
+        typer.echo("# check (gpufleet mig sharing mps-status)\n" + "\n".join(doc["check"]))
+        typer.echo("# stop\n" + "\n".join(doc["stop"]))
+        for c in doc["clients"]:
+            typer.echo(f"# client {c['name']}\n{c['run']}")
+        for w in doc["warnings"]:
+            console.print(f"[yellow]warning:[/] {w}", highlight=False)
+
+
+def mps_status_cmd(
+    device: str = typer.Option("0", "--device", help="GPU index(es): 0 or 0,1,2.", metavar="GPUS"),
+    pipe_dir: str = PipeDirOption,
+    as_json: bool = JsonOption,
+) -> None:
+    """Whether each GPU's MPS control daemon runs, and its servers. Exit 0 all running,
+    2 one stopped, 3 one unknown (the control program missing or not answering)."""
+    from gpufleet.mig.mps_status import mps_status
+    from gpufleet.mig.sharing import mps_dirs
+
+    found = [mps_status(d, mps_dirs(d, pipe_dir, "{gpu}")[0]) for d in _devices(device)]
+    if as_json:
+        emit_json({"devices": [s.__dict__ for s in found]})
+    else:
+        for st in found:
+            colour = {"running": "green", "stopped": "red"}.get(st.state, "yellow")
+            console.print(
+                f"GPU {st.device}: [{colour}]{st.state}[/] ({st.detail})"
+                + (f" pids {', '.join(map(str, st.servers))}" if st.servers else ""),
+                highlight=False,
+            )
+    states = {s.state for s in found}
+    code = 3 if "unknown" in states else 2 if "stopped" in states else 0
+    if code:
+        raise typer.Exit(code)
 
 
 def register(app: typer.Typer) -> None:
@@ -242,5 +302,6 @@ def register(app: typer.Typer) -> None:
     sharing_app.command("time-slicing")(time_slicing_cmd)
     sharing_app.command("mps")(mps_cmd)
     sharing_app.command("mps-daemon")(mps_daemon_cmd)
+    sharing_app.command("mps-status")(mps_status_cmd)
     mig_app.add_typer(sharing_app, name="sharing")
     app.add_typer(mig_app, name="mig")

@@ -108,7 +108,9 @@ def _read_identities(fleet: Fleet, infos: dict[tuple[str, int], DeviceInfo]) -> 
 def status(
     sim: str | None = SimOption,
     seed: int = SeedOption,
-    busy: bool = typer.Option(False, "--busy", help="With --sim: run a seeded mix of loads."),
+    busy: bool = typer.Option(
+        False, "--busy", help="With --sim: every GPU busy with one of a seeded mix of loads."
+    ),
     watch: bool = typer.Option(
         False,
         "--watch",
@@ -122,7 +124,7 @@ def status(
     """Per-GPU utilization, memory, temperature, power, clocks, throttle reasons, ECC, remaps."""
     fleet = open_fleet(sim=sim, seed=seed).bounded()
     if busy and fleet.sim is not None:
-        fleet.sim.demo_activity()
+        fleet.sim.demo_activity(busy_fraction=1.0)  # --busy means busy: no idle node
     infos: dict[tuple[str, int], DeviceInfo] = {}
     try:
         _read_identities(fleet, infos)

@@ -120,15 +120,34 @@ def _mem_arg(n: int) -> str:
     return f"{n // 2**30}G" if n % 2**30 == 0 else f"{n // 2**20}M"
 
 
+# One MPS control daemon per GPU needs its own pipe and log directories: two daemons sharing
+# CUDA_MPS_PIPE_DIRECTORY talk over the same control pipe (the MPS guide's multi-daemon setup).
+PIPE_DIR = "/tmp/nvidia-mps-{gpu}"
+LOG_DIR = "/var/log/nvidia-mps-{gpu}"
+
+
+def mps_dirs(device: int, pipe_dir: str = PIPE_DIR, log_dir: str = LOG_DIR) -> tuple[str, str]:
+    """The pipe and log directories of the daemon of GPU ``device`` (``{gpu}`` filled in);
+    a template without ``{gpu}`` is refused, since it would be shared by every GPU's daemon."""
+    for option, template in (("--pipe-dir", pipe_dir), ("--log-dir", log_dir)):
+        if "{gpu}" not in template:
+            raise ConfigError(
+                f"{option} {template!r}: include {{gpu}} (e.g. /tmp/nvidia-mps-{{gpu}}): "
+                "each GPU's MPS daemon needs its own directory"
+            )
+    return pipe_dir.replace("{gpu}", str(device)), log_dir.replace("{gpu}", str(device))
+
+
 def mps_commands(
     device: int,
     clients: list[MpsClient],
     *,
-    pipe_dir: str = "/tmp/nvidia-mps",
-    log_dir: str = "/var/log/nvidia-mps",
+    pipe_dir: str = PIPE_DIR,
+    log_dir: str = LOG_DIR,
     gpu_memory_bytes: int | None = None,
 ) -> dict[str, Any]:
-    """Shell lines to start and stop MPS on one GPU, and each client's environment."""
+    """Shell lines to start, check and stop MPS on one GPU, and each client's environment."""
+    pipe_dir, log_dir = mps_dirs(device, pipe_dir, log_dir)
     env = {
         "CUDA_VISIBLE_DEVICES": str(device),
         "CUDA_MPS_PIPE_DIRECTORY": pipe_dir,
@@ -142,6 +161,7 @@ def mps_commands(
         "nvidia-cuda-mps-control -d",
     ]
     stop = [*exports, "echo quit | nvidia-cuda-mps-control", f"nvidia-smi -i {device} -c DEFAULT"]
+    check = [*exports, "echo get_server_list | nvidia-cuda-mps-control"]
     per_client = []
     warnings = []
     for c in clients:
@@ -166,6 +186,9 @@ def mps_commands(
         "device": device,
         "start": start,
         "stop": stop,
+        "check": check,
+        "pipe_dir": pipe_dir,
+        "log_dir": log_dir,
         "clients": per_client,
         "warnings": warnings,
     }
