@@ -66,8 +66,13 @@ def test_migrate_and_tokens(tmp_path: Path) -> None:
 def test_up_end_to_end(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "HOME": str(tmp_path)}  # a fresh machine: default data dir under HOME
+    fleet = tmp_path / "fleet.yaml"  # two nodes in rack "east", one with no rack given
+    fleet.write_text(
+        "nodes:\n  - {name: e, model: h100-sxm, gpus: 4, count: 2, rack: east}\n"
+        "  - {name: w, model: h100-sxm, gpus: 4}\n"
+    )
     proc = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "up", "--sim", "3x4xh100-sxm", "--port", str(port)],
+        [sys.executable, "-m", "gpufleet", "up", "--sim", str(fleet), "--port", str(port)],
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         env=env,
@@ -95,6 +100,14 @@ def test_up_end_to_end(tmp_path: Path) -> None:
         assert wait_for(all_in_service, timeout=30)
         nodes = httpx.get(f"{base}/nodes", headers=h, timeout=5).json()["nodes"]
         assert all(g["metrics"]["power_w"] is not None for n in nodes for g in n["gpu_latest"])
+
+        def racks() -> dict[str, str | None]:
+            listed = httpx.get(f"{base}/nodes", headers=h, timeout=5).json()["nodes"]
+            return {n["name"]: n["rack"] for n in listed}
+
+        # the fleet file's rack: is kept (it used to become r00 for every node)
+        want = {"e-00": "east", "e-01": "east", "w": "r00"}
+        assert wait_for(lambda: racks() == want, timeout=20), racks()
         assert httpx.get(f"http://127.0.0.1:{port}/", timeout=5).status_code == 200
         assert (tmp_path / ".local/share/gpufleet/gpufleet.db").exists()
         token_file = tmp_path / ".local/share/gpufleet/admin.token"

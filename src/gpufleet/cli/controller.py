@@ -489,8 +489,8 @@ def _up(
     def ready() -> None:
         agents.start()
         if simfleet is not None:
-            names = [n.name for n in sim_nodes(simfleet)]
-            _assign_racks(url, token, names, ca=pinned_verify(tls.cert) if tls else None)
+            racks = rack_names(sim_nodes(simfleet))
+            _assign_racks(url, token, racks, ca=pinned_verify(tls.cert) if tls else None)
         info = {
             "url": url,
             "dashboard": f"{url}/#token={token}",
@@ -535,14 +535,19 @@ def sim_nodes(simfleet: Any) -> list[Any]:
     return list(simfleet.spec.nodes)
 
 
+def rack_names(nodes: list[Any], per_rack: int = 16) -> dict[str, str]:
+    """Each simulated node's rack: the fleet file's ``rack:`` where it gives one, else r00,
+    r01, ... of ``per_rack`` nodes in order."""
+    return {n.name: n.rack or f"r{i // per_rack:02d}" for i, n in enumerate(nodes)}
+
+
 def _assign_racks(
     url: str,
     token: str,
-    names: list[str],
-    per_rack: int = 16,
+    racks: dict[str, str],
     ca: ssl.SSLContext | None = None,
 ) -> None:
-    """Give simulated nodes racks (r00, r01, ... of ``per_rack`` nodes) once they registered."""
+    """Give simulated nodes their racks (`rack_names`) once they registered."""
     import threading
     import time
 
@@ -550,7 +555,7 @@ def _assign_racks(
     from gpufleet.errors import GpufleetError
 
     def work() -> None:
-        pending = {n: f"r{i // per_rack:02d}" for i, n in enumerate(names)}
+        pending = dict(racks)
         deadline = time.monotonic() + 30
         with Client(url, token, timeout_s=5.0, ca=ca) as client:
             while pending and time.monotonic() < deadline:
