@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import ssl
 from pathlib import Path
@@ -70,6 +71,18 @@ def _open_store(data_dir: Path | None, db_url: str | None) -> ControlStore:
     import time
 
     return ControlStore(engine, clock=time.time)
+
+
+def _controller_lock(data_dir: Path | None, db_url: str | None) -> contextlib.ExitStack:
+    """One controller per SQLite database: hold the data directory's lock until closed (a
+    second controller, or a restore, on the same directory then stops with a clear error).
+    PostgreSQL needs none here (several replicas are the HA issue's design)."""
+    from gpufleet.control.backup import controller_lock
+
+    stack = contextlib.ExitStack()
+    if not _db_url(db_url):
+        stack.enter_context(controller_lock(_data_dir(data_dir), what="gpufleet controller"))
+    return stack
 
 
 def _local_admin() -> Principal:
@@ -154,6 +167,84 @@ def register(app: typer.Typer) -> None:
             emit_json({"database": shown, "revision": rev})
         else:
             console.print(f"database {shown} at revision {rev}")
+
+    def _url_and_dir(
+        ctx: typer.Context, data_dir: Path | None, db_url: str | None
+    ) -> tuple[str, Path | None]:
+        from gpufleet.control.db import database_url
+
+        parent = ctx.parent.obj if ctx.parent and ctx.parent.obj else {}
+        url_opt = _db_url(db_url or parent.get("db_url"))
+        ddir = _data_dir(data_dir or parent.get("data_dir"))
+        return database_url(None if url_opt else ddir, url_opt), ddir
+
+    @ctl.command("backup")
+    def backup_cmd(
+        ctx: typer.Context,
+        to: Path = typer.Option(
+            ..., "--to", help="The backup file to write (0600).", metavar="FILE"
+        ),
+        data_dir: Path | None = DataDirOption,
+        db_url: str | None = DbUrlOption,
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Back up the database and key files, safely while the controller runs."""
+        from gpufleet.control.backup import backup
+        from gpufleet.control.db import current_revision, make_engine
+
+        url, ddir = _url_and_dir(ctx, data_dir, db_url)
+        engine = make_engine(url)
+        try:
+            rev = current_revision(engine)
+        finally:
+            engine.dispose()
+        info = backup(url, ddir, to, rev)
+        if json_out:
+            emit_json(info.__dict__)
+        else:
+            console.print(
+                f"backed up {info.database} database (revision {info.revision}) and "
+                f"{len(info.members) - 1} key file(s) to {info.path} ({info.bytes:,} bytes)",
+                highlight=False,
+            )
+
+    @ctl.command("restore")
+    def restore_cmd(
+        ctx: typer.Context,
+        source: Path = typer.Argument(
+            ..., help="A file written by `controller backup`.", metavar="FILE"
+        ),
+        force: bool = typer.Option(False, "--force", help="Replace a database that holds nodes."),
+        data_dir: Path | None = DataDirOption,
+        db_url: str | None = DbUrlOption,
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Restore a backup (the controller must be stopped), then migrate to this version."""
+        from gpufleet.control.backup import restore
+        from gpufleet.control.db import make_engine, migrate
+
+        url, ddir = _url_and_dir(ctx, data_dir, db_url)
+        manifest = restore(source, url, ddir, force=force)
+        engine = make_engine(url)
+        try:
+            rev = migrate(engine)
+        finally:
+            engine.dispose()
+        if json_out:
+            emit_json(
+                {
+                    "restored": str(source),
+                    "from_revision": manifest.get("revision"),
+                    "revision": rev,
+                    "created_s": manifest.get("created_s"),
+                }
+            )
+        else:
+            console.print(
+                f"restored {source} (taken at revision {manifest.get('revision')}); database now "
+                f"at revision {rev}",
+                highlight=False,
+            )
 
     @tok.command("create")
     def token_create(
@@ -397,6 +488,7 @@ def _serve(
     from gpufleet.control.up import build_service, serve
 
     private_state(None if _db_url(db_url) else _data_dir(data_dir))
+    lock = _controller_lock(data_dir, db_url)
     service = build_service(
         _data_dir(data_dir),
         _db_url(db_url),
@@ -423,6 +515,7 @@ def _serve(
         pass
     finally:
         service.stop()
+        lock.close()
 
 
 def _up(
@@ -453,6 +546,7 @@ def _up(
     from gpufleet.tls import pinned_verify
 
     private_state(_data_dir(data_dir))
+    lock = _controller_lock(data_dir, db_url)
     service = build_service(
         _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
     )
@@ -527,6 +621,7 @@ def _up(
     finally:
         agents.stop(flush=False, close_wait_s=0.5)  # (done already after a stop signal)
         service.stop()
+        lock.close()
         if not json_out:
             err_console.print("gpufleet stopped")
 
