@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.live import Live
 from rich.table import Table
 
-from gpufleet.cli.common import JsonOption, SeedOption, SimOption
+from gpufleet.cli.common import ImportOption, JsonOption, SeedOption, SimOption, paths
 from gpufleet.cli.output import console, emit_json, fit, fmt, to_jsonable
 from gpufleet.devices.discovery import Fleet, open_fleet, read_each
 from gpufleet.devices.types import DeviceInfo, Sample, decode_clock_reasons
@@ -51,7 +52,8 @@ def render(rows: list[GpuReading]) -> Table:
             lost = "lost" in (r.error or "").lower()
             flag = "[bold red]lost[/]" if lost else "[bold red]error[/]"
             message = f"[red]{r.error or 'no data'}[/]"
-            table.add_row(r.node, str(r.index), model, flag, *[""] * 4, message, "", "")
+            gpu = str(r.index) if r.index >= 0 else "?"  # -1: a file that could not be read
+            table.add_row(r.node, gpu, model, flag, *[""] * 4, message, "", "")
             continue
         s = r.sample
         mem = "N/A"
@@ -82,7 +84,7 @@ def status_document(rows: list[GpuReading]) -> dict[str, Any]:
     nodes: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         entry: dict[str, Any] = {
-            "index": r.index,
+            "index": r.index if r.index >= 0 else None,
             "uuid": r.info.uuid if r.info else None,
             "model": r.info.model if r.info else None,
             "power_limit_w": r.info.power_limit_enforced_w if r.info else None,
@@ -117,10 +119,17 @@ def status(
     ),
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
     count: int = typer.Option(0, "--count", min=0, help="With --watch: stop after N refreshes."),
+    imports: list[Path] | None = ImportOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Per-GPU utilization, memory, temperature, power, clocks, throttle reasons, ECC, remaps."""
-    fleet = open_fleet(sim=sim, seed=seed).bounded()
+    """Per-GPU utilization, memory, temperature, power, clocks, throttle reasons, ECC, remaps.
+
+    With --import: the readings of captured nvidia-smi reports (-q -x or -q), judged offline.
+    """
+    fleet = open_fleet(sim=sim, imports=paths(imports), seed=seed).bounded()
+    if fleet.import_result is not None:
+        _status_import(fleet, as_json)
+        return
     if busy and fleet.sim is not None:
         fleet.sim.demo_activity()
     infos: dict[tuple[str, int], DeviceInfo] = {}
@@ -153,6 +162,26 @@ def status(
         pass
     finally:
         fleet.close()
+
+
+def _status_import(fleet: Fleet, as_json: bool) -> None:
+    """One table (or document) of the imported reports; unreadable GPUs and files are listed
+    as rows/entries and the command exits 1."""
+    result = fleet.import_result
+    rows = sample(fleet, {})
+    for failure in result.failed:
+        node, _, error = failure.partition(": ")
+        rows.append(GpuReading(Path(node).stem, -1, None, None, error or failure))
+    if as_json:
+        doc = status_document(rows)
+        doc["import"] = {"failed": result.failed, "warnings": result.warnings}
+        emit_json(doc)
+    else:
+        console.print(render(rows))
+        for w in result.warnings:
+            console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    if result.failed:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:
