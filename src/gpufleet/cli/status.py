@@ -52,8 +52,7 @@ def render(rows: list[GpuReading]) -> Table:
             lost = "lost" in (r.error or "").lower()
             flag = "[bold red]lost[/]" if lost else "[bold red]error[/]"
             message = f"[red]{r.error or 'no data'}[/]"
-            gpu = str(r.index) if r.index >= 0 else "?"  # -1: a file that could not be read
-            table.add_row(r.node, gpu, model, flag, *[""] * 4, message, "", "")
+            table.add_row(r.node, str(r.index), model, flag, *[""] * 4, message, "", "")
             continue
         s = r.sample
         mem = "N/A"
@@ -84,7 +83,7 @@ def status_document(rows: list[GpuReading]) -> dict[str, Any]:
     nodes: dict[str, list[dict[str, Any]]] = {}
     for r in rows:
         entry: dict[str, Any] = {
-            "index": r.index if r.index >= 0 else None,
+            "index": r.index,
             "uuid": r.info.uuid if r.info else None,
             "model": r.info.model if r.info else None,
             "power_limit_w": r.info.power_limit_enforced_w if r.info else None,
@@ -165,13 +164,10 @@ def status(
 
 
 def _status_import(fleet: Fleet, as_json: bool) -> None:
-    """One table (or document) of the imported reports; unreadable GPUs and files are listed
-    as rows/entries and the command exits 1."""
+    """One table (or document) of the imported reports' readings; GPUs and files that could
+    not be read are listed under it (``import.failed`` in JSON) and the command exits 1."""
     result = fleet.import_result
     rows = sample(fleet, {})
-    for failure in result.failed:
-        node, _, error = failure.partition(": ")
-        rows.append(GpuReading(Path(node).stem, -1, None, None, error or failure))
     if as_json:
         doc = status_document(rows)
         doc["import"] = {"failed": result.failed, "warnings": result.warnings}
@@ -180,6 +176,8 @@ def _status_import(fleet: Fleet, as_json: bool) -> None:
         console.print(render(rows))
         for w in result.warnings:
             console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        for f in result.failed:
+            console.print(f"[red]not imported:[/] {f}", highlight=False)
     if result.failed:
         raise typer.Exit(1)
 
