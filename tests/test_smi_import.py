@@ -20,6 +20,7 @@ from gpufleet.cli.app import app
 from gpufleet.devices.smi import parse_smi_xml_file
 from gpufleet.devices.smi.importer import import_reports
 from gpufleet.devices.smi.text_report import parse_smi_text
+from gpufleet.errors import ParseError
 from tests.conftest import FIXTURES, H200
 
 runner = CliRunner()
@@ -68,6 +69,17 @@ def test_plain_text_report_reads_like_the_xml() -> None:
         "hw_power_brake": 0,
     }
     assert (text.driver_version, text.attached_gpus) == ("580.159.04", 1)
+
+
+def test_text_report_errors_name_the_line() -> None:
+    text = (H200 / "nvidia-smi-q.txt").read_text()
+    lines = text.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.strip().startswith("Total") and "143771" in ln)
+    lines[at] = lines[at].replace("143771 MiB", "12x MiB")
+    with pytest.raises(ParseError) as exc:
+        parse_smi_text("\n".join(lines), "q.txt")
+    assert exc.value.where == f"line {at + 1}, gpu[0]/fb_memory_usage/total"
+    assert "'12x MiB' is not a number" in exc.value.problem
 
 
 def test_text_report_mig_devices_and_nesting() -> None:

@@ -111,9 +111,9 @@ def test_validate_report_axes_curves_and_traces(page: Any, reports: dict[str, Pa
     assert not re.search(r"\b\d{7,}\b", text)  # no raw byte counts such as 8589934592
     # stress traces: each quantity with its own y axis in its unit, one line per GPU
     for label, axis in (
-        ("Stress: power per GPU", "Power (W)"),
-        ("Stress: sm clock per GPU", "SM clock (MHz)"),
-        ("Stress: gpu temperature per GPU", "GPU temperature (°C)"),
+        ("Stress: Power per GPU", "Power (W)"),
+        ("Stress: SM clock per GPU", "SM clock (MHz)"),
+        ("Stress: GPU temperature per GPU", "GPU temperature (°C)"),
     ):
         assert charts[label]["lines"] == 16
         assert axis in text

@@ -57,7 +57,7 @@ def _traces(traces: dict[str, list[TracePoint]]) -> str:
         series = [Series(name, [p.t_s for p in pts], [get(p) for p in pts]) for name, pts in chosen]
         out.append(
             line_chart(
-                f"Stress: {title.lower()} per GPU",
+                f"Stress: {title} per GPU",
                 series,
                 x_label="time (s)",
                 y_label=f"{title} ({unit})",

@@ -199,7 +199,8 @@ def _tree(text: str, source: str) -> list[_Node]:
     return roots
 
 
-def _put(parent: ET.Element, path: str, value: str) -> None:
+def _put(parent: ET.Element, path: str, value: str, line: int | None = None) -> None:
+    """Set the element at ``path`` (created as needed); ``line`` is kept for error messages."""
     elem = parent
     for part in path.split("/"):
         child = elem.find(part)
@@ -207,6 +208,8 @@ def _put(parent: ET.Element, path: str, value: str) -> None:
             child = ET.SubElement(elem, part)
         elem = child
     elem.text = value
+    if line is not None:
+        elem.set("line", str(line))
 
 
 def _fill(elem: ET.Element, nodes: list[_Node], table: dict[str, str], prefix: str = "") -> None:
@@ -219,7 +222,7 @@ def _fill(elem: ET.Element, nodes: list[_Node], table: dict[str, str], prefix: s
                     _fill(ET.SubElement(migs, "mig_device"), dev.children, MIG_LABELS)
             continue
         if node.value is not None and key in table:
-            _put(elem, table[key], node.value)
+            _put(elem, table[key], node.value, node.line)
         if node.children:
             _fill(elem, node.children, table, f"{key}/")
 
@@ -237,7 +240,7 @@ def parse_smi_text(text: str, source: str = "<string>", *, tolerant: bool = Fals
             _fill(gpu, node.children, GPU_LABELS)
             found_gpu = True
         elif node.value is not None and node.label.lower() in TOP_LABELS:
-            _put(root, TOP_LABELS[node.label.lower()], node.value)
+            _put(root, TOP_LABELS[node.label.lower()], node.value, node.line)
     if not found_gpu and root.find("attached_gpus") is None:
         raise ParseError(
             source, "document", "no 'GPU <bus id>' section: not the output of nvidia-smi -q"

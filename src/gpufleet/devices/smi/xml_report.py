@@ -144,7 +144,10 @@ class _Gpu:
         self.source = source
 
     def where(self, sub: str) -> Where:
-        return Where(self.source, f"{self.path}/{sub}" if self.path else sub)
+        place = f"{self.path}/{sub}" if self.path else sub
+        found = self.elem.find(sub) if sub else None
+        line = found.get("line") if found is not None else None  # text reports keep it
+        return Where(self.source, f"line {line}, {place}" if line else place)
 
     def text(self, sub: str) -> str | None:
         found = self.elem.find(sub)
