@@ -188,7 +188,9 @@ def test_mig_enabled_document_v12() -> None:
     assert [m.sm_count for m in migs] == [60, 32, 16]
     assert [m.memory_total_bytes for m in migs] == [71424 * MIB, 33280 * MIB, 16384 * MIB]
     assert [m.memory_used_bytes for m in migs] == [1024 * MIB, 37 * MIB, 22 * MIB]
-    assert all(m.profile_name is None for m in migs)  # the XML does not name profiles
+    # the XML does not name profiles: inferred from memory and SMs (README of tests/fixtures/smi)
+    assert [m.profile_name for m in migs] == ["3g.71gb", "2g.35gb", "1g.18gb"]
+    assert all(m.placement_start is None for m in migs)  # nvidia-smi -q prints no placement
     assert [m.ecc_sram_uncorrectable_volatile for m in migs] == [0, 0, 0]
     assert gpu.sample.mem_used_bytes == (1024 + 37 + 22) * MIB
 

@@ -208,3 +208,121 @@ def test_mig_instances_discovered_through_nvml(tmp_path: object) -> None:
         if n in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE")
     }
     assert set(fb_total) == {"1", "2"}
+
+
+def _mig_scrape(tmp_path: object) -> list[tuple[str, dict[str, str], float]]:
+    """One simulated node: GPU 0 an H200 in MIG mode (3g.71gb + 4g.71gb) under load, GPU 1 the
+    same model without MIG."""
+    import pathlib
+
+    from gpufleet.devices.sim import SimFleet, parse_fleet_spec
+
+    f = pathlib.Path(str(tmp_path)) / "fleet.yaml"
+    f.write_text(
+        "nodes: [{name: m, model: h200, gpus: 1, mig_layout: [3g.71gb, 4g.71gb]},"
+        " {name: p, model: h200, gpus: 1}]\n"
+    )
+    clock = ManualClock()
+    fleet = SimFleet(parse_fleet_spec(str(f)), clock=clock)
+    rows: list[tuple[str, dict[str, str], float]] = []
+    for name in ("m", "p"):
+        node = fleet.node(name)
+        node.gpus[0].run(Load(util=1.0, fb_used_bytes=20 * 2**30))
+        s = Sampler(node.backend(), clock=clock)
+        for _ in range(4):
+            s.tick()
+            clock.advance(1)
+        rows += parse(render_text(make_registry(AgentCollector(s, hostname=name))).decode())
+        s.close()
+    return rows
+
+
+def test_mig_metrics_follow_dcgm_semantics(tmp_path: object) -> None:
+    """On a MIG GPU: utilisation NVML does not supply there is absent (not 0); instance-scoped
+    metrics are per GPU instance only, device-scoped ones once per GPU, so a sum over a GPU's
+    series counts nothing twice. The MIG-less GPU beside it keeps every whole-GPU series."""
+    rows = _mig_scrape(tmp_path)
+    mig = [(n, lab, v) for n, lab, v in rows if lab["Hostname"] == "m"]
+    plain = [(n, lab, v) for n, lab, v in rows if lab["Hostname"] == "p"]
+    names_mig = {n for n, _, _ in mig}
+    assert "DCGM_FI_DEV_GPU_UTIL" not in names_mig
+    assert "DCGM_FI_DEV_MEM_COPY_UTIL" not in names_mig
+    assert {"DCGM_FI_DEV_GPU_UTIL", "DCGM_FI_DEV_MEM_COPY_UTIL"} <= {n for n, _, _ in plain}
+    for name in ("DCGM_FI_DEV_FB_USED", "DCGM_FI_DEV_FB_FREE", "DCGM_FI_PROF_GR_ENGINE_ACTIVE"):
+        series = [lab for n, lab, _ in mig if n == name]
+        assert sorted(lab.get("GPU_I_ID", "whole GPU") for lab in series) == ["1", "2"], name
+    for name in ("DCGM_FI_DEV_GPU_TEMP", "DCGM_FI_DEV_POWER_USAGE", "DCGM_FI_DEV_SM_CLOCK"):
+        series = [lab for n, lab, _ in mig if n == name]
+        assert len(series) == 1 and "GPU_I_ID" not in series[0], name
+    # every GPU_I_* series has both labels; free + used over the instances = their memory
+    used = sum(v for n, _, v in mig if n == "DCGM_FI_DEV_FB_USED")
+    free = sum(v for n, _, v in mig if n == "DCGM_FI_DEV_FB_FREE")
+    assert all("GPU_I_PROFILE" in lab for _, lab, _ in mig if "GPU_I_ID" in lab)
+    assert used + free == pytest.approx(2 * 71424, abs=4)  # 3g.71gb + 4g.71gb (catalog MiB)
+
+
+# dcgm-exporter's default counter set: the uncommented rows of etc/default-counters.csv at
+# NVIDIA/dcgm-exporter commit d5e5f510a1b6b393f39a43293ccd9dc985defc79 (May 2026).
+DCGM_DEFAULT_COUNTERS = (
+    "DCGM_FI_DEV_SM_CLOCK",
+    "DCGM_FI_DEV_MEM_CLOCK",
+    "DCGM_FI_DEV_MEMORY_TEMP",
+    "DCGM_FI_DEV_GPU_TEMP",
+    "DCGM_FI_DEV_POWER_USAGE",
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
+    "DCGM_FI_DEV_GPU_UTIL",
+    "DCGM_FI_DEV_MEM_COPY_UTIL",
+    "DCGM_FI_DEV_ENC_UTIL",
+    "DCGM_FI_DEV_DEC_UTIL",
+    "DCGM_FI_DEV_XID_ERRORS",
+    "DCGM_FI_DEV_FB_FREE",
+    "DCGM_FI_DEV_FB_USED",
+    "DCGM_FI_DEV_FB_RESERVED",
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS",
+    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+    "DCGM_FI_DEV_ROW_REMAP_FAILURE",
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE",
+    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+    "DCGM_FI_PROF_DRAM_ACTIVE",
+    "DCGM_FI_PROF_PCIE_TX_BYTES",
+    "DCGM_FI_PROF_PCIE_RX_BYTES",
+)
+# Commented out there (off by default) but supplied by NVML, so exported here too.
+DCGM_OPTIONAL_EXPORTED = (
+    "DCGM_FI_DEV_POWER_VIOLATION",
+    "DCGM_FI_DEV_THERMAL_VIOLATION",
+    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+    "DCGM_FI_DEV_RETIRED_SBE",
+    "DCGM_FI_DEV_RETIRED_DBE",
+)
+# Default counters not exported, and why.
+NOT_EXPORTED = {
+    # nvmlDeviceGetGridLicensableFeatures: isGridLicenseSupported 0 on the real H200
+    # (tests/fixtures/nvidia-h200/nvml_probe.json); only a vGPU guest has a license status.
+    "DCGM_FI_DEV_VGPU_LICENSE_STATUS": "vGPU guests only",
+    # NVLink counters are the NVLink exporter's (issue 14 item 2), exported or not here.
+    "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL": "NVLink series",
+}
+
+
+def test_exported_names_cover_dcgm_exporter_defaults() -> None:
+    from gpufleet.telemetry import metrics as M
+
+    exported = {m.name for m in M.DCGM_METRICS} | {M.XID_GAUGE}
+    missing = [n for n in DCGM_DEFAULT_COUNTERS if n not in exported and n not in NOT_EXPORTED]
+    assert missing == []
+    assert set(DCGM_OPTIONAL_EXPORTED) <= exported
+    assert "DCGM_FI_DEV_VGPU_LICENSE_STATUS" not in exported
+    # nothing else under a DCGM name, except DCGM_FI_DEV_POWER_USAGE_INSTANT (a DCGM field,
+    # NVIDIA/DCGM dcgm_fields.h, that dcgm-exporter exports when a counters file lists it)
+    known = set(DCGM_DEFAULT_COUNTERS) | set(DCGM_OPTIONAL_EXPORTED)
+    extra = {n for n in exported if n.startswith("DCGM_") and n not in known}
+    assert extra <= {"DCGM_FI_DEV_POWER_USAGE_INSTANT"} | {
+        n for n in extra if n.startswith("DCGM_FI_DEV_NVLINK")
+    }

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
 from typing import Any
@@ -14,7 +15,8 @@ from rich.table import Table
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption
 from gpufleet.cli.output import console, emit_json, err_console, fit, print_error
 from gpufleet.devices.deadline import with_deadlines
-from gpufleet.errors import ConfigError, GpufleetError
+from gpufleet.devices.types import GpuEvent
+from gpufleet.errors import ConfigError, GpufleetError, UsageError
 from gpufleet.health.acks import (
     Acknowledgement,
     AckStore,
@@ -25,6 +27,7 @@ from gpufleet.health.acks import (
 )
 from gpufleet.health.collect import collect_node
 from gpufleet.health.config import load_health_config
+from gpufleet.health.context import GpuHealthInput, GpuWindow, NodeHealthInput
 from gpufleet.health.tracker import HealthReport, HealthTracker
 from gpufleet.health.types import Severity
 from gpufleet.schedulers.slurm.commands import (
@@ -82,6 +85,41 @@ def _reports_local(node: str | None, duration_s: float, tracker_for: Any) -> lis
     return [tracker_for(data.node, time.time).evaluate(data)]
 
 
+def _reports_import(imports: list[Path], tracker_for: Any) -> tuple[list[HealthReport], Any]:
+    """Judge captured nvidia-smi reports offline: each report is one sample per GPU at the
+    report's time; a GPU the report could not read is judged as lost."""
+    from gpufleet.devices.smi.importer import import_reports
+
+    for path in imports:
+        if path.is_dir():
+            raise ConfigError(f"{path}: is a directory; expected an nvidia-smi -q -x report")
+    result = import_reports(imports)
+    reports = []
+    for node in result.nodes:
+        rep = node.report
+        at_s = rep.timestamp_s if rep.timestamp_s is not None else time.time()
+        gpus = [
+            GpuHealthInput(g.info.index, g.info.uuid, g.info, GpuWindow.of([g.sample]))
+            for g in rep.gpus
+        ]
+        # unreadable GPUs: "gpu[3]/... (bus): why" -> lost GPU 3 (no identity)
+        taken = {g.index for g in gpus}
+        for message in rep.unreadable:
+            m = re.match(r"gpu\[(\d+)\]", message)
+            index = int(m[1]) if m else max(taken, default=-1) + 1
+            taken.add(index)
+            lost = GpuEvent(index, None, "gpu_lost", at_s, detail=message)
+            gpus.append(GpuHealthInput(index, None, None, GpuWindow(), (lost,), lost=True))
+        data = NodeHealthInput(
+            node=node.name,
+            gpus=tuple(sorted(gpus, key=lambda g: g.index)),
+            driver_version=rep.driver_version,
+            cuda_driver_version=rep.cuda_version,
+        )
+        reports.append(tracker_for(node.name, lambda at=at_s: at).evaluate(data))
+    return reports, result
+
+
 def _render(report: HealthReport) -> None:
     colour = _COLOURS.get(report.verdict, "magenta")
     console.print(
@@ -136,19 +174,30 @@ def health(
     state_dir: Path | None = typer.Option(
         None, "--state-dir", help="Ack log and sticky findings (default: the state dir)."
     ),
+    imports: list[Path] | None = typer.Option(
+        None,
+        "--import",
+        help="Judge captured nvidia-smi -q -x (or -q) report(s) offline, one per node.",
+        metavar="FILE",
+    ),
 ) -> None:
     """Check this node's GPUs (or a simulated fleet's nodes) and print the verdict."""
     if ctx.invoked_subcommand is not None:
         return
+    imported: Any = None
     try:
+        if sim and imports:
+            raise UsageError("--sim and --import are mutually exclusive: give one or the other")
         cfg = load_health_config(config)
-        persistent = sim is None
+        persistent = sim is None and not imports
 
         def tracker_for(name: str, clock: Any) -> HealthTracker:
             return HealthTracker(cfg, clock=clock, store=_store(state_dir, persistent))
 
         if sim:
             reports = _reports_sim(sim, seed, node, duration, tracker_for)
+        elif imports:
+            reports, imported = _reports_import(imports, tracker_for)
         else:
             reports = _reports_local(node, duration, tracker_for)
         drained: list[list[str]] = []
@@ -164,21 +213,32 @@ def health(
         print_error(exc.message, exc.hint)
         raise typer.Exit(int(Severity.UNKNOWN)) from exc
     verdict = _overall(reports)
+    failed: list[str] = imported.failed if imported is not None else []
+    if failed and verdict != Severity.FAIL:
+        verdict = Severity.UNKNOWN  # a report that could not be read is not a passing one
     if as_json:
-        emit_json(
-            {
-                "verdict": verdict.word,
-                "nodes": [r.to_dict() for r in reports],
-                "drained": drained,
-            }
-        )
+        doc: dict[str, Any] = {
+            "verdict": verdict.word,
+            "nodes": [r.to_dict() for r in reports],
+            "drained": drained,
+        }
+        if imported is not None:
+            doc["import"] = {"failed": failed, "warnings": imported.warnings}
+        emit_json(doc)
     else:
         for r in reports:
             _render(r)
         for args in drained:
             console.print(f"[red]drained[/]: {' '.join(args)}", highlight=False)
+        if imported is not None:
+            for w in imported.warnings:
+                console.print(f"[yellow]warning:[/] {w}", highlight=False)
+            for f in failed:
+                console.print(f"[red]not imported:[/] {f}", highlight=False)
     if exit_code:
         raise typer.Exit(int(verdict))
+    if failed:
+        raise typer.Exit(1)  # partial import: judged what parsed, listed what did not
 
 
 def _overall(reports: list[HealthReport]) -> Severity:

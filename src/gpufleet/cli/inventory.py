@@ -13,7 +13,9 @@ from gpufleet.cli.common import ImportOption, JsonOption, SeedOption, SimOption,
 from gpufleet.cli.output import console, emit_json, fit, fmt, to_jsonable
 from gpufleet.devices.discovery import Fleet, node_inventory, open_fleet
 from gpufleet.devices.drift import DriftItem, find_drift
-from gpufleet.devices.types import NodeInventory
+from gpufleet.devices.smi.importer import ImportResult
+from gpufleet.devices.smi.report_view import attention, import_details
+from gpufleet.devices.types import NodeInventory, decode_clock_reasons
 
 
 def collect(fleet: Fleet) -> tuple[list[NodeInventory], list[str]]:
@@ -29,17 +31,22 @@ def collect(fleet: Fleet) -> tuple[list[NodeInventory], list[str]]:
 
 
 def inventory_document(
-    nodes: list[NodeInventory], drift: list[DriftItem], notes: list[str]
+    nodes: list[NodeInventory],
+    drift: list[DriftItem],
+    notes: list[str],
+    imported: ImportResult | None = None,
 ) -> dict[str, Any]:
-    """The JSON shape of ``gpufleet inventory --json``."""
-    return {
+    """The JSON shape of ``gpufleet inventory --json``; imported GPUs also carry ``reading``,
+    ``mig_devices``, ``clock_event_counters_us`` and ``attention`` (see ``import_details``)."""
+    details = import_details(imported)
+    doc: dict[str, Any] = {
         "nodes": [
             {
                 "name": n.name,
                 "source": n.source,
                 "driver_version": n.driver_version,
                 "cuda_driver_version": n.cuda_driver_version,
-                "gpus": [to_jsonable(g) for g in n.gpus],
+                "gpus": [{**to_jsonable(g), **details.get((n.name, g.index), {})} for g in n.gpus],
             }
             for n in nodes
         ],
@@ -47,6 +54,9 @@ def inventory_document(
         "drift": [to_jsonable(d) for d in drift],
         "notes": notes,
     }
+    if imported is not None:
+        doc["import"] = {"failed": imported.failed, "warnings": imported.warnings}
+    return doc
 
 
 def _onoff(v: bool | None) -> str:
@@ -115,10 +125,63 @@ def inventory(
     finally:
         fleet.close()
     drift = find_drift(nodes)
+    imported: ImportResult | None = fleet.import_result
     if as_json:
-        emit_json(inventory_document(nodes, drift, notes))
+        emit_json(inventory_document(nodes, drift, notes, imported))
     else:
         _print(nodes, drift, notes)
+        if imported is not None:
+            print_import(imported)
+    if imported is not None and imported.failed:
+        raise typer.Exit(1)  # partial import: what parsed is shown, what did not is listed
+
+
+def print_import(result: ImportResult) -> None:
+    """Imported reports: readings at capture time, MIG devices, attention, failures, warnings."""
+    table = Table(
+        title="readings in the report(s)",
+        caption="W draw/limit, MHz SM now/max, temp GPU/memory C, slowdown/shutdown C",
+    )
+    for col in ("node", "gpu", "W", "MHz", "util", "temp", "limits", "clock reasons"):
+        wraps = col == "clock reasons"
+        table.add_column(col, no_wrap=not wraps, overflow="fold" if wraps else "ellipsis")
+    for node in result.nodes:
+        for gpu in node.report.gpus:
+            s, i = gpu.sample, gpu.info
+            table.add_row(
+                node.name,
+                str(i.index),
+                f"{fmt(s.power_w)}/{fmt(i.power_limit_enforced_w)}",
+                f"{fmt(s.sm_clock_mhz)}/{fmt(i.max_sm_clock_mhz)}",
+                fmt(s.gpu_util_pct, "%"),
+                f"{fmt(s.gpu_temp_c)}/{fmt(s.mem_temp_c)}",
+                f"{fmt(i.slowdown_temp_c)}/{fmt(i.shutdown_temp_c)}",
+                ", ".join(decode_clock_reasons(s.clock_event_reasons)) or "none",
+            )
+    console.print(fit(table))
+    for node in result.nodes:
+        for gpu in node.report.gpus:
+            where = f"{node.name}/{gpu.info.index}"
+            counters = {k: v for k, v in gpu.clock_event_counters_us.items() if v}
+            if counters:
+                text = ", ".join(f"{k} {v / 1e6:.1f} s" for k, v in counters.items())
+                console.print(f"{where}: clock-event time: {text}", highlight=False)
+            for m in gpu.mig_devices:
+                mem = (
+                    "N/A" if m.memory_total_bytes is None else f"{m.memory_total_bytes / 2**30:.1f}"
+                )
+                place = "" if m.placement_start is None else f" at slice {m.placement_start}"
+                console.print(
+                    f"{where}: MIG {m.profile_name or '?'} GI {fmt(m.gpu_instance_id)} "
+                    f"CI {fmt(m.compute_instance_id)}, {fmt(m.sm_count)} SMs, {mem} GiB{place}",
+                    highlight=False,
+                )
+            for a in attention(gpu.info, gpu.sample):
+                console.print(f"[yellow]{where}: {a}[/]", highlight=False)
+    for w in result.warnings:
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    for f in result.failed:
+        console.print(f"[red]not imported:[/] {f}", highlight=False)
 
 
 def register(app: typer.Typer) -> None:

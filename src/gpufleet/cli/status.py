@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any
 
 import typer
 from rich.live import Live
 from rich.table import Table
 
-from gpufleet.cli.common import JsonOption, SeedOption, SimOption
+from gpufleet.cli.common import ImportOption, JsonOption, SeedOption, SimOption, paths
 from gpufleet.cli.output import console, emit_json, fit, fmt, to_jsonable
 from gpufleet.devices.discovery import Fleet, open_fleet, read_each
 from gpufleet.devices.types import DeviceInfo, Sample, decode_clock_reasons
@@ -119,10 +120,17 @@ def status(
     ),
     interval: float = typer.Option(1.0, "--interval", min=0.1, help="Seconds between refreshes."),
     count: int = typer.Option(0, "--count", min=0, help="With --watch: stop after N refreshes."),
+    imports: list[Path] | None = ImportOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Per-GPU utilization, memory, temperature, power, clocks, throttle reasons, ECC, remaps."""
-    fleet = open_fleet(sim=sim, seed=seed).bounded()
+    """Per-GPU utilization, memory, temperature, power, clocks, throttle reasons, ECC, remaps.
+
+    With --import: the readings of captured nvidia-smi reports (-q -x or -q), judged offline.
+    """
+    fleet = open_fleet(sim=sim, imports=paths(imports), seed=seed).bounded()
+    if fleet.import_result is not None:
+        _status_import(fleet, as_json)
+        return
     if busy and fleet.sim is not None:
         fleet.sim.demo_activity(busy_fraction=1.0)  # --busy means busy: no idle node
     infos: dict[tuple[str, int], DeviceInfo] = {}
@@ -155,6 +163,25 @@ def status(
         pass
     finally:
         fleet.close()
+
+
+def _status_import(fleet: Fleet, as_json: bool) -> None:
+    """One table (or document) of the imported reports' readings; GPUs and files that could
+    not be read are listed under it (``import.failed`` in JSON) and the command exits 1."""
+    result = fleet.import_result
+    rows = sample(fleet, {})
+    if as_json:
+        doc = status_document(rows)
+        doc["import"] = {"failed": result.failed, "warnings": result.warnings}
+        emit_json(doc)
+    else:
+        console.print(render(rows))
+        for w in result.warnings:
+            console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        for f in result.failed:
+            console.print(f"[red]not imported:[/] {f}", highlight=False)
+    if result.failed:
+        raise typer.Exit(1)
 
 
 def register(app: typer.Typer) -> None:

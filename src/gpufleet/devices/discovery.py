@@ -30,6 +30,7 @@ class Fleet:
     backends: list[GpuBackend] = field(default_factory=list)
     imported: list[tuple[NodeInventory, list[Sample]]] = field(default_factory=list)
     sim: Any = None  # the SimFleet when kind == "sim"
+    import_result: Any = None  # the ImportResult when kind == "import"
 
     def close(self) -> None:
         for b in self.backends:
@@ -85,25 +86,23 @@ def open_local_nvml() -> Fleet:
 
 
 def open_imports(paths: list[Path]) -> Fleet:
-    from gpufleet.devices.smi import parse_smi_xml
+    """Imported nvidia-smi reports (``gpufleet.devices.smi.importer``): what parses becomes a
+    node; unreadable files and GPUs and warnings ride along on ``Fleet.import_result``."""
+    from gpufleet.devices.smi.importer import import_reports
 
-    fleet = Fleet(kind="import")
     for path in paths:
         if path.is_dir():
             raise UsageError(f"{path}: is a directory; expected an nvidia-smi -q -x report")
-        if not path.is_file():
-            raise NoDeviceError(f"{path}: no such file")
-        report = parse_smi_xml(path.read_text(encoding="utf-8", errors="replace"), source=str(path))
-        name = path.stem
-        gpus = tuple(g.info for g in report.gpus)
-        inv = NodeInventory(
-            name=name,
-            gpus=gpus,
-            source=str(path),
-            driver_version=report.driver_version,
-            cuda_driver_version=report.cuda_version,
+    result = import_reports(paths)
+    if not result.nodes:
+        if len(paths) == 1 and not paths[0].exists():
+            raise NoDeviceError(f"{paths[0]}: no such file")
+        raise NoDeviceError("no report could be imported: " + "; ".join(result.failed))
+    fleet = Fleet(kind="import", import_result=result)
+    for node in result.nodes:
+        fleet.imported.append(
+            (node.report.node_inventory(node.name), [g.sample for g in node.report.gpus])
         )
-        fleet.imported.append((inv, [g.sample for g in report.gpus]))
     return fleet
 
 

@@ -88,7 +88,8 @@ def _read_doc(path: Path) -> Any:
 
 
 def fleet_from_inventory(path: Path) -> list[FleetGpu]:
-    """GPUs from ``gpufleet inventory --json`` output (``nodes[].gpus[].model``)."""
+    """GPUs from ``gpufleet inventory --json`` output (``nodes[].gpus[].model``), with today's
+    MIG layout where the inventory lists it (``mig_devices``, from ``inventory --import``)."""
     doc = _read_doc(path)
     nodes = doc.get("nodes") if isinstance(doc, dict) else None
     if not isinstance(nodes, list):
@@ -101,10 +102,37 @@ def fleet_from_inventory(path: Path) -> list[FleetGpu]:
             if not model:
                 raise ParseError(str(path), f"nodes[{n}].gpus[{g}]", "no model or name")
             key = gpu_key(str(model), f"{path}: nodes[{n}].gpus[{g}]")
-            out.append(FleetGpu(name, int(gpu.get("index", g)), key))
+            current = _inventory_layout(key, gpu, f"{path}: nodes[{n}].gpus[{g}]")
+            out.append(FleetGpu(name, int(gpu.get("index", g)), key, current))
     if not out:
         raise ConfigError(f"{path}: the inventory lists no GPUs")
     return out
+
+
+def _inventory_layout(model: str, gpu: dict[str, Any], where: str) -> Layout | None:
+    """Today's layout of an inventoried GPU: its GPU instances (one per ``gpu_instance_id`` of
+    ``mig_devices``, from ``inventory --import``) by profile; an empty layout when MIG is off;
+    None when the inventory does not say (treated as MIG off by the planner)."""
+    devices = gpu.get("mig_devices")
+    if gpu.get("mig_current") is False:
+        return layout_for_counts(model, {}, where)
+    if not isinstance(devices, list) or not devices:
+        return None
+    profiles: dict[object, str] = {}
+    for d, dev in enumerate(devices):
+        profile = dev.get("profile") if isinstance(dev, dict) else None
+        if not profile:
+            raise ParseError(
+                where, f"mig_devices[{d}]", "MIG device with no profile: cannot tell the layout"
+            )
+        profiles[dev.get("gpu_instance_id", d)] = str(profile)
+    counts: dict[str, int] = {}
+    for profile in profiles.values():
+        counts[profile] = counts.get(profile, 0) + 1
+    try:
+        return layout_for_counts(model, counts, where)
+    except (UnknownNameError, ConfigError) as exc:
+        raise ParseError(where, "mig_devices", str(exc)) from exc
 
 
 def fleet_from_plan(path: Path) -> list[FleetGpu]:

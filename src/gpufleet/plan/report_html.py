@@ -1,4 +1,5 @@
-"""Self-contained offline HTML report: inline CSS and SVG charts drawn here; no CDN, no scripts.
+"""Self-contained offline HTML report: inline CSS and SVG charts (:mod:`gpufleet.svgchart`: axes
+with units, human-readable values such as $84.8M); no CDN, no scripts.
 
 One page for two readers: the money (capex, opex, TCO, cost per GPU-hour, break-even against
 cloud) first, then facility and the network (fabric tiers, cables and optics by reach class).
@@ -6,9 +7,11 @@ cloud) first, then facility and the network (fabric tiers, cables and optics by 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from html import escape
 
 from gpufleet.plan.planner import CandidatePlan, Plan
+from gpufleet.svgchart import Fmt, Series, bar_chart, fmt_money, fmt_num, line_chart
 
 __all__ = ["bar_chart_svg", "line_chart_svg", "render_html"]
 
@@ -17,7 +20,8 @@ h1{font-size:1.6em}h2{border-bottom:2px solid #3a6;padding-bottom:.2em;margin-to
 table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding:.25em .6em;
 text-align:right}th{background:#eef5ee}td:first-child,th:first-child{text-align:left}
 .kpi{display:inline-block;border:1px solid #ccc;border-radius:6px;padding:.5em 1em;margin:.3em}
-.kpi b{display:block;font-size:1.4em}.note{color:#a60}svg{margin:.5em 0}"""
+.kpi b{display:block;font-size:1.4em}.note{color:#a60}svg{margin:.5em 0;max-width:100%;
+height:auto}.scroll{overflow-x:auto;max-width:100%}"""
 _COLORS = ("#3a6", "#37a", "#c63", "#a3a", "#aa3", "#3aa")
 
 
@@ -27,64 +31,46 @@ def _money(v: float | None) -> str:
     return f"${v / 1e6:,.2f}M" if abs(v) >= 1e6 else f"${v:,.0f}"
 
 
-def bar_chart_svg(title: str, items: list[tuple[str, float]], unit: str = "") -> str:
-    """A horizontal bar chart as an inline SVG string."""
-    w, row = 460, 24
-    h = 30 + row * len(items)
-    top = max((v for _, v in items), default=0.0) or 1.0
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img" '
-        f'aria-label="{escape(title)}"><text x="0" y="16" font-weight="bold">{escape(title)}</text>'
-    ]
-    for i, (label, v) in enumerate(items):
-        y = 26 + i * row
-        bw = max(1.0, 260 * v / top)
-        parts.append(
-            f'<text x="0" y="{y + 15}" font-size="12">{escape(label[:22])}</text>'
-            f'<rect x="150" y="{y + 3}" width="{bw:.1f}" height="16" '
-            f'fill="{_COLORS[i % len(_COLORS)]}"/>'
-            f'<text x="{155 + bw:.1f}" y="{y + 15}" font-size="12">{v:,.3g}{escape(unit)}</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
+def bar_chart_svg(
+    title: str, items: list[tuple[str, float]], unit: str = "", fmt: Fmt = fmt_num
+) -> str:
+    """A horizontal bar chart with a value axis in ``unit``; no items draw nothing."""
+    return bar_chart(
+        title,
+        [(label, v, _COLORS[i % len(_COLORS)]) for i, (label, v) in enumerate(items)],
+        value_label=unit,
+        value_fmt=fmt,
+    )
 
 
-def line_chart_svg(title: str, series: list[tuple[str, list[float]]], x_label: str) -> str:
-    """Lines over a shared integer x axis (e.g. months) as an inline SVG string."""
-    w, h, left, bottom = 560, 260, 70, 40
-    n = max((len(s) for _, s in series), default=0)
-    top = max((max(s) for _, s in series if s), default=1.0) or 1.0
-    pw, ph = w - left - 130, h - bottom - 30
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" role="img" '
-        f'aria-label="{escape(title)}">'
-        f'<text x="0" y="16" font-weight="bold">{escape(title)}</text>',
-        f'<line x1="{left}" y1="{30 + ph}" x2="{left + pw}" y2="{30 + ph}" stroke="#888"/>',
-        f'<line x1="{left}" y1="30" x2="{left}" y2="{30 + ph}" stroke="#888"/>',
-        f'<text x="{left + pw / 2}" y="{h - 8}" font-size="12">{escape(x_label)}</text>',
-        f'<text x="2" y="36" font-size="11">{_money(top)}</text>',
-    ]
-    for i, (name, ys) in enumerate(series):
-        if not ys:
-            continue
-        pts = " ".join(
-            f"{left + pw * j / max(n - 1, 1):.1f},{30 + ph - ph * y / top:.1f}"
-            for j, y in enumerate(ys)
-        )
-        color = _COLORS[i % len(_COLORS)]
-        parts.append(
-            f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}"/>'
-            f'<text x="{left + pw + 8}" y="{50 + 18 * i}" font-size="12" '
-            f'fill="{color}">{escape(name)}</text>'
-        )
-    parts.append("</svg>")
-    return "".join(parts)
+def line_chart_svg(
+    title: str,
+    series: list[tuple[str, list[float]]],
+    x_label: str,
+    *,
+    y_label: str = "USD",
+    y_fmt: Fmt = fmt_money,
+    markers: list[tuple[float, str]] | None = None,
+) -> str:
+    """Lines over a shared integer x axis (e.g. months), money on y by default, with optional
+    marked x positions (the break-even month)."""
+    return line_chart(
+        title,
+        [
+            Series(name, [float(j) for j in range(len(ys))], list(ys), _COLORS[i % len(_COLORS)])
+            for i, (name, ys) in enumerate(series)
+        ],
+        x_label=x_label,
+        y_label=y_label,
+        y_fmt=y_fmt,
+        markers=markers or (),
+    )
 
 
 def _table(headers: list[str], rows: list[list[str]]) -> str:
     head = "".join(f"<th>{escape(h)}</th>" for h in headers)
     body = "".join("<tr>" + "".join(f"<td>{escape(c)}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{head}</tr>{body}</table>"
+    return f'<div class="scroll"><table><tr>{head}</tr>{body}</table></div>'
 
 
 def _kpi(label: str, value: str) -> str:
@@ -126,11 +112,22 @@ def _money_section(cp: CandidatePlan) -> str:
     )
     if c.capex is not None and c.cloud_per_month is not None:
         months = int(c.horizon_years * 12)
+        if c.breakeven_month and c.breakeven_month > months - 3:
+            months = c.breakeven_month + 6  # draw far enough to show where the lines cross
         own = [c.capex + c.opex_per_year / 12 * m for m in range(months + 1)]
         cloud = [c.cloud_per_month * m for m in range(months + 1)]
+        marks = (
+            [(float(c.breakeven_month), f"break-even: month {c.breakeven_month}")]
+            if c.breakeven_month
+            else []
+        )
         out.append(
             line_chart_svg(
-                "Cumulative cost: own vs cloud", [("own", own), ("cloud", cloud)], "months"
+                "Cumulative cost: own vs cloud",
+                [("own", own), ("cloud", cloud)],
+                f"months ({c.horizon_years:g}-year horizon = month {int(c.horizon_years * 12)})",
+                y_label="cumulative cost (USD)",
+                markers=marks,
             )
         )
     return "".join(out)
@@ -161,13 +158,13 @@ def _facility_section(cp: CandidatePlan) -> str:
         ["energy", f"{f.annual_mwh:,.0f} MWh per year"],
     ]
     chart = bar_chart_svg(
-        "Power (kW)",
+        "Power",
         [
             ("servers", f.servers_it_kw),
             ("network", f.network_it_kw),
             ("cooling/losses", f.cooling_overhead_kw),
         ],
-        " kW",
+        "kW",
     )
     return "<h2>Facility</h2>" + _table(["item", "value"], rows) + chart
 
@@ -253,16 +250,23 @@ def render_html(plan: Plan) -> str:
         ]
         for c in plan.candidates
     ]
+    chart_defs: tuple[tuple[str, Callable[[CandidatePlan], float | None], str, Fmt], ...] = (
+        ("TCO", lambda c: c.cost.tco if c.cost else None, "USD", fmt_money),
+        ("Training days", lambda c: c.training_days, "days", fmt_num),
+        ("GPUs", lambda c: float(c.gpus), "GPUs", fmt_num),
+        (
+            "Facility power",
+            lambda c: c.facility.facility_kw if c.facility else None,
+            "kW",
+            fmt_num,
+        ),
+    )
+    # a chart only when some candidate has the figure (an inference plan has no training days)
     charts = "".join(
         bar_chart_svg(
-            title, [(c.candidate, v) for c in feasible if (v := get(c)) is not None], unit
+            title, [(c.candidate, v) for c in feasible if (v := get(c)) is not None], unit, fmt
         )
-        for title, get, unit in (
-            ("TCO (USD)", lambda c: c.cost.tco if c.cost else None, ""),
-            ("Training days", lambda c: c.training_days, " d"),
-            ("GPUs", lambda c: float(c.gpus), ""),
-            ("Facility power (kW)", lambda c: c.facility.facility_kw if c.facility else None, ""),
-        )
+        for title, get, unit, fmt in chart_defs
     )
     work = []
     for w in best.workloads:

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
@@ -109,9 +110,10 @@ class AgentCollector(Collector):
                 if gpu.mig
             }
             mig_latest = {
-                idx: [(gi, prof, ring.latest()) for gi, prof, ring in insts]
+                idx: [(gi, prof, _copy(ring.latest())) for gi, prof, ring in insts]
                 for idx, insts in mig.items()
             }
+            mig_mode = {g.index: bool(g.info is not None and g.info.mig_current) for g in s.gpus}
             xids = {g.index: dict(g.xid_counts) for g in s.gpus}
             last_xid = {g.index: g.last_xid for g in s.gpus}
             errors = {g.index: dict(g.errors) for g in s.gpus}
@@ -124,6 +126,13 @@ class AgentCollector(Collector):
         for metric in M.DCGM_METRICS:
             fam = Metric(metric.name, metric.help, metric.kind)
             for gpu, labels, fast_row, slow_row in rows:
+                mig_on = mig_mode.get(gpu.index, False)
+                if mig_on and metric.mig_unsupported:
+                    continue  # NVML does not supply it on a MIG-enabled GPU: absent, not 0
+                if metric.mig and self._add_instances(
+                    fam, metric, labels, mig_latest.get(gpu.index, [])
+                ):
+                    continue  # the instances carry it: no whole-GPU series to double-count
                 row = fast_row if metric.tier == "fast" else slow_row
                 if row is None:
                     continue
@@ -133,18 +142,6 @@ class AgentCollector(Collector):
                 if math.isnan(raw):
                     continue  # unsupported on this GPU: skipped, never a fake 0
                 fam.add_sample(metric.name, labels, _value(raw, metric))
-                if metric.mig:
-                    for gi_id, profile, latest in mig_latest.get(gpu.index, []):
-                        if latest is None:
-                            continue
-                        ring_row = latest[1]
-                        ci = M.MIG_COLUMNS.index(metric.column)
-                        v = float(ring_row[ci])
-                        if math.isnan(v):
-                            continue
-                        fam.add_sample(
-                            metric.name, _mig_labels(labels, profile, gi_id), _value(v, metric)
-                        )
             if fam.samples:
                 yield fam
 
@@ -222,6 +219,30 @@ class AgentCollector(Collector):
                 yield fam
         else:
             yield depth_fam
+
+    @staticmethod
+    def _add_instances(
+        fam: Metric,
+        metric: M.MetricDef,
+        labels: dict[str, str],
+        instances: list[tuple[int, str, tuple[float, np.ndarray] | None]],
+    ) -> bool:
+        """One sample per MIG GPU instance (``GPU_I_ID``, ``GPU_I_PROFILE``); whether any."""
+        ci = M.MIG_COLUMNS.index(metric.column)
+        added = False
+        for gi_id, profile, latest in instances:
+            if latest is None:
+                continue
+            v = float(latest[1][ci])
+            if math.isnan(v):
+                continue
+            fam.add_sample(metric.name, _mig_labels(labels, profile, gi_id), _value(v, metric))
+            added = True
+        return added
+
+
+def _copy(latest: tuple[float, np.ndarray] | None) -> tuple[float, np.ndarray] | None:
+    return None if latest is None else (latest[0], latest[1].copy())
 
 
 def _mig_labels(labels: dict[str, str], profile: str, gi_id: int) -> dict[str, str]:

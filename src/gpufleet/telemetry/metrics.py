@@ -8,6 +8,16 @@ bytes per second). Labels follow its GPU render template
 (``internal/pkg/rendermetrics``): ``gpu, UUID, pci_bus_id, device, modelName``, then
 ``GPU_I_PROFILE, GPU_I_ID`` on MIG instances, then ``Hostname``, then attribute labels such as
 ``DCGM_FI_DRIVER_VERSION``.
+
+MIG (docs/mig-and-kubernetes.md, "Metrics on MIG GPUs"): an instance-scoped metric (``mig``:
+framebuffer, profiling ratios) has one series per GPU instance, labelled ``GPU_I_PROFILE`` and
+``GPU_I_ID``, and no whole-GPU series while instances report it, so ``sum by (UUID)`` counts
+each byte once; a device-scoped metric (temperature, power, clocks, energy, ECC, PCIe) has one
+whole-GPU series and is not repeated per instance (dcgm-exporter repeats it, which makes
+sums over instances count the GPU's power once per instance: NVIDIA/dcgm-exporter issues
+#257 and #317). A metric NVML does not supply on a MIG-enabled GPU (``mig_unsupported``:
+``nvmlDeviceGetUtilizationRates``, "On MIG-enabled GPUs, querying device utilization rates is
+not currently supported", NVML API Reference) is absent there, not 0.
 """
 
 from __future__ import annotations
@@ -35,7 +45,8 @@ class MetricDef:
     column: str
     scale: float = 1.0
     floor: bool = False  # dcgm-exporter reports whole units (MiB) for these
-    mig: bool = False  # also exported per MIG instance (instance-scoped in DCGM)
+    mig: bool = False  # exported per MIG instance (instance-scoped in DCGM)
+    mig_unsupported: bool = False  # NVML does not supply it on a MIG-enabled GPU
 
 
 def _g(
@@ -74,8 +85,20 @@ DCGM_METRICS: tuple[MetricDef, ...] = (
         "slow",
         "pcie_replay_count",
     ),
-    _g("DCGM_FI_DEV_GPU_UTIL", "GPU utilization (in %).", "fast", "gpu_util_pct"),
-    _g("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "fast", "mem_util_pct"),
+    _g(
+        "DCGM_FI_DEV_GPU_UTIL",
+        "GPU utilization (in %).",
+        "fast",
+        "gpu_util_pct",
+        mig_unsupported=True,
+    ),
+    _g(
+        "DCGM_FI_DEV_MEM_COPY_UTIL",
+        "Memory utilization (in %).",
+        "fast",
+        "mem_util_pct",
+        mig_unsupported=True,
+    ),
     _g("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", "slow", "enc_util_pct"),
     _g("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", "slow", "dec_util_pct"),
     _g(
@@ -115,6 +138,30 @@ DCGM_METRICS: tuple[MetricDef, ...] = (
         "Total number of double-bit volatile ECC errors.",
         "fast",
         "ecc_dbe_volatile",
+    ),
+    _c(
+        "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+        "Total number of single-bit persistent ECC errors.",
+        "slow",
+        "ecc_sbe_aggregate",
+    ),
+    _c(
+        "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+        "Total number of double-bit persistent ECC errors.",
+        "slow",
+        "ecc_dbe_aggregate",
+    ),
+    _c(
+        "DCGM_FI_DEV_RETIRED_SBE",
+        "Total number of retired pages due to single-bit errors.",
+        "slow",
+        "retired_pages_sbe",
+    ),
+    _c(
+        "DCGM_FI_DEV_RETIRED_DBE",
+        "Total number of retired pages due to double-bit errors.",
+        "slow",
+        "retired_pages_dbe",
     ),
     _c(
         "DCGM_FI_DEV_POWER_VIOLATION",

@@ -1,15 +1,19 @@
 """A self-contained HTML report: inline SVG charts and CSS, no scripts, no external assets.
 
-Per-GPU TFLOP/s and bandwidth bars, power/clock/temperature traces of the stress run, the
-pairwise bandwidth matrix, the straggler list and the environment (driver, CUDA, VBIOS per GPU).
-It opens offline in any browser.
+Per-GPU TFLOP/s and bandwidth bars (value axis in the unit, pass line), power/clock/temperature
+traces of the stress run (one chart per quantity with its own y axis), busbw against message
+size for each collective scope, the pairwise bandwidth matrix, the straggler list and the
+environment (driver, CUDA, VBIOS per GPU). Charts come from :mod:`gpufleet.svgchart`; a
+figure nobody measured draws no chart. It opens offline in any browser.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from html import escape
 
-from gpufleet.validate.results import Status, TracePoint, ValidationReport
+from gpufleet.svgchart import Series, bar_chart, fmt_bytes, line_chart
+from gpufleet.validate.results import CollectiveRow, Status, TracePoint, ValidationReport
 
 COLORS = {"pass": "#2e7d32", "warn": "#ef6c00", "fail": "#c62828", "skip": "#757575"}
 CSS = """
@@ -18,74 +22,72 @@ table{border-collapse:collapse;margin:1em 0;font-size:13px}
 td,th{border:1px solid #ccc;padding:2px 6px;text-align:left}
 .pass{color:#2e7d32}.warn{color:#ef6c00}.fail{color:#c62828;font-weight:bold}.skip{color:#757575}
 h1 .badge{padding:2px 10px;border-radius:4px;color:#fff}
-svg{background:#fafafa;border:1px solid #ddd;margin:4px}
+svg{background:#fafafa;border:1px solid #ddd;margin:4px;max-width:100%;height:auto}
+.scroll{overflow-x:auto;max-width:100%}
 """
 MAX_BARS = 256
 
 
 def _bars(title: str, items: list[tuple[str, float, str]], unit: str, line: float | None) -> str:
-    """A horizontal-free vertical bar chart: one bar per component, coloured by status."""
-    items = items[:MAX_BARS]
-    if not items:
-        return ""
-    w, h, pad = max(300, 8 * len(items) + 60), 180, 40
-    top = max(max(v for _, v, _ in items), line or 0.0) * 1.1 or 1.0
-    bw = (w - pad - 10) / len(items)
-    parts = [
-        f'<svg width="{w}" height="{h + 30}" role="img" aria-label="{escape(title)}">',
-        f'<text x="{pad}" y="14" font-size="12">{escape(title)} ({escape(unit)})</text>',
-    ]
-    for i, (label, v, st) in enumerate(items):
-        bh = (h - 30) * v / top
-        x, y = pad + i * bw, h - bh
-        parts.append(
-            f'<rect x="{x:.1f}" y="{y:.1f}" width="{max(bw - 1, 1):.1f}" '
-            f'height="{bh:.1f}" fill="{COLORS.get(st, "#555")}">'
-            f"<title>{escape(label)}: {v:.1f} {escape(unit)}</title></rect>"
-        )
-    if line:
-        y = h - (h - 30) * line / top
-        parts.append(
-            f'<line x1="{pad}" x2="{w - 10}" y1="{y:.1f}" y2="{y:.1f}" '
-            f'stroke="#c62828" stroke-dasharray="4"/>'
-            f'<text x="{w - 120}" y="{y - 3:.1f}" font-size="10">pass line {line:.0f}</text>'
-        )
-    parts.append(
-        f'<text x="2" y="{h:.0f}" font-size="10">0</text>'
-        f'<text x="2" y="34" font-size="10">{top:.0f}</text></svg>'
+    """One bar per component, coloured by status, with a value axis in ``unit`` and the pass
+    line; nothing when no component has the figure."""
+    return bar_chart(
+        title,
+        [(label, v, COLORS.get(st, "#555")) for label, v, st in items[:MAX_BARS]],
+        value_label=unit,
+        line=None if line is None else (line, "pass line"),
     )
-    return "".join(parts)
 
 
-def _trace_svg(name: str, points: list[TracePoint]) -> str:
-    """Power, SM clock and temperature of one GPU over the stress run (each scaled to its max)."""
-    if not points:
-        return ""
-    w, h = 360, 140
-    tmax = max(p.t_s for p in points) or 1.0
-    series = [
-        ("power W", "#c62828", [p.power_w for p in points]),
-        ("SM MHz", "#1565c0", [float(p.sm_clock_mhz) if p.sm_clock_mhz else None for p in points]),
-        ("temp C", "#ef6c00", [p.temp_c for p in points]),
-    ]
-    parts = [
-        f'<svg width="{w}" height="{h + 20}" role="img" aria-label="trace {escape(name)}">',
-        f'<text x="4" y="12" font-size="11">{escape(name)}</text>',
-    ]
-    for k, (label, color, vals) in enumerate(series):
-        top = max((v for v in vals if v is not None), default=1.0) or 1.0
-        pts = " ".join(
-            f"{10 + (w - 20) * p.t_s / tmax:.1f},{h - (h - 30) * v / top:.1f}"
-            for p, v in zip(points, vals, strict=True)
-            if v is not None
+_TRACE_CHARTS: tuple[tuple[str, str, Callable[[TracePoint], float | None]], ...] = (
+    ("Power", "W", lambda p: p.power_w),
+    ("SM clock", "MHz", lambda p: None if p.sm_clock_mhz is None else float(p.sm_clock_mhz)),
+    ("GPU temperature", "°C", lambda p: p.temp_c),
+)
+MAX_TRACES = 64
+LEGEND_MAX = 12  # more lines than this: names in tooltips only
+
+
+def _traces(traces: dict[str, list[TracePoint]]) -> str:
+    """Power, SM clock and temperature over the stress run: one chart each, one line per GPU,
+    each with its own y axis in its unit and time in seconds on x."""
+    chosen = list(traces.items())[:MAX_TRACES]
+    out = []
+    for title, unit, get in _TRACE_CHARTS:
+        series = [Series(name, [p.t_s for p in pts], [get(p) for p in pts]) for name, pts in chosen]
+        out.append(
+            line_chart(
+                f"Stress: {title} per GPU",
+                series,
+                x_label="time (s)",
+                y_label=f"{title} ({unit})",
+                legend=len(series) <= LEGEND_MAX,
+            )
         )
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="1.5" points="{pts}"/>')
-        parts.append(
-            f'<text x="{10 + 110 * k}" y="{h + 15}" font-size="10" fill="{color}">'
-            f"{label} (max {top:.0f})</text>"
+    return "".join(out)
+
+
+def _busbw_curves(collectives: dict[str, list[CollectiveRow]]) -> str:
+    """busbw against message size, one chart per scope and one line per collective, message
+    sizes on a log2 axis as nccl-tests sweeps them."""
+    out = []
+    for scope, rows in collectives.items():
+        ops = sorted({c.op for c in rows})
+        series = []
+        for op in ops:
+            pts = sorted((c.size_bytes, c.busbw_gbps) for c in rows if c.op == op)
+            series.append(Series(op, [float(x) for x, _ in pts], [y for _, y in pts]))
+        out.append(
+            line_chart(
+                f"Bus bandwidth vs message size: {scope}",
+                series,
+                x_label="message size",
+                y_label="busbw (GB/s)",
+                x_fmt=fmt_bytes,
+                x_log2=True,
+            )
         )
-    parts.append("</svg>")
-    return "".join(parts)
+    return "".join(out)
 
 
 def _matrix(m: dict[str, dict[str, float]]) -> str:
@@ -164,13 +166,12 @@ def render_html(report: ValidationReport) -> str:
                 line = m.pass_min or line
         out.append(_bars(f"{test} {metric}", items, unit, line))
     if report.traces:
-        out.append("<h2>Stress traces</h2>")
-        for name, pts in list(report.traces.items())[:64]:
-            out.append(_trace_svg(name, pts))
+        out.append("<h2>Stress traces</h2>" + _traces(report.traces))
     if report.collectives:
+        out.append("<h2>Collectives</h2>" + _busbw_curves(report.collectives))
         out.append(
-            "<h2>Collectives (largest message, nccl-tests style)</h2><table><tr>"
-            "<th>scope</th><th>op</th><th>size B</th><th>time us</th><th>algbw GB/s</th>"
+            "<h3>Largest message (nccl-tests style)</h3><table><tr>"
+            "<th>scope</th><th>op</th><th>size</th><th>time us</th><th>algbw GB/s</th>"
             "<th>busbw GB/s</th></tr>"
         )
         for scope, crows in report.collectives.items():
@@ -178,15 +179,16 @@ def render_html(report: ValidationReport) -> str:
             for c in crows:
                 if c.size_bytes == big:
                     out.append(
-                        f"<tr><td>{escape(scope)}</td><td>{c.op}</td><td>{c.size_bytes}"
+                        f"<tr><td>{escape(scope)}</td><td>{c.op}</td><td>{fmt_bytes(c.size_bytes)}"
                         f"</td><td>{c.time_us:.0f}</td><td>{c.algbw_gbps:.1f}</td>"
                         f"<td>{c.busbw_gbps:.1f}</td></tr>"
                     )
         out.append("</table>")
     if report.pair_matrix:
-        out.append("<h2>Node-to-node bandwidth</h2>" + _matrix(report.pair_matrix))
+        matrix = _matrix(report.pair_matrix)
+        out.append(f"<h2>Node-to-node bandwidth</h2><div class='scroll'>{matrix}</div>")
     out.append(
-        "<h2>Environment</h2><table><tr><th>node</th><th>GPU</th><th>name</th>"
+        "<h2>Environment</h2><div class='scroll'><table><tr><th>node</th><th>GPU</th><th>name</th>"
         "<th>UUID</th><th>driver</th><th>CUDA</th><th>VBIOS</th><th>status</th></tr>"
     )
     comp = report.by_component()
@@ -198,5 +200,5 @@ def render_html(report: ValidationReport) -> str:
             f"<td>{escape(str(e.cuda_driver_version))}</td>"
             f"<td>{escape(str(e.vbios_version))}</td><td class='{es}'>{es}</td></tr>"
         )
-    out.append("</table></body></html>")
+    out.append("</table></div></body></html>")
     return "\n".join(out)

@@ -25,7 +25,7 @@ from __future__ import annotations
 import re
 import xml.etree.ElementTree as ET
 from calendar import timegm
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -80,15 +80,22 @@ class MigDevice:
     memory_used_bytes: int | None = None
     memory_free_bytes: int | None = None
     ecc_sram_uncorrectable_volatile: int | None = None
+    # Where the GPU instance sits (start memory slice, slices spanned): nvidia-smi -q does not
+    # print it (``nvidia-smi mig -lgi`` does), so None unless the document carries it.
+    placement_start: int | None = None
+    placement_size: int | None = None
 
 
 @dataclass(frozen=True)
 class SmiGpu:
-    """One ``<gpu>`` of the report: what it is, what it read, its MIG devices."""
+    """One ``<gpu>`` of the report: what it is, what it read, its MIG devices, and the
+    clock-event reason time counters (``clocks_event_reasons_counters``, microseconds since
+    the driver loaded, keyed by the element's suffix: ``sw_power_cap``, ...)."""
 
     info: DeviceInfo
     sample: Sample
     mig_devices: tuple[MigDevice, ...] = ()
+    clock_event_counters_us: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -103,6 +110,9 @@ class SmiReport:
     attached_gpus: int | None
     dtd: str | None  # e.g. "nvsmi_device_v13.dtd"
     gpus: tuple[SmiGpu, ...]
+    # GPUs that could not be read (lost, no UUID, a malformed value), one message each; only
+    # filled by the tolerant parse (``parse_smi_xml(..., tolerant=True)``).
+    unreadable: tuple[str, ...] = ()
 
     @property
     def devices(self) -> tuple[DeviceInfo, ...]:
@@ -134,7 +144,10 @@ class _Gpu:
         self.source = source
 
     def where(self, sub: str) -> Where:
-        return Where(self.source, f"{self.path}/{sub}" if self.path else sub)
+        place = f"{self.path}/{sub}" if self.path else sub
+        found = self.elem.find(sub) if sub else None
+        line = found.get("line") if found is not None else None  # text reports keep it
+        return Where(self.source, f"line {line}, {place}" if line else place)
 
     def text(self, sub: str) -> str | None:
         found = self.elem.find(sub)
@@ -170,8 +183,12 @@ class _Gpu:
         return None if value is None else value * MIB
 
 
-def parse_smi_xml(text: str, source: str = "<string>") -> SmiReport:
-    """Parse the text of ``nvidia-smi -q -x``; ``source`` names the file in error messages."""
+def parse_smi_xml(text: str, source: str = "<string>", *, tolerant: bool = False) -> SmiReport:
+    """Parse the text of ``nvidia-smi -q -x``; ``source`` names the file in error messages.
+
+    A GPU that cannot be read (``GPU is lost``, ``[Unknown Error]`` as UUID, a malformed value)
+    raises ParseError, or with ``tolerant`` is left out and listed in ``SmiReport.unreadable``.
+    """
     if not text.strip():
         raise ParseError(source, "document", "empty; expected the output of nvidia-smi -q -x")
     try:
@@ -182,6 +199,14 @@ def parse_smi_xml(text: str, source: str = "<string>") -> SmiReport:
         raise ParseError(
             source, f"line {line}, column {col + 1}", f"not well-formed XML ({reason})"
         ) from None
+    return parse_smi_tree(root, source, dtd=_dtd(text), tolerant=tolerant)
+
+
+def parse_smi_tree(
+    root: ET.Element, source: str, *, dtd: str | None = None, tolerant: bool = False
+) -> SmiReport:
+    """A report from an ``<nvidia_smi_log>`` element (the XML, or the text report read into
+    the same tree by :mod:`gpufleet.devices.smi.text_report`)."""
     if root.tag != ROOT:
         raise ParseError(
             source, f"<{root.tag}>", f"root element must be <{ROOT}> (nvidia-smi -q -x)"
@@ -191,10 +216,20 @@ def parse_smi_xml(text: str, source: str = "<string>") -> SmiReport:
     cuda = top.text("cuda_version")
     stamp = top.text("timestamp")
     stamp_s = _xml_time(stamp)
-    gpus = tuple(
-        _gpu(_Gpu(g, f"gpu[{i}]", source), i, driver, cuda, stamp_s)
-        for i, g in enumerate(root.findall("gpu"))
-    )
+    gpus: list[SmiGpu] = []
+    unreadable: list[str] = []
+    for i, g in enumerate(root.findall("gpu")):
+        one = _Gpu(g, f"gpu[{i}]", source)
+        try:
+            lost = _lost_reason(g)
+            if lost is not None:
+                raise Where(source, one.path).error(lost)
+            gpus.append(_gpu(one, i, driver, cuda, stamp_s))
+        except ParseError as exc:
+            if not tolerant:
+                raise
+            bus = g.get("id") or one.text("pci/pci_bus_id") or "?"
+            unreadable.append(f"{exc.where} ({bus}): {exc.problem}")
     return SmiReport(
         source=source,
         driver_version=driver,
@@ -202,9 +237,23 @@ def parse_smi_xml(text: str, source: str = "<string>") -> SmiReport:
         timestamp=stamp,
         timestamp_s=stamp_s,
         attached_gpus=top.int_("attached_gpus"),
-        dtd=_dtd(text),
-        gpus=gpus,
+        dtd=dtd,
+        gpus=tuple(gpus),
+        unreadable=tuple(unreadable),
     )
+
+
+def _lost_reason(g: ET.Element) -> str | None:
+    """Why a ``<gpu>`` cannot be read at all: nvidia-smi prints ``GPU is lost`` in its values
+    when the GPU fell off the bus (XID 79), and ``Unknown Error`` in place of its UUID when the
+    driver cannot talk to it."""
+    for elem in g.iter():
+        if elem.text and "gpu is lost" in elem.text.lower():
+            return "GPU is lost (fallen off the bus): nothing read from it"
+    uuid = g.find("uuid")
+    if uuid is not None and uuid.text is not None and clean(uuid.text) is None:
+        return f"uuid is {uuid.text.strip()!r}: the driver could not read this GPU"
+    return None
 
 
 def parse_smi_xml_file(path: str | Path) -> SmiReport:
@@ -250,7 +299,12 @@ def _gpu(
         raise g.where("product_name").error("missing: every GPU must have a product name")
     info = _device_info(g, index, uuid, name, driver, cuda)
     sample = _sample(g, stamp_s)
-    return SmiGpu(info=info, sample=sample, mig_devices=_mig_devices(g))
+    return SmiGpu(
+        info=info,
+        sample=sample,
+        mig_devices=_mig_devices(g, info.model),
+        clock_event_counters_us=_reason_counters(g),
+    )
 
 
 def _model_key(name: str, pci_id: str | None) -> str | None:
@@ -356,6 +410,7 @@ def _sample(g: _Gpu, stamp_s: float | None) -> Sample:
         power_w=g.first_float(
             (f"{pw}/power_draw", f"{pw}/average_power_draw", f"{pw}/instant_power_draw"), "W"
         ),
+        power_instant_w=g.float_(f"{pw}/instant_power_draw", "W"),
         sm_clock_mhz=g.int_("clocks/sm_clock", "MHz"),
         mem_clock_mhz=g.int_("clocks/mem_clock", "MHz"),
         clock_event_reasons=_reasons(g),
@@ -427,7 +482,21 @@ def _sum(g: _Gpu, base: str, parts: tuple[str, ...]) -> int | None:
     return sum(present) if present else None
 
 
-def _mig_devices(g: _Gpu) -> tuple[MigDevice, ...]:
+def _reason_counters(g: _Gpu) -> dict[str, int]:
+    """``clocks_event_reasons_counters`` (v13: time each reason held the clocks down, in us)."""
+    block = "clocks_event_reasons_counters"
+    out: dict[str, int] = {}
+    elem = g.elem.find(block)
+    if elem is None:
+        return out
+    for child in elem:
+        value = integer(child.text, g.where(f"{block}/{child.tag}"), ("us",))
+        if value is not None:
+            out[child.tag.removeprefix(f"{block}_")] = value
+    return out
+
+
+def _mig_devices(g: _Gpu, model: str | None) -> tuple[MigDevice, ...]:
     out: list[MigDevice] = []
     for i, elem in enumerate(g.elem.findall("mig_devices/mig_device")):
         m = _Gpu(elem, f"{g.path}/mig_devices/mig_device[{i}]", g.source)
@@ -448,6 +517,45 @@ def _mig_devices(g: _Gpu) -> tuple[MigDevice, ...]:
                 ecc_sram_uncorrectable_volatile=m.int_(
                     "ecc_error_count/volatile_count/sram_uncorrectable"
                 ),
+                placement_start=m.int_("placement/start"),
+                placement_size=m.int_("placement/size"),
             )
         )
+    return infer_mig_profiles(tuple(out), model)
+
+
+def infer_mig_profiles(devices: tuple[MigDevice, ...], model: str | None) -> tuple[MigDevice, ...]:
+    """Name each MIG device's GPU-instance profile from the catalog's geometry of ``model``.
+
+    nvidia-smi -q lists MIG devices (compute instances) with their memory and SM count but not
+    the profile. A GPU instance's memory is that of exactly one memory size in the profile
+    table (``nvidia-smi mig -lgip``); among profiles of that size (3g.71gb and 4g.71gb share
+    71424 MiB on an H200) the one with the fewest SMs that still holds all of the instance's
+    compute instances is chosen. Profiles with media extensions (``+me``) look the same as
+    their plain twin and are never inferred. A device already named, or one no profile fits,
+    is left as it is.
+    """
+    if model is None:
+        return devices
+    from gpufleet.catalog import load_catalog
+
+    geo = load_catalog().mig_geometry(model)
+    if geo is None:
+        return devices
+    sms: dict[int | None, int] = {}
+    for d in devices:
+        sms[d.gpu_instance_id] = sms.get(d.gpu_instance_id, 0) + (d.sm_count or 0)
+    out = []
+    for d in devices:
+        if d.profile_name is not None or d.memory_total_bytes is None:
+            out.append(d)
+            continue
+        mib = d.memory_total_bytes // MIB
+        fits = sorted(
+            (p for p in geo.profiles if p.memory_mib == mib and not p.media_extensions),
+            key=lambda p: p.sm_count,
+        )
+        need = sms.get(d.gpu_instance_id, 0)
+        chosen = next((p for p in fits if p.sm_count >= need), None)
+        out.append(d if chosen is None else replace(d, profile_name=chosen.name))
     return tuple(out)
