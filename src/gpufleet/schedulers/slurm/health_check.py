@@ -1,0 +1,130 @@
+"""The Slurm side of ``gpufleet health --slurm-drain``: build the guard (controller or local
+limit), bound every call by what is left of the check's time budget, apply `local_drain.act`
+to each report and log each outcome with a timestamp on stderr (the generated
+HealthCheckProgram wrapper appends stderr to a log file, since slurmd keeps no output).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+from gpufleet.errors import GpufleetError
+from gpufleet.schedulers.slurm.commands import Runner, SlurmBinaries, SlurmCommands
+from gpufleet.schedulers.slurm.local_drain import (
+    DEFAULT_MAX_DRAINED,
+    ControllerGuard,
+    DrainGuard,
+    LocalGuard,
+    Outcome,
+    act,
+)
+
+if TYPE_CHECKING:
+    from gpufleet.health.tracker import HealthReport
+
+log = logging.getLogger("gpufleet.slurm.healthcheck")
+
+# `gpufleet health` as HealthCheckProgram must finish within this (issue 14: "within 10 s with
+# any number of hung GPUs"); slurmd itself kills the program after 60 s (slurm.conf(5)).
+BUDGET_S = 10.0
+MARGIN_S = 0.5  # interpreter exit, output
+PER_CALL_MAX_S = 3.0
+
+
+@dataclass(frozen=True)
+class SlurmCheck:
+    """How the check reaches Slurm and whom it asks before draining."""
+
+    scontrol: str = "scontrol"
+    sinfo: str = "sinfo"
+    controller: str | None = None
+    token: str | None = None
+    max_drained: str | None = None
+    runner: Runner | None = None
+    started_s: float | None = None  # time.monotonic() when the check began
+    clock: Callable[[], float] = time.monotonic
+
+    def time_left(self) -> float:
+        started = self.started_s if self.started_s is not None else self.clock()
+        return BUDGET_S - MARGIN_S - (self.clock() - started)
+
+    def per_call_s(self) -> float:
+        """Each program or HTTP call gets a share of what is left (sinfo, the controller,
+        scontrol, sinfo again), between 0.5 and 3 s."""
+        return max(0.5, min(PER_CALL_MAX_S, self.time_left() / 4))
+
+    def commands(self) -> SlurmCommands:
+        b = SlurmBinaries(scontrol=self.scontrol, sinfo=self.sinfo)
+        if self.runner is not None:
+            return SlurmCommands(binaries=b, runner=self.runner, timeout_s=self.per_call_s())
+        return SlurmCommands(binaries=b, timeout_s=self.per_call_s())
+
+    def guard(self) -> tuple[DrainGuard, Callable[[], None]]:
+        """The guard, and what closes it."""
+        if self.controller is None:
+            return LocalGuard(self.max_drained or DEFAULT_MAX_DRAINED), lambda: None
+        from gpufleet.client import ApiError, Client
+
+        client = Client(self.controller, self.token or "", timeout_s=self.per_call_s())
+
+        def node_state(name: str) -> str | None:
+            try:
+                return str(client.node(name).get("state"))
+            except ApiError as exc:
+                if exc.status == 404:
+                    return None
+                raise
+
+        return ControllerGuard(client.summary, node_state, url=self.controller), client.close
+
+
+def slurm_name(report_node: str, given: str | None) -> str:
+    """The node's Slurm name: ``--node``, else ``SLURMD_NODENAME`` (slurmd sets it for the
+    health check), else the report's (host) name."""
+    return given or os.environ.get("SLURMD_NODENAME") or report_node
+
+
+def run(reports: Sequence[HealthReport], node: str | None, check: SlurmCheck) -> list[Outcome]:
+    """Act on each report; every outcome is logged. Nothing raises: a guard or Slurm that
+    cannot answer (or no time left) is an ``undecided`` outcome."""
+    outcomes: list[Outcome] = []
+    guard: DrainGuard | None = None
+    close: Callable[[], None] = lambda: None  # noqa: E731
+    try:
+        for r in reports:
+            name = slurm_name(r.node, node)
+            if check.time_left() < 1.0:
+                outcomes.append(Outcome("undecided", name, "no time left to ask Slurm"))
+                continue
+            if guard is None:
+                try:
+                    guard, close = check.guard()
+                except GpufleetError as exc:
+                    outcomes.append(Outcome("undecided", name, exc.message))
+                    continue
+            outcomes.append(act(r, node=name, commands=check.commands(), guard=guard))
+    finally:
+        close()
+    for o in outcomes:
+        say(o)
+    return outcomes
+
+
+def say(o: Outcome) -> None:
+    """One timestamped line on stderr (and the module's logger) per outcome."""
+    level = logging.WARNING if o.action in ("undecided", "blocked", "drained") else logging.INFO
+    line = f"{o.node}: {o.action}: {o.detail}"
+    log.log(level, line)
+    stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    print(f"{stamp} gpufleet health --slurm-drain: {line}", file=sys.stderr, flush=True)
+
+
+def summary(outcomes: Sequence[Outcome]) -> dict[str, Any]:
+    """The ``slurm`` part of ``gpufleet health --json``."""
+    return {"actions": [o.to_dict() for o in outcomes]}
