@@ -12,6 +12,7 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from gpufleet.errors import GpufleetError
@@ -51,13 +52,18 @@ class SlurmCheck:
     clock: Callable[[], float] = time.monotonic
 
     def time_left(self) -> float:
+        """Seconds left of the budget, counted from the process's start when /proc says it
+        (the interpreter's start-up counts too), else from ``started_s``."""
         started = self.started_s if self.started_s is not None else self.clock()
-        return BUDGET_S - MARGIN_S - (self.clock() - started)
+        elapsed = self.clock() - started
+        if self.clock is time.monotonic:
+            elapsed = max(elapsed, process_age_s() or 0.0)
+        return BUDGET_S - MARGIN_S - elapsed
 
     def per_call_s(self) -> float:
-        """Each program or HTTP call gets a share of what is left (sinfo, the controller,
-        scontrol, sinfo again), between 0.5 and 3 s."""
-        return max(0.5, min(PER_CALL_MAX_S, self.time_left() / 4))
+        """Each program or HTTP call gets a quarter of what is left (sinfo, the controller,
+        scontrol, sinfo again), at most 3 s: together they end within the budget."""
+        return max(0.05, min(PER_CALL_MAX_S, self.time_left() / 4))
 
     def commands(self) -> SlurmCommands:
         b = SlurmBinaries(scontrol=self.scontrol, sinfo=self.sinfo)
@@ -75,13 +81,29 @@ class SlurmCheck:
 
         def node_state(name: str) -> str | None:
             try:
-                return str(client.node(name).get("state"))
+                detail = client.node(name)  # schemas.NodeDetail: {"node": {"state": ...}, ...}
             except ApiError as exc:
                 if exc.status == 404:
                     return None
                 raise
+            state = (detail.get("node") or {}).get("state")
+            if not isinstance(state, str):
+                raise GpufleetError(f"{self.controller}: node {name}: no state in the answer")
+            return state
 
         return ControllerGuard(client.summary, node_state, url=self.controller), client.close
+
+
+def process_age_s() -> float | None:
+    """How long this process has run: proc(5) ``/proc/self/stat`` field 22 (start time, clock
+    ticks after boot) against ``/proc/uptime``; None where /proc cannot say."""
+    try:
+        stat = Path("/proc/self/stat").read_text(encoding="ascii")
+        uptime = float(Path("/proc/uptime").read_text(encoding="ascii").split()[0])
+        start_ticks = int(stat.rsplit(")", 1)[1].split()[19])  # field 22; fields 1-2 end at ")"
+        return max(0.0, uptime - start_ticks / os.sysconf("SC_CLK_TCK"))
+    except (OSError, ValueError, IndexError):
+        return None
 
 
 def slurm_name(report_node: str, given: str | None) -> str:
