@@ -19,6 +19,7 @@ from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.slurm.commands import Runner, SlurmBinaries, SlurmCommands
 from gpufleet.schedulers.slurm.local_drain import (
     DEFAULT_MAX_DRAINED,
+    HEALTHY,
     ControllerGuard,
     DrainGuard,
     LocalGuard,
@@ -106,10 +107,11 @@ def process_age_s() -> float | None:
         return None
 
 
-def slurm_name(report_node: str, given: str | None) -> str:
+def slurm_name(report_node: str, given: str | None, only_report: bool = True) -> str:
     """The node's Slurm name: ``--node``, else ``SLURMD_NODENAME`` (slurmd sets it for the
-    health check), else the report's (host) name."""
-    return given or os.environ.get("SLURMD_NODENAME") or report_node
+    health check; only when there is one report), else the report's (host) name."""
+    from_env = os.environ.get("SLURMD_NODENAME") if only_report else None
+    return given or from_env or report_node
 
 
 def run(reports: Sequence[HealthReport], node: str | None, check: SlurmCheck) -> list[Outcome]:
@@ -120,7 +122,7 @@ def run(reports: Sequence[HealthReport], node: str | None, check: SlurmCheck) ->
     close: Callable[[], None] = lambda: None  # noqa: E731
     try:
         for r in reports:
-            name = slurm_name(r.node, node)
+            name = slurm_name(r.node, node, len(reports) == 1)
             if check.time_left() < 1.0:
                 outcomes.append(Outcome("undecided", name, "no time left to ask Slurm"))
                 continue
@@ -134,7 +136,8 @@ def run(reports: Sequence[HealthReport], node: str | None, check: SlurmCheck) ->
     finally:
         close()
     for o in outcomes:
-        say(o)
+        if o.action != "kept" or o.detail != HEALTHY:  # a healthy node in service: no line
+            say(o)
     return outcomes
 
 

@@ -42,6 +42,7 @@ HEALTH_PREFIX = "gpufleet: health: "
 # The controller's default policy (gpufleet.control.remediation.RemediationPolicy): at most
 # max(1, floor(10 % of the nodes)) out, so a check without a controller follows the same floor.
 DEFAULT_MAX_DRAINED = "10%"
+HEALTHY = "healthy, in service"
 
 
 def drain_reason(finding: Finding) -> str:
@@ -228,7 +229,7 @@ def _act(report: HealthReport, node: str, commands: SlurmCommands, guard: DrainG
             return Outcome("resumed", node, f"healthy again (was: {me.reason})", tuple(argv))
         if draining:
             return Outcome("kept", node, f"drained by someone else ({me.reason!r}): left alone")
-        return Outcome("kept", node, "healthy, in service")
+        return Outcome("kept", node, HEALTHY)
     worst = next(f for f in report.findings if f.severity == Severity.FAIL)
     if draining and not drained_by_check(me):
         return Outcome("kept", node, f"already drained ({me.reason!r}): reason kept")
