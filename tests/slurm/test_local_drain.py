@@ -164,3 +164,21 @@ def test_health_asks_the_controller_before_draining_in_slurm(
 
 def _state(b: SlurmBackend, node: str) -> SchedNodeState:
     return next(n for n in b.node_states() if n.name == node)
+
+
+def test_the_check_keeps_within_its_10_s_budget() -> None:
+    """Calls to Slurm share what is left of 10 s (start-up included); with under a second
+    left nothing is asked and nothing drained."""
+    from gpufleet.health.tracker import HealthReport
+    from gpufleet.health.types import Severity
+    from gpufleet.schedulers.slurm import health_check
+
+    now = [3.0]
+    check = SlurmCheck(started_s=1.0, startup_s=1.5, clock=lambda: now[0])
+    assert check.time_left() == pytest.approx(10 - 0.5 - 1.5 - 2.0)
+    assert check.per_call_s() == pytest.approx(6.0 / 4)
+    now[0] = 8.5  # 1.5 + 7.5 s gone: 0.5 s left
+    assert check.per_call_s() == pytest.approx(0.5 / 4)
+    report = HealthReport("gpu7", 0.0, Severity.FAIL, (), {})
+    [outcome] = health_check.run([report], None, check)
+    assert outcome.action == "undecided" and "no time left" in outcome.detail

@@ -230,6 +230,7 @@ def _slurm_check(
         max_drained=max_drained,
         runner=RUNNER,
         started_s=started,
+        startup_s=slurm_check.startup_s(),
     )
 
 
