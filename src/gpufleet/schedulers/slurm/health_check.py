@@ -6,7 +6,6 @@ HealthCheckProgram wrapper appends stderr to a log file, since slurmd keeps no o
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
@@ -29,8 +28,6 @@ from gpufleet.schedulers.slurm.local_drain import (
 
 if TYPE_CHECKING:
     from gpufleet.health.tracker import HealthReport
-
-log = logging.getLogger("gpufleet.slurm.healthcheck")
 
 # `gpufleet health` as HealthCheckProgram must finish within this (issue 14: "within 10 s with
 # any number of hung GPUs"); slurmd itself kills the program after 60 s (slurm.conf(5)).
@@ -150,10 +147,8 @@ def run(reports: Sequence[HealthReport], node: str | None, check: SlurmCheck) ->
 
 
 def say(o: Outcome) -> None:
-    """One timestamped line on stderr (and the module's logger) per outcome."""
-    level = logging.WARNING if o.action in ("undecided", "blocked", "drained") else logging.INFO
+    """One timestamped line on stderr per outcome (what the wrapper's log file keeps)."""
     line = f"{o.node}: {o.action}: {o.detail}"
-    log.log(level, line)
     stamp = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     print(f"{stamp} gpufleet health --slurm-drain: {line}", file=sys.stderr, flush=True)
 
