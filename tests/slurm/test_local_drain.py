@@ -182,3 +182,17 @@ def test_the_check_keeps_within_its_10_s_budget() -> None:
     report = HealthReport("gpu7", 0.0, Severity.FAIL, (), {})
     [outcome] = health_check.run([report], None, check)
     assert outcome.action == "undecided" and "no time left" in outcome.detail
+
+
+def test_power_saving_is_not_out_but_down_and_maintenance_are() -> None:
+    from gpufleet.schedulers.slurm.local_drain import is_out
+
+    def n(state: str) -> SchedNodeState:
+        return SchedNodeState(name="x", state=state, schedulable=False)
+
+    assert [is_out(n(s)) for s in ("idle+powered_down", "idle+power_down", "future")] == [
+        False,
+        False,
+        False,
+    ]
+    assert all(is_out(n(s)) for s in ("down+not_responding", "idle+drain", "idle+maint"))

@@ -50,9 +50,20 @@ def drain_reason(finding: Finding) -> str:
     return reason_text(f"{HEALTH_PREFIX}{finding.code} {finding.message}")
 
 
+# Slurm node state words (sinfo(1) "NODE STATE CODES", lower case as `SlurmBackend` gives them)
+# that take a node's capacity away. Power saving (idle+powered_down) and booting are not out.
+# (short forms as sinfo -t prints them, long ones as the --json state flags may spell them)
+OUT_WORDS = frozenset(
+    {
+        *("down", "drain", "drained", "draining", "fail", "failing", "not_responding"),
+        *("maint", "maintenance", "inval", "invalid", "invalid_reg"),
+    }
+)
+
+
 def is_out(node: SchedNodeState) -> bool:
-    """Out of service in Slurm: drained/draining, down, failing, or otherwise unschedulable."""
-    return not node.schedulable or "drain" in node.state
+    """Out of service in Slurm: drained/draining, down, failing, in maintenance."""
+    return any(w in OUT_WORDS for w in node.state.split("+"))
 
 
 def drained_by_check(node: SchedNodeState) -> bool:
