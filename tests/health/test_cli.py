@@ -78,9 +78,13 @@ def test_json_lists_verdict_findings_and_actions(tmp_path: Path) -> None:
 
 
 def recorder(calls: list[list[str]]) -> Runner:
-    """A Slurm runner that records each argument list and succeeds."""
+    """A Slurm runner that records each scontrol argument list and succeeds; ``sinfo --json``
+    lists gpu-a-01 idle among 20 nodes (Slurm 22.05's shape), so the drain is within limits."""
+    nodes = [{"name": f"gpu-a-{i:02d}", "state": "IDLE", "state_flags": []} for i in range(1, 21)]
 
     def run(argv: Sequence[str], env: Mapping[str, str], timeout_s: float) -> CommandResult:
+        if argv[0].endswith("sinfo"):
+            return CommandResult(tuple(argv), 0, json.dumps({"nodes": nodes, "errors": []}), "")
         calls.append(list(argv))
         return CommandResult(tuple(argv), 0, "", "")
 
@@ -107,8 +111,8 @@ def test_slurm_drain_runs_the_exact_scontrol_arguments(
             "update",
             "NodeName=gpu-a-01",
             "State=DRAIN",
-            "Reason=gpufleet: ROW_REMAP_FAILURE GPU 1: row remapping failed: the GPU's memory "
-            "cannot be repaired in the field",
+            "Reason=gpufleet: health: ROW_REMAP_FAILURE GPU 1: row remapping failed: the GPU's "
+            "memory cannot be repaired in the field",
         ]
     ]
 

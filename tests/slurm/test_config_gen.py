@@ -82,8 +82,8 @@ def test_from_inventory_types_and_errors() -> None:
     }
     cl = cg.from_inventory(doc)
     assert cg.node_lines(cl) == [
-        "NodeName=a Gres=gpu:h100:2 State=UNKNOWN",
-        "NodeName=b Gres=gpu:h100:1,gpu:l4:1 State=UNKNOWN",
+        "NodeName=a Gres=gpu:h100:2 Features=h100 State=UNKNOWN",
+        "NodeName=b Gres=gpu:h100:1,gpu:l4:1 Features=h100,l4 State=UNKNOWN",
     ]
     assert cg.gres_conf(cl).splitlines()[3:] == [
         "NodeName=b Name=gpu Type=h100 Count=1 File=/dev/nvidia0",
@@ -101,6 +101,75 @@ def test_health_check_wrapper_sets_slurm_conf() -> None:
     )
     assert "export SLURM_CONF='/etc/slurm dir/slurm.conf'\n" in text
     assert text.rstrip().endswith("exec gpufleet health --exit-code")
+    logged = cg.health_check_wrapper("/etc/slurm/slurm.conf", ["g"], "/var/log/g f/hc.log")
+    assert "umask 077\n" in logged and "mkdir -p '/var/log/g f'\n" in logged
+    assert logged.rstrip().endswith("exec g >/dev/null 2>>'/var/log/g f/hc.log'")
+    assert cg.health_check_command(max_drained="2") == [
+        "gpufleet", "health", "--exit-code", "--slurm-drain", "--duration", "1",
+        "--max-drained", "2",
+    ]  # fmt: skip
+    assert cg.health_check_command(controller="https://c:8443", token_file="/etc/t")[-4:] == [
+        "--controller", "https://c:8443", "--token-file", "/etc/t",
+    ]  # fmt: skip
+    with pytest.raises(ConfigError, match="token file"):
+        cg.health_check_command(controller="https://c:8443")
     conf = cg.slurm_conf(cg.from_plan(_plan(1, 1)), health_check_program="/x/hc.sh")
     assert "HealthCheckProgram=/x/hc.sh" in conf.splitlines()
     assert "HealthCheckInterval=30" in conf.splitlines()
+
+
+def _node(name: str, driver: str, memory_mb: int = 2_063_000) -> dict[str, object]:
+    host = {
+        "cpus": 224,
+        "boards": 1,
+        "sockets_per_board": 2,
+        "cores_per_socket": 56,
+        "threads_per_core": 2,
+        "memory_mb": memory_mb,
+    }
+    gpu = {"model": "h200-sxm", "driver_version": driver}
+    return {"name": name, "driver_version": driver, "host": host, "gpus": [gpu] * 8}
+
+
+def test_inventory_topology_memory_and_driver_features() -> None:
+    doc = {
+        "nodes": [
+            _node("n1", "550.54.15"),
+            _node("n2", "550.54.15"),
+            _node("n3", "570.86.10"),  # mixed drivers: a line of its own, told apart
+            _node("n4", "550.54.15", memory_mb=1_031_000),
+        ]
+    }
+    cl = cg.from_inventory(doc)
+    topo = "CPUs=224 Boards=1 SocketsPerBoard=2 CoresPerSocket=56 ThreadsPerCore=2"
+    assert cg.node_lines(cl) == [
+        f"NodeName=n[1-2] {topo} RealMemory=2063000 Gres=gpu:h200:8 "
+        "Features=h200,driver_550.54.15 State=UNKNOWN",
+        f"NodeName=n3 {topo} RealMemory=2063000 Gres=gpu:h200:8 "
+        "Features=h200,driver_570.86.10 State=UNKNOWN",
+        f"NodeName=n4 {topo} RealMemory=1031000 Gres=gpu:h200:8 "
+        "Features=h200,driver_550.54.15 State=UNKNOWN",
+    ]
+    assert not any("CPU topology" in n for n in cl.notes)
+    bare = cg.from_inventory({"nodes": [{"name": "s1", "gpus": [{"model": "h100-sxm"}]}]})
+    assert any("no CPU topology or memory for s1" in n for n in bare.notes)
+
+
+@pytest.mark.parametrize(
+    ("host", "field"),
+    [
+        ({"cpus": 0}, "host.cpus"),
+        ({"memory_mb": "lots"}, "host.memory_mb"),
+        ({"threads_per_core": True}, "host.threads_per_core"),
+        ([1, 2], "host must be a mapping"),
+    ],
+)
+def test_inventory_bad_host_names_the_field(host: object, field: str) -> None:
+    doc = {"nodes": [{"name": "a", "gpus": [], "host": host}]}
+    with pytest.raises(ConfigError, match=rf"nodes\[0\]\.{field}"):
+        cg.from_inventory(doc, source="inv.json")
+
+
+def test_feature_names_are_constraint_safe() -> None:
+    assert cg.driver_feature("550.54.15") == "driver_550.54.15"
+    assert cg.feature_name("a&b|c[1]:d,e f") == "a_b_c_1__d_e_f"

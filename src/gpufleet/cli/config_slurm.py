@@ -1,5 +1,7 @@
 """`gpufleet config slurm`: slurm.conf node/partition lines, gres.conf and topology.conf from a
-plan (``gpufleet plan --json``) or an inventory (this host's GPUs, or ``--sim SPEC``)."""
+plan (``gpufleet plan --json``) or an inventory (this host's GPUs and CPU topology, ``--sim
+SPEC``, or ``gpufleet inventory --json`` files gathered from the nodes), and the
+HealthCheckProgram wrapper that drains and resumes nodes."""
 
 from __future__ import annotations
 
@@ -9,7 +11,7 @@ from typing import Any
 
 import typer
 
-from gpufleet.cli.common import JsonOption, SeedOption, SimOption
+from gpufleet.cli.common import JsonOption, SeedOption, SimOption, http_url
 from gpufleet.cli.output import console, emit_json
 from gpufleet.errors import ConfigError, UsageError
 
@@ -19,7 +21,7 @@ def _inventory_doc(sim: str | None, seed: int) -> dict[str, Any]:
     from gpufleet.cli.output import to_jsonable
     from gpufleet.devices.discovery import open_fleet
 
-    fleet = open_fleet(sim=sim, seed=seed)
+    fleet = open_fleet(sim=sim, seed=seed).bounded()
     try:
         nodes, notes = collect(fleet)
     finally:
@@ -28,9 +30,47 @@ def _inventory_doc(sim: str | None, seed: int) -> dict[str, Any]:
     return doc
 
 
+def _json_file(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text") from exc
+    except json.JSONDecodeError as exc:
+        raise ConfigError(f"{path}: line {exc.lineno}: not JSON: {exc.msg}") from exc
+
+
+def _inventory_files(files: list[Path]) -> dict[str, Any]:
+    """One inventory of every node in ``gpufleet inventory --json`` files (e.g. one per node);
+    a node named twice is an error naming both files."""
+    nodes: list[Any] = []
+    seen: dict[str, Path] = {}
+    for f in files:
+        doc = _json_file(f)
+        listed = doc.get("nodes") if isinstance(doc, dict) else None
+        if not isinstance(listed, list):
+            raise ConfigError(f"{f}: 'nodes' is missing (is this gpufleet inventory --json?)")
+        for n in listed:
+            name = n.get("name") if isinstance(n, dict) else None
+            if isinstance(name, str) and name in seen:
+                raise ConfigError(f"{f}: node {name!r} is also in {seen[name]}")
+            if isinstance(name, str):
+                seen[name] = f
+            nodes.append(n)
+    return {"nodes": nodes}
+
+
 def config_slurm(
     plan: Path | None = typer.Option(None, "--plan", help="A plan from `gpufleet plan --json`."),
-    inventory: bool = typer.Option(False, "--inventory", help="Use this host's (or --sim) GPUs."),
+    inventory: bool = typer.Option(
+        False, "--inventory", help="Use this host's (or --sim) GPUs, CPU topology and memory."
+    ),
+    inventory_files: list[Path] | None = typer.Option(
+        None,
+        "--inventory-file",
+        help="`gpufleet inventory --json` output (repeat: one per node); implies --inventory.",
+    ),
     sim: str | None = SimOption,
     seed: int = SeedOption,
     out: Path | None = typer.Option(None, "--out", help="Write the files into this directory."),
@@ -38,38 +78,77 @@ def config_slurm(
     health_check: str | None = typer.Option(
         None,
         "--health-check",
-        help="Path where the HealthCheckProgram wrapper will live; "
-        "writes it (running `gpufleet health --exit-code`) and sets HealthCheckProgram.",
+        help="Path where the HealthCheckProgram wrapper will live; writes it (running "
+        "`gpufleet health --exit-code --slurm-drain`) and sets HealthCheckProgram.",
     ),
     slurm_conf_path: str = typer.Option(
         "/etc/slurm/slurm.conf", "--slurm-conf-path", help="SLURM_CONF the wrapper exports."
+    ),
+    controller: str | None = typer.Option(
+        None, "--controller", help="The health check asks this controller's circuit breaker."
+    ),
+    token_file: str | None = typer.Option(
+        None,
+        "--token-file",
+        help="With --controller: path of the token file ON THE NODES (not read here).",
+    ),
+    max_drained: str | None = typer.Option(
+        None,
+        "--max-drained",
+        help="Without --controller: most Slurm nodes the checks may drain at once, N or P% "
+        "(default 10%, at least 1).",
+    ),
+    health_log: str = typer.Option(
+        "/var/log/gpufleet/health-check.log",
+        "--health-log",
+        help="Where the health check appends its decisions (slurmd keeps no output).",
+    ),
+    interval: int = typer.Option(
+        30, "--health-interval", min=1, help="HealthCheckInterval in seconds."
     ),
     as_json: bool = JsonOption,
 ) -> None:
     """Generate Slurm node, partition, GRES (typed GPUs) and topology configuration."""
     from gpufleet.schedulers.slurm import config_gen as cg
+    from gpufleet.schedulers.slurm.local_drain import parse_max_drained
 
-    if (plan is None) == (not inventory and sim is None):
-        raise UsageError("give exactly one of --plan PLAN.json or --inventory [--sim SPEC]")
+    use_inventory = inventory or bool(inventory_files) or sim is not None
+    if (plan is None) == (not use_inventory):
+        raise UsageError(
+            "give exactly one of --plan PLAN.json or --inventory [--sim SPEC | --inventory-file F]"
+        )
+    if sim is not None and inventory_files:
+        raise UsageError("give --sim or --inventory-file, not both")
+    if controller is not None:
+        http_url(controller, "--controller")
+        if not token_file:
+            raise UsageError("--controller needs --token-file (its path on the nodes)")
+        if max_drained:
+            raise UsageError("give --controller (its circuit breaker decides) or --max-drained")
+    if max_drained is not None:
+        parse_max_drained(max_drained)
     if plan is not None:
-        try:
-            doc = json.loads(plan.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise ConfigError(f"{plan}: cannot read: {exc.strerror or exc}") from exc
-        except json.JSONDecodeError as exc:
-            raise ConfigError(f"{plan}: line {exc.lineno}: not JSON: {exc.msg}") from exc
+        doc = _json_file(plan)
+        if not isinstance(doc, dict):
+            raise ConfigError(f"{plan}: expected a JSON object (gpufleet plan --json)")
         cluster = cg.from_plan(doc, prefix=prefix, source=str(plan))
+    elif inventory_files:
+        source = ", ".join(map(str, inventory_files))
+        cluster = cg.from_inventory(_inventory_files(inventory_files), source=source)
     else:
         cluster = cg.from_inventory(_inventory_doc(sim, seed), source="inventory")
     files = {
-        "slurm.conf": cg.slurm_conf(cluster, health_check_program=health_check),
+        "slurm.conf": cg.slurm_conf(
+            cluster, health_check_program=health_check, health_check_interval_s=interval
+        ),
         "gres.conf": cg.gres_conf(cluster),
         "topology.conf": cg.topology_conf(cluster),
     }
     if health_check:
-        files["healthcheck.sh"] = cg.health_check_wrapper(
-            slurm_conf_path, ["gpufleet", "health", "--exit-code"]
+        command = cg.health_check_command(
+            controller=controller, token_file=token_file, max_drained=max_drained
         )
+        files["healthcheck.sh"] = cg.health_check_wrapper(slurm_conf_path, command, health_log)
     written: list[str] = []
     if out is not None:
         try:

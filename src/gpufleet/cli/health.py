@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import time
 from pathlib import Path
@@ -12,7 +13,14 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from gpufleet.cli.common import JsonOption, SeedOption, SimOption
+from gpufleet.cli.common import (
+    JsonOption,
+    SeedOption,
+    SimOption,
+    TokenFileOption,
+    http_url,
+    read_token,
+)
 from gpufleet.cli.output import console, emit_json, err_console, fit, print_error
 from gpufleet.devices.deadline import with_deadlines
 from gpufleet.devices.types import GpuEvent
@@ -30,13 +38,9 @@ from gpufleet.health.config import load_health_config
 from gpufleet.health.context import GpuHealthInput, GpuWindow, NodeHealthInput
 from gpufleet.health.tracker import HealthReport, HealthTracker
 from gpufleet.health.types import Severity
-from gpufleet.schedulers.slurm.commands import (
-    Runner,
-    SlurmBinaries,
-    SlurmCommands,
-    subprocess_runner,
-)
-from gpufleet.schedulers.slurm.local_drain import drain_if_failed
+from gpufleet.schedulers.slurm import health_check as slurm_check
+from gpufleet.schedulers.slurm.commands import Runner, subprocess_runner
+from gpufleet.schedulers.slurm.local_drain import parse_max_drained
 
 # Injectable side effect: tests replace it with a recorder (see tests/health/test_cli.py).
 RUNNER: Runner = subprocess_runner
@@ -163,7 +167,20 @@ def health(
         False, "--exit-code", help="Exit 0 ok, 1 warn, 2 fail, 3 unknown (Slurm/Nagios)."
     ),
     slurm_drain: bool = typer.Option(
-        False, "--slurm-drain", help="On fail, drain this node with scontrol (finding as reason)."
+        False,
+        "--slurm-drain",
+        help="Drain this Slurm node on fail (finding as reason) within the circuit breaker; "
+        "resume it when healthy if this check drained it (see docs/slurm.md).",
+    ),
+    controller: str | None = typer.Option(
+        None, "--controller", help="With --slurm-drain: ask this controller's circuit breaker."
+    ),
+    token_file: Path | None = TokenFileOption,
+    max_drained: str | None = typer.Option(
+        None,
+        "--max-drained",
+        help="With --slurm-drain and no --controller: most Slurm nodes out at once, "
+        "N or P% (default 10%, at least 1).",
     ),
     config: Path | None = typer.Option(None, "--config", help="YAML file with a health: section."),
     duration: float = typer.Option(3.0, "--duration", min=0, help="Seconds to sample."),
@@ -185,9 +202,11 @@ def health(
     if ctx.invoked_subcommand is not None:
         return
     imported: Any = None
+    started = time.monotonic()
     try:
         if sim and imports:
             raise UsageError("--sim and --import are mutually exclusive: give one or the other")
+        check = _slurm_check(slurm_drain, scontrol, controller, token_file, max_drained, started)
         cfg = load_health_config(config)
         persistent = sim is None and not imports
 
@@ -200,13 +219,7 @@ def health(
             reports, imported = _reports_import(imports, tracker_for)
         else:
             reports = _reports_local(node, duration, tracker_for)
-        drained: list[list[str]] = []
-        if slurm_drain:
-            cmds = SlurmCommands(binaries=SlurmBinaries(scontrol=scontrol), runner=RUNNER)
-            for r in reports:
-                args = drain_if_failed(r, node=node or r.node, commands=cmds)
-                if args:
-                    drained.append(args)
+        outcomes = slurm_check.run(reports, node, check) if check else []
     except GpufleetError as exc:
         if not exit_code:
             raise
@@ -216,6 +229,7 @@ def health(
     failed: list[str] = imported.failed if imported is not None else []
     if failed and verdict != Severity.FAIL:
         verdict = Severity.UNKNOWN  # a report that could not be read is not a passing one
+    drained = [list(o.argv) for o in outcomes if o.action == "drained"]
     if as_json:
         doc: dict[str, Any] = {
             "verdict": verdict.word,
@@ -224,6 +238,8 @@ def health(
         }
         if imported is not None:
             doc["import"] = {"failed": failed, "warnings": imported.warnings}
+        if slurm_drain:
+            doc["slurm"] = slurm_check.summary(outcomes)
         emit_json(doc)
     else:
         for r in reports:
@@ -236,9 +252,47 @@ def health(
             for f in failed:
                 console.print(f"[red]not imported:[/] {f}", highlight=False)
     if exit_code:
-        raise typer.Exit(int(verdict))
+        undecided = any(o.action == "undecided" for o in outcomes)
+        raise typer.Exit(int(Severity.UNKNOWN if undecided else verdict))
     if failed:
         raise typer.Exit(1)  # partial import: judged what parsed, listed what did not
+
+
+def _slurm_check(
+    enabled: bool,
+    scontrol: str,
+    controller: str | None,
+    token_file: Path | None,
+    max_drained: str | None,
+    started: float,
+) -> slurm_check.SlurmCheck | None:
+    """What ``--slurm-drain`` asks for (checked before any GPU is read); ``sinfo`` is taken
+    from the directory of ``--scontrol`` when that is a path."""
+    if not enabled:
+        if controller or max_drained:
+            raise UsageError("--controller and --max-drained go with --slurm-drain")
+        return None
+    if controller and max_drained:
+        raise UsageError("give --controller (its circuit breaker decides) or --max-drained")
+    token = None
+    if controller:
+        http_url(controller, "--controller")
+        token = read_token(None, token_file)
+        if not token:
+            raise UsageError("--controller needs --token-file (or GPUFLEET_TOKEN_FILE)")
+    elif max_drained is not None:
+        parse_max_drained(max_drained)
+    sinfo = os.path.join(os.path.dirname(scontrol), "sinfo") if os.sep in scontrol else "sinfo"
+    return slurm_check.SlurmCheck(
+        scontrol=scontrol,
+        sinfo=sinfo,
+        controller=controller,
+        token=token,
+        max_drained=max_drained,
+        runner=RUNNER,
+        started_s=started,
+        startup_s=slurm_check.startup_s(),
+    )
 
 
 def _overall(reports: list[HealthReport]) -> Severity:

@@ -46,6 +46,7 @@ def inventory_document(
                 "source": n.source,
                 "driver_version": n.driver_version,
                 "cuda_driver_version": n.cuda_driver_version,
+                "host": None if n.host is None else to_jsonable(n.host),
                 "gpus": [{**to_jsonable(g), **details.get((n.name, g.index), {})} for g in n.gpus],
             }
             for n in nodes

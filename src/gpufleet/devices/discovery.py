@@ -16,6 +16,7 @@ from gpufleet.devices.deadline import (
     NvmlTimeoutError,
     with_deadlines,
 )
+from gpufleet.devices.host import read_host
 from gpufleet.devices.types import DeviceInfo, NodeInventory, Sample
 from gpufleet.errors import DeviceError, GpuLostError, NoDeviceError, UsageError
 
@@ -138,6 +139,7 @@ def node_inventory(backend: GpuBackend) -> tuple[NodeInventory, list[str]]:
             source=source,
             driver_version=driver,
             cuda_driver_version=cuda,
+            host=read_host() if source == "nvml" else None,  # a simulated node has no host
         ),
         notes,
     )

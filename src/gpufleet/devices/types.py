@@ -7,6 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from enum import IntFlag
 
+from gpufleet.devices.host import HostTopology
+
 
 class ClockEventReason(IntFlag):
     """NVML clock-event (throttle) reasons (``nvmlClocksEventReason*``, once ``*ThrottleReason*``).
@@ -60,6 +62,7 @@ class DeviceInfo:
     inforom_version: str | None = None
     driver_version: str | None = None
     cuda_driver_version: str | None = None
+    host: HostTopology | None = None  # CPUs and memory (real hosts only: gpufleet.devices.host)
     nvml_version: str | None = None
     memory_total_bytes: int | None = None
     power_limit_default_w: float | None = None
@@ -158,3 +161,4 @@ class NodeInventory:
     source: str = "nvml"  # "nvml", "sim", or the imported file's path
     driver_version: str | None = None
     cuda_driver_version: str | None = None
+    host: HostTopology | None = None  # CPUs and memory (real hosts only: gpufleet.devices.host)

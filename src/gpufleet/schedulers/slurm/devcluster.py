@@ -79,6 +79,7 @@ class DevCluster:
     cluster: ClusterSpec | None = None  # default: gpu1..gpuN with gpus_per_node each
     extra_conf: Mapping[str, str] = field(default_factory=dict)
     health_check_program: str | None = None
+    health_check_interval_s: int = 30
     pids: dict[str, int] = field(default_factory=dict)
 
     # --- paths ------------------------------------------------------------------------------
@@ -165,7 +166,12 @@ class DevCluster:
         base.update(self.extra_conf)
         (r / "etc" / "plugstack.conf").write_text("")
         self.slurm_conf.write_text(
-            config_gen.slurm_conf(placed, base, health_check_program=self.health_check_program)
+            config_gen.slurm_conf(
+                placed,
+                base,
+                health_check_program=self.health_check_program,
+                health_check_interval_s=self.health_check_interval_s,
+            )
         )
         (r / "etc" / "gres.conf").write_text(config_gen.gres_conf(placed))
         if placed.switches:
