@@ -36,6 +36,8 @@ SLOW_FIELDS: dict[int, tuple[str, float]] = {
     pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: ("nvlink_crc_errors", 1),
     pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: ("nvlink_replay_errors", 1),
     pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: ("nvlink_recovery_errors", 1),
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: ("nvlink_crc_flit_errors", 1),
+    pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT: ("_nvlink_link_count", 1),
     # Violation times in ns: the successors of nvmlDeviceGetViolationStatus (deprecated).
     pynvml.NVML_FI_DEV_PERF_POLICY_POWER: ("_power_violation_ns", 1),
     pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: ("_thermal_violation_ns", 1),
@@ -55,8 +57,23 @@ INT_FIELDS = frozenset(
         "nvlink_crc_errors",
         "nvlink_replay_errors",
         "nvlink_recovery_errors",
+        "nvlink_crc_flit_errors",
     }
 )
+
+# Per-link NVLink fields, read with ``scopeId`` = link number (NVML API Reference, "Field Value
+# Enums": NVML_FI_DEV_NVLINK_GET_STATE 0=inactive 1=active, NVML_FI_DEV_NVLINK_ERROR_DL_CRC /
+# _REPLAY / _RECOVERY per-link data-link error counters, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX /
+# _RX data payload in KiB). Attribute names are those of `gpufleet.devices.types.NvLinkCounters`.
+NVLINK_LINK_FIELDS: dict[int, str] = {
+    pynvml.NVML_FI_DEV_NVLINK_GET_STATE: "active",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: "crc_errors",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: "replay_errors",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: "recovery_errors",
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: "tx_kib",
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "rx_kib",
+}
+NVLINK_MAX_LINKS = 18  # Hopper and Blackwell GPUs have 18 NVLinks (NVIDIA H100/B200 datasheets)
 
 
 def field_value(fv: object) -> float | int | None:
