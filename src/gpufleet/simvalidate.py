@@ -63,7 +63,7 @@ class SimEngine:
         self.clock = clock
         self.seed = fleet.spec.seed
         names = nodes if nodes else list(fleet.nodes)
-        self._backends = {n: fleet.node(n).backend() for n in names}
+        self._backends: dict[str, GpuBackend] = {n: fleet.node(n).backend() for n in names}
 
     # ----- plumbing ------------------------------------------------------------------------
     def backends(self) -> dict[str, GpuBackend]:
@@ -190,15 +190,15 @@ class SimEngine:
         matrix: dict[int, dict[int, float]] = {i: {} for i in idx}
         for n, a in enumerate(idx):
             for b in idx[n + 1 :]:
-                frac = min(self._gpu(node, a).nvlink_fraction(), self._gpu(node, b).nvlink_fraction())
+                frac = min(
+                    self._gpu(node, a).nvlink_fraction(), self._gpu(node, b).nvlink_fraction()
+                )
                 bw = full * frac * self._noise(node, "p2p", a, b)
                 matrix[a][b] = matrix[b][a] = bw
         pairs = len(idx) * (len(idx) - 1)
         seconds = pairs * P2P_ITERS * P2P_BYTES / (full * 1e9) if full else 0.0
         load = Load(util=0.3, intensity=0.2, kind="nvlink_p2p", nvlink_bytes_per_s=full * 1e9)
-        self._run_phase(
-            [t for t in targets if t.node == node], load, seconds
-        )
+        self._run_phase([t for t in targets if t.node == node], load, seconds)
         return matrix
 
     # ----- level 3 -------------------------------------------------------------------------

@@ -177,7 +177,9 @@ def p2p_gbps(model: GpuModel) -> float | None:
 # rate x efficiency is the network's share (8 x 400 Gb/s x 0.9 = 360 GB/s on a DGX H200).
 
 
-def ring_busbw(model: GpuModel, nodes: int, ranks_per_node: int, net_fraction: float = 1.0) -> float:
+def ring_busbw(
+    model: GpuModel, nodes: int, ranks_per_node: int, net_fraction: float = 1.0
+) -> float:
     """all_reduce, all_gather, reduce_scatter: every rank sends (n-1)/n (x2 for all_reduce) of
     the buffer over its slowest hop, so busbw is the slower of the GPU link and the node's
     network share."""

@@ -14,6 +14,7 @@ when the window has them, else the per-GPU totals (``nvlink_crc_flit_errors``,
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable
 
 from pydantic import Field
@@ -45,7 +46,7 @@ def _increase(points: list[tuple[float, int | None]]) -> tuple[int, float] | Non
     if len(pts) < 2:
         return None
     inc = 0
-    for (_, a), (_, b) in zip(pts, pts[1:], strict=False):
+    for (_, a), (_, b) in itertools.pairwise(pts):
         assert a is not None and b is not None
         inc += b - a if b >= a else b
     return inc, pts[-1][0] - pts[0][0]
@@ -84,8 +85,9 @@ def nvlink(ctx: GpuContext, p: NvLinkParams) -> Iterable[Finding]:
     crc = [v for k, v in incs.items() if "crc" in k and v is not None]
     crc_inc = sum(v[0] for v in crc)
     span = max((v[1] for v in crc), default=0.0)
-    yield from _judge(ctx, p, None, crc_inc, span, incs["nvlink_replay_errors"],
-                      incs["nvlink_recovery_errors"])
+    yield from _judge(
+        ctx, p, None, crc_inc, span, incs["nvlink_replay_errors"], incs["nvlink_recovery_errors"]
+    )
 
 
 def _per_link(

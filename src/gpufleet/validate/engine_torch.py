@@ -191,10 +191,8 @@ class TorchEngine:
                         5,
                     )
                 seen[(a, b)] = nbytes / secs / 1e9
-        del bufs
-        return {
-            a: {b: min(seen[(a, b)], seen[(b, a)]) for b in idx if b != a} for a in idx
-        }
+        bufs.clear()
+        return {a: {b: min(seen[(a, b)], seen[(b, a)]) for b in idx if b != a} for a in idx}
 
     def memory(self, targets: list[Target], thr: th.Thresholds) -> list[TestResult]:
         torch, out = self.torch, []

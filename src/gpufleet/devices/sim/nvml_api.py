@@ -517,9 +517,7 @@ class SimNvml:
         _ = (sll, dbl)
         return table
 
-    def _link_field(
-        self, gpu: SimGpu, fid: int, link: int
-    ) -> tuple[int, float | int] | None:
+    def _link_field(self, gpu: SimGpu, fid: int, link: int) -> tuple[int, float | int] | None:
         """A field scoped to one NVLink (``scopeId`` = link), as NVML answers it."""
         if gpu.nvlink_count == 0 or len(self._node.gpus) < 2 or not 0 <= link < gpu.nvlink_count:
             return None
@@ -547,9 +545,7 @@ class SimNvml:
                 fid, scope = int(item[0]), int(item[1])
             else:
                 fid = int(item)
-            entry = (
-                self._link_field(gpu, fid, scope) if scope is not None else table.get(int(fid))
-            )
+            entry = self._link_field(gpu, fid, scope) if scope is not None else table.get(int(fid))
             if scope is not None:
                 values[i].scopeId = scope
             value: float | int = 0
