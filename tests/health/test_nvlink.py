@@ -117,3 +117,20 @@ def test_metrics_export_dcgm_nvlink_series() -> None:
     # GPU 0 moved 100 GB/s each way until the last slow-tier read at 10 s: TX + RX in KiB
     kib = values[("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL", "0")]
     assert kib == pytest.approx(2 * 100e9 * 10 / 1024, rel=0.01)
+
+
+def test_totals_alone_still_judge_when_no_link_is_named() -> None:
+    """The agent's ring-buffer windows keep the per-GPU totals only."""
+    from gpufleet.devices.types import Sample
+    from gpufleet.health import GpuHealthInput, GpuWindow, HealthTracker, NodeHealthInput
+
+    samples = [
+        Sample(timestamp_s=t, nvlink_crc_flit_errors=10 * t, nvlink_recovery_errors=int(t >= 3))
+        for t in range(6)
+    ]
+    gpu = GpuHealthInput(index=0, uuid="GPU-x", window=GpuWindow.of(samples))
+    report = HealthTracker(None, clock=lambda: 6.0).evaluate(NodeHealthInput("n", (gpu,)))
+    crc = find(report, "NVLINK_CRC_ERRORS")
+    assert crc.severity == Severity.WARN and crc.evidence["per_s"] == 10.0
+    assert crc.evidence["link"] is None and "NVLink:" in crc.message
+    assert find(report, "NVLINK_RECOVERY_ERRORS").severity == Severity.FAIL
