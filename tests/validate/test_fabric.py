@@ -1,4 +1,5 @@
-"""Collective expectations across nodes (issue 14 item 3) and stragglers per GPU (item 4).
+"""Collective expectations across nodes (issue 14 item 3), stragglers per GPU (item 4) and the
+NVLink peer-to-peer expectation and attribution (item 2).
 
 Expected figures are worked out here from the catalog's published inputs (8 x 400 Gb/s NICs per
 DGX H200 node, network efficiency 0.90, NVLink 900 GB/s both ways x collective efficiency 0.80)
@@ -15,7 +16,9 @@ from gpufleet.catalog import GpuModel, load_catalog
 from gpufleet.catalog import performance as perf
 from gpufleet.devices.sim import Fault, FaultKind
 from gpufleet.validate.analysis import Observation, find_stragglers
+from gpufleet.validate.judge import nvlink_pairs
 from gpufleet.validate.results import Status, TestResult
+from gpufleet.validate.thresholds import Thresholds
 from tests.validate.conftest import run_sim
 
 NIC_GBS = 8 * 400 / 8 * 0.90  # 8 NICs x 400 Gb/s in GB/s x efficiency = 360 GB/s per node
@@ -135,3 +138,28 @@ def test_simulated_fleet_with_three_slow_gpus_reports_three_stragglers() -> None
         "sim-02/gpu4",
         "sim-03/gpu6",
     ]
+
+
+# ----- NVLink peer-to-peer judging (item 2) --------------------------------------------------
+def _p2p_matrix(slow: dict[frozenset[int], float]) -> dict[int, dict[int, float]]:
+    full = 900 / 2 * 0.85  # catalog NVLink one way x the peer-copy efficiency: 382.5 GB/s
+    m: dict[int, dict[int, float]] = {i: {} for i in range(8)}
+    for a in range(8):
+        for b in range(8):
+            if a != b:
+                m[a][b] = slow.get(frozenset((a, b)), full)
+    return m
+
+
+def test_nvlink_p2p_expects_catalog_bandwidth_times_efficiency(h200: GpuModel) -> None:
+    assert perf.p2p_gbps(h200) == pytest.approx(900 / 2 * 0.85)
+    assert perf.p2p_gbps(load_catalog().gpus["a100-pcie-80gb"]) is None  # no NVLink switch
+
+
+def test_one_slow_gpu_pair_is_named_as_a_link_and_a_slow_gpu_as_the_gpu() -> None:
+    exp = 900 / 2 * 0.85
+    res = nvlink_pairs("n1", _p2p_matrix({frozenset((1, 5)): 150.0}), exp, Thresholds())
+    assert {r.component for r in res if r.status is Status.FAIL} == {"n1/gpu1<->n1/gpu5"}
+    every = {frozenset((3, b)): 190.0 for b in range(8) if b != 3}
+    res = nvlink_pairs("n1", _p2p_matrix(every), exp, Thresholds())
+    assert {r.component for r in res if r.status is Status.FAIL} == {"n1/gpu3"}

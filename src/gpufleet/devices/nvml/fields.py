@@ -5,7 +5,9 @@ getters take 2-50 us; the energy counter 3-4 ms; PCIe error/byte counters and th
 counter ~380 us each; ``nvmlDeviceGetPcieThroughput`` ~20 ms (it samples for 20 ms). The fast
 tier is one batched ``nvmlDeviceGetFieldValues`` call of cheap ids plus six cheap getters (~28 us
 of CPU per GPU on the H200, ``gpm_probe.json`` ``fast_sweep``); everything expensive waits for
-the slow tier.
+the slow tier, as do the NVLink counters (totals, then one batched call of every link's state,
+error counters and throughput, field values scoped by link; on the single H200 captured every
+NVLink field answers NotSupported in 10-56 us).
 """
 
 from __future__ import annotations
