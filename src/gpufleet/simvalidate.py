@@ -47,6 +47,8 @@ MEM_FRACTION = 0.92
 COLL_ITERS = 20
 PAIR_BYTES = 2**30
 PAIR_ITERS = 10
+P2P_BYTES = 2**30
+P2P_ITERS = 5
 TRACE_POINTS = 30  # simulated trace samples per run (physics settles in ~30 s)
 POWER_INTENSITY = 1.3  # targeted power: heavier than a bf16 matmul, so the cap is reached
 
@@ -61,7 +63,7 @@ class SimEngine:
         self.clock = clock
         self.seed = fleet.spec.seed
         names = nodes if nodes else list(fleet.nodes)
-        self._backends = {n: fleet.node(n).backend() for n in names}
+        self._backends: dict[str, GpuBackend] = {n: fleet.node(n).backend() for n in names}
 
     # ----- plumbing ------------------------------------------------------------------------
     def backends(self) -> dict[str, GpuBackend]:
@@ -178,6 +180,27 @@ class SimEngine:
         self._run_phase(targets, load, max(0.0, seconds / max(1, len(targets)) - 0.5))
         return out
 
+    def nvlink_p2p(self, node: str, targets: list[Target]) -> dict[int, dict[int, float]]:
+        """Peer-to-peer copy bandwidth of every GPU pair of a node (GB/s, one direction): the
+        catalog's figure, slowed on a GPU whose NVLink replays or retrains (nvlink_errors)."""
+        model = targets[0].model
+        assert model is not None
+        full = perf.p2p_gbps(model) or 0.0
+        idx = [t.gpu for t in targets]
+        matrix: dict[int, dict[int, float]] = {i: {} for i in idx}
+        for n, a in enumerate(idx):
+            for b in idx[n + 1 :]:
+                frac = min(
+                    self._gpu(node, a).nvlink_fraction(), self._gpu(node, b).nvlink_fraction()
+                )
+                bw = full * frac * self._noise(node, "p2p", a, b)
+                matrix[a][b] = matrix[b][a] = bw
+        pairs = len(idx) * (len(idx) - 1)
+        seconds = pairs * P2P_ITERS * P2P_BYTES / (full * 1e9) if full else 0.0
+        load = Load(util=0.3, intensity=0.2, kind="nvlink_p2p", nvlink_bytes_per_s=full * 1e9)
+        self._run_phase([t for t in targets if t.node == node], load, seconds)
+        return matrix
+
     # ----- level 3 -------------------------------------------------------------------------
     def _trace(
         self,
@@ -269,11 +292,13 @@ class SimEngine:
                 frac = min(frac, float(f.param("fraction", 0.5)))
         return frac
 
-    def _collective_rows(self, n: int, busbw: float, key: str) -> tuple[list[CollectiveRow], float]:
+    def _collective_rows(
+        self, n: int, busbw: dict[str, float], key: str
+    ) -> tuple[list[CollectiveRow], float]:
         rows, seconds = [], 0.0
         for op in perf.COLLECTIVES:
             for size in message_sizes():
-                secs = wl.collective_seconds(op, size, n, busbw) / self._noise(key, op, size)
+                secs = wl.collective_seconds(op, size, n, busbw[op]) / self._noise(key, op, size)
                 rows.append(row(op, size, secs, n))
                 seconds += secs * COLL_ITERS
         return rows, seconds
@@ -283,26 +308,32 @@ class SimEngine:
     ) -> tuple[TestResult, list[CollectiveRow]]:
         model = targets[0].model
         assert model is not None
-        busbw = perf.collective_busbw_gbps(model) * self._noise(node, "coll")
-        rows, seconds = self._collective_rows(len(targets), busbw, node)
-        self._run_phase(targets, Load(util=0.6, intensity=0.3, kind="nccl"), seconds)
-        res = judge.collectives(
-            node, "collectives", rows, len(targets), th.expected_collective_busbw(model), thr
+        expected = perf.expected_busbw_by_op(model, 1, len(targets))
+        noise = self._noise(node, "coll")
+        rows, seconds = self._collective_rows(
+            len(targets), {op: v * noise for op, v in expected.items()}, node
         )
+        self._run_phase(targets, Load(util=0.6, intensity=0.3, kind="nccl"), seconds)
+        res = judge.collectives(node, "collectives", rows, len(targets), expected, thr)
         return res, rows
 
     def multinode_collectives(
         self, by_node: dict[str, list[Target]], thr: th.Thresholds
     ) -> tuple[TestResult, list[CollectiveRow]]:
+        """Across nodes: each op at the fabric's figure (`perf.expected_busbw`), the network
+        share scaled by the slowest node link (a collective waits for its slowest hop)."""
         all_t = [t for ts in by_node.values() for t in ts]
         model = all_t[0].model
         assert model is not None
         per_node = max(len(ts) for ts in by_node.values())
-        nic_per_gpu = th.node_network_gbps(model) / per_node
+        nodes = len(by_node)
         slowest = min(self._link_fraction(n) for n in by_node)
-        expected = min(perf.collective_busbw_gbps(model), nic_per_gpu)
-        busbw = expected * slowest * self._noise("fleet", "coll")
-        rows, seconds = self._collective_rows(len(all_t), busbw, "fleet")
+        expected = perf.expected_busbw_by_op(model, nodes, per_node)
+        actual = perf.expected_busbw_by_op(model, nodes, per_node, net_fraction=slowest)
+        noise = self._noise("fleet", "coll")
+        rows, seconds = self._collective_rows(
+            len(all_t), {op: v * noise for op, v in actual.items()}, "fleet"
+        )
         self._run_phase(all_t, Load(util=0.6, intensity=0.3, kind="nccl"), seconds)
         res = judge.collectives("fleet", "multinode_collectives", rows, len(all_t), expected, thr)
         return res, rows

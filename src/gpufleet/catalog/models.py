@@ -251,3 +251,4 @@ class PerformanceModel(_Record):
     collective_latency_s: Figure
     network_efficiency: Figure
     default_node_nic_gbits: Figure
+    nvlink_p2p_efficiency: Figure

@@ -141,12 +141,100 @@ def collective_busbw_gbps(model: GpuModel, link_fraction: float = 1.0) -> float:
     return link / 2 * model_data().collective_link_efficiency.value * link_fraction
 
 
-def node_network_gbps(model: GpuModel) -> float:
-    """GB/s one node moves to another: its compute NICs' line rate x the network efficiency."""
+def node_nics(model: GpuModel) -> tuple[int, float]:
+    """(compute NICs, Gb/s each) of the model's system (systems.yaml), else the default."""
     systems = load_catalog().systems_for(model.key)
-    gbits = (
-        systems[0].compute_nics * systems[0].compute_nic_gbps
-        if systems
-        else model_data().default_node_nic_gbits.value
-    )
-    return gbits / 8.0 * model_data().network_efficiency.value
+    if systems:
+        return systems[0].compute_nics, float(systems[0].compute_nic_gbps)
+    total = model_data().default_node_nic_gbits.value
+    return 8, total / 8
+
+
+def node_network_gbps(model: GpuModel, ranks_per_node: int | None = None) -> float:
+    """GB/s one node moves to another: its compute NICs' line rate x the network efficiency.
+
+    With ``ranks_per_node`` GPUs each on its own rail, only min(ranks, NICs) NICs carry data.
+    """
+    nics, gbits = node_nics(model)
+    used = nics if ranks_per_node is None else max(1, min(ranks_per_node, nics))
+    return used * gbits / 8.0 * model_data().network_efficiency.value
+
+
+def p2p_gbps(model: GpuModel) -> float | None:
+    """GPU-to-GPU copy bandwidth over NVLink (one direction): the catalog's GPU-link bandwidth
+    (both directions, data sheet) / 2 x the NVLink peer-copy efficiency; None without NVLink."""
+    if model.gpu_link.value != "nvlink" or not model.gpu_link_bandwidth_gbps:
+        return None
+    return model.gpu_link_bandwidth_gbps / 2 * model_data().nvlink_p2p_efficiency.value
+
+
+# ----- collectives over a fabric -------------------------------------------------------------
+# Expected large-message bus bandwidth per collective, from the hardware bottleneck as nccl-tests'
+# doc/PERFORMANCE.md defines busbw ("the bus bandwidth should reflect the speed of the hardware
+# bottleneck: NVLink, PCI, QPI, or network"). Inside a node the bottleneck is each GPU's link
+# (`collective_busbw_gbps`). Across nodes NCCL runs one ring/channel per NIC rail, so a ring
+# collective crosses every node boundary on every NIC at once: the node's NICs in use x line
+# rate x efficiency is the network's share (8 x 400 Gb/s x 0.9 = 360 GB/s on a DGX H200).
+
+
+def ring_busbw(
+    model: GpuModel, nodes: int, ranks_per_node: int, net_fraction: float = 1.0
+) -> float:
+    """all_reduce, all_gather, reduce_scatter: every rank sends (n-1)/n (x2 for all_reduce) of
+    the buffer over its slowest hop, so busbw is the slower of the GPU link and the node's
+    network share."""
+    intra = collective_busbw_gbps(model)
+    if nodes <= 1:
+        return intra
+    return min(intra, node_network_gbps(model, ranks_per_node) * net_fraction)
+
+
+def broadcast_busbw(
+    model: GpuModel, nodes: int, ranks_per_node: int, net_fraction: float = 1.0
+) -> float:
+    """broadcast (busbw = algbw = S/t): all data leaves the root, so the root's way out is the
+    bottleneck: its GPU link inside the node, and its node's NICs towards the other nodes
+    (pipelined rings, one per rail)."""
+    root_out = collective_busbw_gbps(model)
+    if nodes <= 1:
+        return root_out
+    return min(root_out, node_network_gbps(model, ranks_per_node) * net_fraction)
+
+
+def alltoall_busbw(
+    model: GpuModel, nodes: int, ranks_per_node: int, net_fraction: float = 1.0
+) -> float:
+    """alltoall: each rank sends S/n to every rank; (n-k)/n of it leaves the node over the
+    rank's share of the NICs, (k-1)/n stays on NVLink (in parallel). t = max of the two;
+    busbw = S/t x (n-1)/n. Inside one node it is the GPU link's figure."""
+    intra = collective_busbw_gbps(model)
+    k = max(1, ranks_per_node)
+    n = max(1, nodes) * k
+    if nodes <= 1 or n < 2:
+        return intra
+    per_rank_net = node_network_gbps(model, k) * net_fraction / k
+    t_net = (n - k) / n / per_rank_net
+    t_nv = (k - 1) / n / intra
+    return (n - 1) / n / max(t_net, t_nv)
+
+
+def expected_busbw(
+    model: GpuModel, op: str, nodes: int = 1, ranks_per_node: int = 8, net_fraction: float = 1.0
+) -> float:
+    """Expected large-message busbw of one collective over ``nodes`` x ``ranks_per_node``."""
+    if op in ("all_reduce", "all_gather", "reduce_scatter"):
+        return ring_busbw(model, nodes, ranks_per_node, net_fraction)
+    if op == "broadcast":
+        return broadcast_busbw(model, nodes, ranks_per_node, net_fraction)
+    if op == "alltoall":
+        return alltoall_busbw(model, nodes, ranks_per_node, net_fraction)
+    raise ValueError(f"unknown collective {op!r}; known: {sorted(COLLECTIVES)}")
+
+
+def expected_busbw_by_op(
+    model: GpuModel, nodes: int = 1, ranks_per_node: int = 8, net_fraction: float = 1.0
+) -> dict[str, float]:
+    """`expected_busbw` of every collective."""
+    return {
+        op: expected_busbw(model, op, nodes, ranks_per_node, net_fraction) for op in COLLECTIVES
+    }

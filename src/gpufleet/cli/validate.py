@@ -70,6 +70,7 @@ def _summary(report: ValidationReport) -> None:
         console.print(
             f"[yellow]straggler[/] {s.component} {s.test}/{s.metric}: {s.value:.1f} "
             f"vs median {s.median:.1f} ({s.deviation_pct:+.1f} %, z {s.z:.1f})"
+            + (f"; also {', '.join(s.also)}" if s.also else "")
         )
     counts = {st: sum(r.status is st for r in report.results) for st in Status}
     console.print(

@@ -87,6 +87,21 @@ class DeviceInfo:
 
 
 @dataclass(frozen=True)
+class NvLinkCounters:
+    """One NVLink of one GPU (NVML field values scoped by link: ``NVML_FI_DEV_NVLINK_GET_STATE``,
+    ``..._ERROR_DL_CRC``/``_REPLAY``/``_RECOVERY``, ``..._THROUGHPUT_DATA_TX``/``_RX`` in KiB).
+    Counters are cumulative; None where NVML does not supply the value."""
+
+    link: int
+    active: bool | None = None
+    crc_errors: int | None = None
+    replay_errors: int | None = None
+    recovery_errors: int | None = None
+    tx_kib: int | None = None
+    rx_kib: int | None = None
+
+
+@dataclass(frozen=True)
 class Sample:
     """One reading of one GPU. Counters are cumulative; rates are computed by consumers."""
 
@@ -121,6 +136,9 @@ class Sample:
     nvlink_crc_errors: int | None = None
     nvlink_replay_errors: int | None = None
     nvlink_recovery_errors: int | None = None
+    nvlink_crc_flit_errors: int | None = None
+    nvlink_bandwidth_kib: int | None = None  # TX + RX data over every link, cumulative
+    nvlink_links: tuple[NvLinkCounters, ...] | None = None  # per link (slow tier)
     power_violation_us: int | None = None
     thermal_violation_us: int | None = None
     enc_util_pct: float | None = None

@@ -67,7 +67,7 @@ def register_rule(
 
 def all_rules() -> dict[str, Rule]:
     """Every registered rule (importing the rule modules registers them)."""
-    from gpufleet.health import rules_gpu, rules_memory, rules_node  # noqa: F401
+    from gpufleet.health import rules_gpu, rules_memory, rules_node, rules_nvlink  # noqa: F401
 
     return RULES
 

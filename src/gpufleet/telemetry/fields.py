@@ -59,6 +59,8 @@ SLOW_COLUMNS: tuple[str, ...] = (
     "nvlink_crc_errors",
     "nvlink_replay_errors",
     "nvlink_recovery_errors",
+    "nvlink_crc_flit_errors",
+    "nvlink_bandwidth_kib",
     "power_violation_us",
     "thermal_violation_us",
     "enc_util_pct",

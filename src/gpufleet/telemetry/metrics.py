@@ -139,6 +139,38 @@ DCGM_METRICS: tuple[MetricDef, ...] = (
         "fast",
         "ecc_dbe_volatile",
     ),
+    # NVLink (dcgm-exporter etc/default-counters.csv names; NVML totals over every link, the
+    # bandwidth counter is NVML's data payload TX + RX summed over the links, in KiB).
+    _c(
+        "DCGM_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL",
+        "Total number of NVLink flow-control CRC errors.",
+        "slow",
+        "nvlink_crc_flit_errors",
+    ),
+    _c(
+        "DCGM_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL",
+        "Total number of NVLink data CRC errors.",
+        "slow",
+        "nvlink_crc_errors",
+    ),
+    _c(
+        "DCGM_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL",
+        "Total number of NVLink retries.",
+        "slow",
+        "nvlink_replay_errors",
+    ),
+    _c(
+        "DCGM_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL",
+        "Total number of NVLink recovery errors.",
+        "slow",
+        "nvlink_recovery_errors",
+    ),
+    _c(
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "Total number of NVLink bandwidth counters for all lanes",
+        "slow",
+        "nvlink_bandwidth_kib",
+    ),
     _c(
         "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
         "Total number of single-bit persistent ECC errors.",

@@ -171,6 +171,29 @@ class TorchEngine:
             del src, dst
         return out
 
+    def nvlink_p2p(self, node: str, targets: list[Target]) -> dict[int, dict[int, float]]:
+        """GB/s of a 1 GiB device-to-device copy in each direction of every GPU pair (peer
+        access enabled by PyTorch where the driver allows it); a pair's figure is the slower
+        direction, timed with CUDA events on the source GPU."""
+        torch = self.torch
+        nbytes = 2**30
+        idx = [t.gpu for t in targets]
+        bufs = {i: torch.empty(nbytes, dtype=torch.uint8, device=f"cuda:{i}") for i in idx}
+        seen: dict[tuple[int, int], float] = {}
+        for a in idx:
+            for b in idx:
+                if a == b:
+                    continue
+                with torch.cuda.device(a):
+                    secs = cuda_time_s(
+                        torch,
+                        lambda a=a, b=b: bufs[b].copy_(bufs[a], non_blocking=True),
+                        5,
+                    )
+                seen[(a, b)] = nbytes / secs / 1e9
+        bufs.clear()
+        return {a: {b: min(seen[(a, b)], seen[(b, a)]) for b in idx if b != a} for a in idx}
+
     def memory(self, targets: list[Target], thr: th.Thresholds) -> list[TestResult]:
         torch, out = self.torch, []
         for t in targets:
@@ -311,7 +334,7 @@ class TorchEngine:
     ) -> tuple[TestResult, list[CollectiveRow]]:
         rows = run_local_collectives(len(targets), "nccl", max_bytes=8 * 2**30)
         model = targets[0].model
-        exp = th.expected_collective_busbw(model) if model else None
+        exp = th.expected_busbw_by_op(model, 1, len(targets)) if model else None
         return judge.collectives(node, "collectives", rows, len(targets), exp, thr), rows
 
     def multinode_collectives(

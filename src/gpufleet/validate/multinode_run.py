@@ -148,7 +148,7 @@ def report_from_result(
             row(c["op"], int(c["size_bytes"]), float(c["seconds"]), world)
             for c in doc["collectives"]
         ]
-        exp = expected_multinode_busbw(model, rpn) if model else None
+        exp = expected_multinode_busbw(model, rpn, len(nodes)) if model else None
         res = judge.collectives("fleet", "multinode_collectives", rows, world, exp, thr)
         res.details.update(details, nodes=nodes)
         report.collectives["fleet"] = rows

@@ -19,7 +19,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass
 
-from gpufleet.catalog import GpuModel, load_catalog
+from gpufleet.catalog import GpuModel
 from gpufleet.errors import UsageError
 from gpufleet.validate import thresholds as th
 
@@ -127,14 +127,10 @@ def expected_pair_gbps(model: GpuModel, ranks_per_node: int) -> float:
     """Node-to-node GB/s with ``ranks_per_node`` GPUs each on its own rail: the NICs in use
     (min(ranks, NICs) of the system's compute NICs) x line rate x the catalog's network
     efficiency."""
-    systems = load_catalog().systems_for(model.key)
-    nics = systems[0].compute_nics if systems else 8
-    full = th.node_network_gbps(model)
-    return full * min(ranks_per_node, nics) / max(nics, 1)
+    return th.node_network_gbps(model, ranks_per_node)
 
 
-def expected_multinode_busbw(model: GpuModel, ranks_per_node: int) -> float:
-    """all_reduce bus bandwidth across nodes: the node's own collective figure, or what one
-    rank's share of the NICs carries, whichever is lower (as the simulator engine models it)."""
-    per_rank_net = expected_pair_gbps(model, ranks_per_node) / ranks_per_node
-    return min(th.expected_collective_busbw(model), per_rank_net)
+def expected_multinode_busbw(model: GpuModel, ranks_per_node: int, nodes: int) -> dict[str, float]:
+    """Bus bandwidth of every collective across ``nodes`` nodes (the catalog's fabric model,
+    `gpufleet.catalog.performance.expected_busbw`; the simulator engine uses the same)."""
+    return th.expected_busbw_by_op(model, nodes, ranks_per_node)

@@ -13,7 +13,7 @@ from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.deadline import with_deadlines
 from gpufleet.validate import analysis, checks_quick
 from gpufleet.validate import thresholds as th
-from gpufleet.validate.judge import Target
+from gpufleet.validate.judge import Target, nvlink_pairs
 from gpufleet.validate.results import (
     CollectiveRow,
     GpuEnv,
@@ -44,6 +44,7 @@ class Engine(Protocol):
     def hbm_bandwidth(self, targets: list[Target], thr: th.Thresholds) -> list[TestResult]: ...
     def memory(self, targets: list[Target], thr: th.Thresholds) -> list[TestResult]: ...
     def matmul(self, targets: list[Target], thr: th.Thresholds) -> list[TestResult]: ...
+    def nvlink_p2p(self, node: str, targets: list[Target]) -> dict[int, dict[int, float]]: ...
     def stress(
         self,
         targets: list[Target],
@@ -171,6 +172,9 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
     phase("hbm_bandwidth", lambda: engine.hbm_bandwidth(targets, thr))
     phase("memory", lambda: engine.memory(targets, thr))
     phase("matmul", lambda: engine.matmul(targets, thr))
+    if "nvlink_p2p" in wanted:
+        for node, ts in by_node.items():
+            add(_nvlink_p2p(engine, node, ts, thr, progress))
     phase("stress", lambda: engine.stress(targets, thr, opts.stress_s, report.traces))
     phase("targeted_power", lambda: engine.targeted_power(targets, thr, opts.power_s))
     if "collectives" in wanted:
@@ -206,6 +210,21 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
     return report
 
 
+def _nvlink_p2p(
+    engine: Engine, node: str, ts: list[Target], thr: th.Thresholds, progress: Progress
+) -> list[TestResult]:
+    """Every GPU pair of a node over NVLink, judged against the catalog's NVLink bandwidth x the
+    peer-copy efficiency (`gpufleet.catalog.performance.p2p_gbps`)."""
+    model = ts[0].model
+    expected = th.expected_p2p_gbps(model) if model else None
+    if len(ts) < 2:
+        return [TestResult("nvlink_p2p", node, Status.SKIP, "fewer than 2 GPUs")]
+    if model is not None and expected is None:
+        return [TestResult("nvlink_p2p", node, Status.SKIP, f"{model.key} has no NVLink")]
+    progress("nvlink_p2p", node, None, "")
+    return nvlink_pairs(node, engine.nvlink_p2p(node, ts), expected, thr)
+
+
 def _pairwise(
     engine: Engine,
     nodes: list[str],
@@ -216,7 +235,7 @@ def _pairwise(
     matrix = engine.pairwise(nodes)
     report.pair_matrix = matrix
     model = by_node[nodes[0]][0].model
-    expected = th.node_network_gbps(model) if model else 0.0
+    expected = th.node_network_gbps(model, len(by_node[nodes[0]])) if model else 0.0
     return judge_pairs(matrix, nodes, expected, thr)
 
 

@@ -51,6 +51,7 @@ for _t in (
     TestDef("hbm_bandwidth", 2, "gpu", "device memory copy bandwidth (read + write)"),
     TestDef("memory", 2, "gpu", "write and verify patterns over >= 90 % of free memory"),
     TestDef("matmul", 2, "gpu", "short matmuls per precision, checked against a reference"),
+    TestDef("nvlink_p2p", 2, "node", "NVLink peer-to-peer copy bandwidth of every GPU pair"),
     TestDef("stress", 3, "gpu", "sustained stress with a power/temperature/clock trace"),
     TestDef("targeted_power", 3, "gpu", "reaches at least 0.95 x the power limit"),
     TestDef("collectives", 3, "node", "NCCL collectives over all GPUs of the node, 8 B..8 GiB"),

@@ -14,6 +14,7 @@ test in a YAML file (``--config``)::
       targeted_power: {min_power_fraction: 0.95}
     expect_mig: false
     straggler_z: 3.5
+    straggler_min_deviation: 0.05
 """
 
 from __future__ import annotations
@@ -43,8 +44,9 @@ RETIRED_PAGES_LIMIT = 60
 # |z| > 3.5 are potential outliers.
 STRAGGLER_Z = 3.5
 # A straggler must also sit this far from its peers' median: on a very uniform fleet the MAD is
-# tiny and a 0.5 % difference would otherwise count.
-STRAGGLER_MIN_DEVIATION = 0.03
+# tiny and a 1-2 % difference reaches any z-score, yet the pass lines accept a figure down to
+# the warn line (0.95 of expected) without a word; 5 % is that band (issue 14 item 4).
+STRAGGLER_MIN_DEVIATION = 0.05
 MATMUL_DTYPES = ("bf16", "fp16", "tf32", "fp32", "fp64", "fp8")
 
 
@@ -112,6 +114,9 @@ class ThresholdsDoc(_Doc):
     tests: dict[str, LimitsDoc | None] | None = None
     expect_mig: Annotated[bool, Field(strict=True)] | None = False
     straggler_z: Annotated[float, Field(strict=True, gt=0.0)] = STRAGGLER_Z
+    straggler_min_deviation: Annotated[float, Field(strict=True, ge=0.0, lt=1.0)] = (
+        STRAGGLER_MIN_DEVIATION
+    )
     retired_pages_limit: Annotated[int, Field(strict=True, ge=0)] = RETIRED_PAGES_LIMIT
 
 
@@ -148,6 +153,7 @@ def parse_thresholds(text: str, source: str = "<thresholds>") -> Thresholds:
         per_test=per,
         expect_mig=parsed.expect_mig,
         straggler_z=parsed.straggler_z,
+        straggler_min_deviation=parsed.straggler_min_deviation,
         retired_pages_limit=parsed.retired_pages_limit,
     )
 
@@ -165,7 +171,9 @@ expected_matmul_tflops = perf.matmul_tflops
 expected_sustained_tflops = perf.sustained_tflops
 expected_hbm_gbps = perf.hbm_copy_gbps
 expected_collective_busbw = perf.collective_busbw_gbps
+expected_busbw_by_op = perf.expected_busbw_by_op
 node_network_gbps = perf.node_network_gbps
+expected_p2p_gbps = perf.p2p_gbps
 
 
 def expected_pcie_gbps(model: GpuModel, direction: str) -> float:

@@ -22,7 +22,7 @@ from gpufleet.devices.backend import register_backend
 from gpufleet.devices.nvml import fields as F
 from gpufleet.devices.nvml.errors import NvmlSeverity, error_name, mismatch_error, severity_of
 from gpufleet.devices.nvml.gpm import GpmReadings
-from gpufleet.devices.types import DeviceInfo, GpuEvent, Sample
+from gpufleet.devices.types import DeviceInfo, GpuEvent, NvLinkCounters, Sample
 from gpufleet.errors import DeviceError, GpuLostError, NoDeviceError
 
 log = logging.getLogger(__name__)
@@ -417,6 +417,11 @@ class NvmlBackend(GpmReadings):
             "nvmlDeviceGetRetiredPages", index, lib.NVML_PAGE_RETIREMENT_CAUSE_DOUBLE_BIT_ECC_ERROR
         )
         pending_pages = self._dev("nvmlDeviceGetRetiredPagesPendingStatus", index)
+        links = self._nvlinks(index, f.get("_nvlink_link_count"))
+        bandwidth = None
+        if links:
+            moved = [x for link in links for x in (link.tx_kib, link.rx_kib) if x is not None]
+            bandwidth = sum(moved) if moved else None
         return Sample(
             timestamp_s=now,
             energy_mj=_opt_int(energy),
@@ -428,6 +433,9 @@ class NvmlBackend(GpmReadings):
             nvlink_crc_errors=_opt_int(f.get("nvlink_crc_errors")),
             nvlink_replay_errors=_opt_int(f.get("nvlink_replay_errors")),
             nvlink_recovery_errors=_opt_int(f.get("nvlink_recovery_errors")),
+            nvlink_crc_flit_errors=_opt_int(f.get("nvlink_crc_flit_errors")),
+            nvlink_bandwidth_kib=bandwidth,
+            nvlink_links=links,
             power_violation_us=None if power_ns is None else int(power_ns) // 1000,
             thermal_violation_us=None if thermal_ns is None else int(thermal_ns) // 1000,
             enc_util_pct=None if enc is None else float(enc[0]),
@@ -436,6 +444,28 @@ class NvmlBackend(GpmReadings):
             retired_pages_dbe=None if dbe_pages is None else len(dbe_pages),
             retired_pages_pending=None if pending_pages is None else bool(pending_pages),
         )
+
+    def _nvlinks(self, index: int, count: float | int | None) -> tuple[NvLinkCounters, ...] | None:
+        """Every NVLink's state and counters in one batched field-values call (``scopeId`` =
+        link); None when the GPU has no NVLink (the link count is not supported or 0)."""
+        if not count:
+            return None
+        n = min(int(count), F.NVLINK_MAX_LINKS)
+        ids = [(fid, link) for link in range(n) for fid in F.NVLINK_LINK_FIELDS]
+        values = self._dev("nvmlDeviceGetFieldValues", index, ids)
+        if values is None:
+            return None
+        per_link: dict[int, dict[str, int | bool | None]] = {link: {} for link in range(n)}
+        for (fid, link), fv in zip(ids, values, strict=False):
+            attr = F.NVLINK_LINK_FIELDS[fid]
+            v = F.field_value(fv)
+            if v is None:
+                per_link[link][attr] = None
+            elif attr == "active":
+                per_link[link][attr] = int(v) == 1  # NVML_NVLINK_STATE_ACTIVE
+            else:
+                per_link[link][attr] = int(v)
+        return tuple(NvLinkCounters(link, **vals) for link, vals in per_link.items())  # type: ignore[arg-type]
 
     def running_processes(self, index: int) -> list[tuple[int, int | None]] | None:
         """(pid, GPU memory bytes) of the compute processes on a GPU; None if NVML can't tell."""

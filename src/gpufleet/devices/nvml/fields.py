@@ -5,7 +5,9 @@ getters take 2-50 us; the energy counter 3-4 ms; PCIe error/byte counters and th
 counter ~380 us each; ``nvmlDeviceGetPcieThroughput`` ~20 ms (it samples for 20 ms). The fast
 tier is one batched ``nvmlDeviceGetFieldValues`` call of cheap ids plus six cheap getters (~28 us
 of CPU per GPU on the H200, ``gpm_probe.json`` ``fast_sweep``); everything expensive waits for
-the slow tier.
+the slow tier, as do the NVLink counters (totals, then one batched call of every link's state,
+error counters and throughput, field values scoped by link; on the single H200 captured every
+NVLink field answers NotSupported in 10-56 us).
 """
 
 from __future__ import annotations
@@ -36,6 +38,8 @@ SLOW_FIELDS: dict[int, tuple[str, float]] = {
     pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: ("nvlink_crc_errors", 1),
     pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: ("nvlink_replay_errors", 1),
     pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: ("nvlink_recovery_errors", 1),
+    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: ("nvlink_crc_flit_errors", 1),
+    pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT: ("_nvlink_link_count", 1),
     # Violation times in ns: the successors of nvmlDeviceGetViolationStatus (deprecated).
     pynvml.NVML_FI_DEV_PERF_POLICY_POWER: ("_power_violation_ns", 1),
     pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: ("_thermal_violation_ns", 1),
@@ -55,8 +59,23 @@ INT_FIELDS = frozenset(
         "nvlink_crc_errors",
         "nvlink_replay_errors",
         "nvlink_recovery_errors",
+        "nvlink_crc_flit_errors",
     }
 )
+
+# Per-link NVLink fields, read with ``scopeId`` = link number (NVML API Reference, "Field Value
+# Enums": NVML_FI_DEV_NVLINK_GET_STATE 0=inactive 1=active, NVML_FI_DEV_NVLINK_ERROR_DL_CRC /
+# _REPLAY / _RECOVERY per-link data-link error counters, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX /
+# _RX data payload in KiB). Attribute names are those of `gpufleet.devices.types.NvLinkCounters`.
+NVLINK_LINK_FIELDS: dict[int, str] = {
+    pynvml.NVML_FI_DEV_NVLINK_GET_STATE: "active",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: "crc_errors",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: "replay_errors",
+    pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: "recovery_errors",
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: "tx_kib",
+    pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: "rx_kib",
+}
+NVLINK_MAX_LINKS = 18  # Hopper and Blackwell GPUs have 18 NVLinks (NVIDIA H100/B200 datasheets)
 
 
 def field_value(fv: object) -> float | int | None:

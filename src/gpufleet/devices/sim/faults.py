@@ -31,7 +31,9 @@ class FaultKind(StrEnum):
     PERSISTENCE_OFF = "persistence_off"  # persistence mode disabled
     ECC_DISABLED = "ecc_disabled"  # ECC mode off
     SLOW_LINK = "slow_link"  # the node's network link runs at a fraction (params: fraction)
-    NVLINK_ERRORS = "nvlink_errors"  # NVLink CRC/replay errors climb (params: rate_per_min)
+    # NVLink errors on one link (params: link, rate_per_min of CRC errors, recovery count, down,
+    # fraction: the GPU's peer-to-peer bandwidth while the link replays/retrains)
+    NVLINK_ERRORS = "nvlink_errors"
 
 
 @dataclass(frozen=True)

@@ -21,6 +21,11 @@ VBIOS_BY_ARCH = {
     "blackwell": "97.00.4A.00.01",
 }
 INFOROM_DEFAULT = "G520.0282.02.02"
+# NVLinks per GPU by NVLink generation: V100 6 (gen 2), A100 12 (gen 3), H100/H200 18 (gen 4),
+# B200 18 (gen 5). Sources: NVIDIA A100 and H100 datasheets, NVIDIA Blackwell datasheet.
+NVLINKS_BY_GENERATION = {2: 6, 3: 12, 4: 18, 5: 18}
+NVLINK_CRC_RATE_PER_MIN = 600.0  # default of an nvlink_errors fault: 10 CRC errors a second
+NVLINK_FAULT_FRACTION = 0.6  # default P2P bandwidth of a GPU whose link replays or retrains
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,7 @@ class Load:
     fb_used_bytes: int = 2 * 2**30
     pcie_tx_bytes_per_s: float = 0.0
     pcie_rx_bytes_per_s: float = 0.0
+    nvlink_bytes_per_s: float = 0.0  # each way, spread over the active links
     kind: str = "bf16_matmul"
 
 
@@ -109,7 +115,13 @@ class SimGpu:
         self.pcie_replays = 0.0
         self.pcie_tx_total = float(rng.randrange(10**9, 3 * 10**9))
         self.pcie_rx_total = float(rng.randrange(10**9, 3 * 10**9))
-        self.nvlink_crc = 0.0
+        n_links = NVLINKS_BY_GENERATION.get(self.model.nvlink_generation or 0, 0)
+        self.nvlink_count = n_links if self.model.gpu_link.value == "nvlink" else 0
+        self.nvlink_crc = [0.0] * self.nvlink_count  # CRC errors per link
+        self.nvlink_replay = [0.0] * self.nvlink_count
+        self.nvlink_recovery = [0] * self.nvlink_count
+        self.nvlink_tx_kib = [0.0] * self.nvlink_count
+        self.nvlink_rx_kib = [0.0] * self.nvlink_count
         # GPM activity integrals (busy-seconds), read as ratios over a sampling interval
         self.gr_busy_s = 0.0
         self.tensor_busy_s = 0.0
@@ -189,6 +201,22 @@ class SimGpu:
             return int(f.param("gen", default_gen)), int(f.param("width", width))
         return gen, width
 
+    def nvlink_fault_link(self) -> int | None:
+        """The link an active nvlink_errors fault is on (None: no such fault)."""
+        f = self.has_fault(FaultKind.NVLINK_ERRORS)
+        if f is None or not self.nvlink_count:
+            return None
+        return min(int(f.param("link", 0)), self.nvlink_count - 1)
+
+    def nvlink_down(self, link: int) -> bool:
+        f = self.has_fault(FaultKind.NVLINK_ERRORS)
+        return bool(f and f.param("down", False) and self.nvlink_fault_link() == link)
+
+    def nvlink_fraction(self) -> float:
+        """Peer-to-peer bandwidth of this GPU relative to a healthy one."""
+        f = self.has_fault(FaultKind.NVLINK_ERRORS)
+        return float(f.param("fraction", NVLINK_FAULT_FRACTION)) if f else 1.0
+
     def memory_error_addresses(self) -> list[int]:
         f = self.has_fault(FaultKind.MEMORY_ERRORS)
         if not f:
@@ -225,6 +253,9 @@ class SimGpu:
                 self.ecc_sbe_aggregate += n
             elif f.kind == FaultKind.ROW_REMAP_PENDING:
                 self.remapped_cor += 1
+            elif f.kind == FaultKind.NVLINK_ERRORS and self.nvlink_count:
+                link = min(int(f.param("link", 0)), self.nvlink_count - 1)
+                self.nvlink_recovery[link] += int(f.param("recovery", 0))
 
     # ----- physics -------------------------------------------------------------------------
     def advance(self, now: float) -> None:
@@ -314,8 +345,17 @@ class SimGpu:
                 self.pcie_replays += (rate or 30.0) * dt / 60.0
             elif f.kind == FaultKind.ECC_SBE and rate:
                 self.ecc_sbe_volatile += int(self._rng.random() < rate * dt / 60.0)
-            elif f.kind == FaultKind.NVLINK_ERRORS:
-                self.nvlink_crc += (rate or 10.0) * dt / 60.0
+            elif f.kind == FaultKind.NVLINK_ERRORS and self.nvlink_count:
+                link = min(int(f.param("link", 0)), self.nvlink_count - 1)
+                crc = (rate or NVLINK_CRC_RATE_PER_MIN) * dt / 60.0
+                self.nvlink_crc[link] += crc
+                self.nvlink_replay[link] += crc / 10.0  # a replay per ~10 CRC-failed flits
+        if load is not None and load.nvlink_bytes_per_s and self.nvlink_count:
+            up = [i for i in range(self.nvlink_count) if not self.nvlink_down(i)]
+            per_link = load.nvlink_bytes_per_s * dt / 1024.0 / max(1, len(up))
+            for i in up:
+                self.nvlink_tx_kib[i] += per_link
+                self.nvlink_rx_kib[i] += per_link
 
     # ----- readings ------------------------------------------------------------------------
     @property

@@ -455,7 +455,7 @@ class SimNvml:
             pynvml.NVML_VALUE_TYPE_DOUBLE,
         )
         ecc_off = gpu.has_fault(FaultKind.ECC_DISABLED) is not None
-        has_nvlink = gpu.model.nvlink_generation is not None and len(self._node.gpus) > 1
+        has_nvlink = gpu.nvlink_count > 0 and len(self._node.gpus) > 1
         pending = gpu.has_fault(FaultKind.ROW_REMAP_PENDING) is not None
         failure = gpu.has_fault(FaultKind.ROW_REMAP_FAILURE) is not None
         table: dict[int, tuple[int, float | int] | None] = {
@@ -483,22 +483,71 @@ class SimNvml:
             pynvml.NVML_FI_DEV_PCIE_COUNT_RX_BYTES: (u32, int(gpu.pcie_rx_total) & 0xFFFFFFFF),
             pynvml.NVML_FI_DEV_PERF_POLICY_POWER: (ull, int(gpu.power_violation_us * 1000)),
             pynvml.NVML_FI_DEV_PERF_POLICY_THERMAL: (ull, int(gpu.thermal_violation_us * 1000)),
-            pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: (ull, int(gpu.nvlink_crc))
-            if has_nvlink
-            else None,
-            pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: (ull, 0) if has_nvlink else None,
-            pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: (ull, 0) if has_nvlink else None,
         }
+        if has_nvlink:
+            # Totals over every link. The simulated CRC errors are flow-control (flit) CRC
+            # errors; data CRC errors stay 0.
+            table.update(
+                {
+                    pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT: (u32, gpu.nvlink_count),
+                    pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL: (
+                        ull,
+                        sum(int(x) for x in gpu.nvlink_crc),
+                    ),
+                    pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL: (ull, 0),
+                    pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL: (
+                        ull,
+                        sum(int(x) for x in gpu.nvlink_replay),
+                    ),
+                    pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL: (
+                        ull,
+                        sum(gpu.nvlink_recovery),
+                    ),
+                }
+            )
+        else:
+            for fid in (
+                pynvml.NVML_FI_DEV_NVLINK_LINK_COUNT,
+                pynvml.NVML_FI_DEV_NVLINK_CRC_FLIT_ERROR_COUNT_TOTAL,
+                pynvml.NVML_FI_DEV_NVLINK_CRC_DATA_ERROR_COUNT_TOTAL,
+                pynvml.NVML_FI_DEV_NVLINK_REPLAY_ERROR_COUNT_TOTAL,
+                pynvml.NVML_FI_DEV_NVLINK_RECOVERY_ERROR_COUNT_TOTAL,
+            ):
+                table[fid] = None
         _ = (sll, dbl)
         return table
 
-    def nvmlDeviceGetFieldValues(self, h: SimHandle, field_ids: list[int]) -> Any:
+    def _link_field(self, gpu: SimGpu, fid: int, link: int) -> tuple[int, float | int] | None:
+        """A field scoped to one NVLink (``scopeId`` = link), as NVML answers it."""
+        if gpu.nvlink_count == 0 or len(self._node.gpus) < 2 or not 0 <= link < gpu.nvlink_count:
+            return None
+        u32 = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
+        ull = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+        per_link: dict[int, tuple[int, float | int]] = {
+            pynvml.NVML_FI_DEV_NVLINK_GET_STATE: (u32, 0 if gpu.nvlink_down(link) else 1),
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: (ull, int(gpu.nvlink_crc[link])),
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: (ull, int(gpu.nvlink_replay[link])),
+            pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_RECOVERY: (ull, gpu.nvlink_recovery[link]),
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: (ull, int(gpu.nvlink_tx_kib[link])),
+            pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: (ull, int(gpu.nvlink_rx_kib[link])),
+        }
+        return per_link.get(fid)
+
+    def nvmlDeviceGetFieldValues(self, h: SimHandle, field_ids: list[Any]) -> Any:
+        """Like pynvml: an id, or ``(id, scopeId)`` for fields scoped to a link."""
         gpu = self._gpu(h)
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
         now_us = int(gpu.t * 1e6)
         table = self._field_table(gpu)
-        for i, fid in enumerate(field_ids):
-            entry = table.get(int(fid))
+        for i, item in enumerate(field_ids):
+            scope: int | None = None
+            if isinstance(item, tuple):
+                fid, scope = int(item[0]), int(item[1])
+            else:
+                fid = int(item)
+            entry = self._link_field(gpu, fid, scope) if scope is not None else table.get(int(fid))
+            if scope is not None:
+                values[i].scopeId = scope
             value: float | int = 0
             if entry is None:
                 ret, vtype = _NS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG

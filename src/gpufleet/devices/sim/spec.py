@@ -100,7 +100,13 @@ _FAULT_PARAMS: dict[FaultKind, dict[str, Any]] = {
     FaultKind.HUNG_CALL: {"seconds": _number(0, 86400)},
     FaultKind.MEMORY_ERRORS: {"count": _whole(0, 10**6)},
     FaultKind.SLOW_LINK: {"fraction": _number(0, 1), "peer": (str | None, None)},
-    FaultKind.NVLINK_ERRORS: {"rate_per_min": _number(0, 1e9)},
+    FaultKind.NVLINK_ERRORS: {
+        "rate_per_min": _number(0, 1e9),
+        "link": _whole(0, 17),
+        "recovery": _whole(0, 10**6),
+        "down": (bool | None, None),
+        "fraction": _number(0, 1),
+    },
 }
 _PARAM_MODELS: dict[FaultKind, type[BaseModel]] = {
     kind: create_model(
