@@ -3,6 +3,7 @@ to fix if not."""
 
 from __future__ import annotations
 
+import socket
 from pathlib import Path
 
 import typer
@@ -160,7 +161,11 @@ def doctor(
                     {"node": r.node, "status": r.status, "checks": to_jsonable(r.checks)}
                     for r in reports
                 ],
-                "readiness": {"status": overall_status(ready), "checks": to_jsonable(ready)},
+                "readiness": {
+                    "node": root.resolve().name if root else socket.gethostname(),
+                    "status": overall_status(ready),
+                    "checks": to_jsonable(ready),
+                },
             }
         )
     else:
