@@ -17,6 +17,7 @@ from gpufleet.readiness import (
     Host,
     NvmlFacts,
     readiness_findings,
+    readiness_test_result,
     run_readiness,
 )
 
@@ -169,3 +170,15 @@ def test_this_machine_gives_clear_findings_without_a_crash() -> None:
     findings = readiness_findings()
     assert all(f.rule == "readiness" and f.component == "node" for f in findings)
     assert all(f.severity != Severity.OK for f in findings)
+
+
+@pytest.mark.parametrize(
+    ("fault", "status"), [(None, "pass"), ("no-peermem", "warn"), ("nouveau", "fail")]
+)
+def test_validate_level_one_result(tmp_path: Path, fault: str | None, status: str) -> None:
+    root = tree(tmp_path, fault)
+    result = readiness_test_result("n1", run_readiness(Host(root, FileRunner(root)), NVML, SITE))
+    assert (result.test, result.node, result.status.value) == ("readiness", "n1", status)
+    assert result.details["driver/kernel_module"]["status"] == "ok"
+    if fault:
+        assert "nouveau" in result.message or "nvidia_peermem" in result.message

@@ -6,6 +6,7 @@ from gpufleet.readiness.run import (
     PHASES,
     nvml_facts,
     readiness_findings,
+    readiness_test_result,
     run_readiness,
     to_findings,
 )
@@ -20,6 +21,7 @@ __all__ = [
     "SystemRunner",
     "nvml_facts",
     "readiness_findings",
+    "readiness_test_result",
     "run_readiness",
     "to_findings",
 ]

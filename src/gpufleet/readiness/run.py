@@ -7,7 +7,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from gpufleet.devices.backend import GpuBackend
-from gpufleet.devices.doctor import Check
+from gpufleet.devices.doctor import Check, overall_status
 from gpufleet.errors import GpufleetError
 from gpufleet.health.types import Finding, Severity
 from gpufleet.readiness.checks_driver import check_cuda, check_driver
@@ -15,6 +15,7 @@ from gpufleet.readiness.checks_host import check_host, check_network
 from gpufleet.readiness.checks_io import check_containers, check_gpudirect
 from gpufleet.readiness.host import Host, Runner, SystemRunner
 from gpufleet.readiness.types import Expectations, NvmlFacts
+from gpufleet.wire.validation_report import Status, TestResult
 
 Phase = Callable[[Host, NvmlFacts, Expectations], list[Check]]
 
@@ -106,3 +107,23 @@ def readiness_findings(
     runs this at start, validate level 1 includes it."""
     host = Host(Path(root), runner or SystemRunner())
     return to_findings(run_readiness(host, nvml, expect))
+
+
+def readiness_test_result(node: str, checks: list[Check]) -> TestResult:
+    """The readiness checks of one node as one `gpufleet validate` level-1 result (test
+    "readiness"): fail when a check fails, warn on warnings or checks that could not be made,
+    pass otherwise; the problems in the message, every check in ``details``."""
+    verdict = overall_status(checks)
+    status = {"fail": Status.FAIL, "warn": Status.WARN, "unknown": Status.WARN}.get(
+        verdict, Status.PASS
+    )
+    problems = [c for c in checks if c.status in ("fail", "warn", "unknown")]
+    message = (
+        "; ".join(f"{c.phase}/{c.name}: {c.detail}" for c in problems[:3])
+        if problems
+        else f"{len(checks)} readiness checks ok"
+    )
+    if len(problems) > 3:
+        message += f" (+{len(problems) - 3} more)"
+    details = {f"{c.phase}/{c.name}": {"status": c.status, "hint": c.hint} for c in checks}
+    return TestResult("readiness", node, status, message, details=details)
