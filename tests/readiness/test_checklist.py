@@ -167,3 +167,26 @@ def test_bad_inputs_name_the_file(tmp_path: Path) -> None:
     result = runner.invoke(app, ["checklist", "--plan", str(p)])
     assert result.exit_code != 0
     assert isinstance(result.exception, ConfigError) and "line 1" in result.exception.message
+
+
+@pytest.mark.parametrize("junk", [None, 7, "x", [1, [2]], {"a": [1]}])
+def test_hand_edited_files_of_the_wrong_shape_never_crash(
+    plan: dict[str, Any], inventory: dict[str, Any], validation: dict[str, Any], junk: Any
+) -> None:
+    """Every field the checklist reads, replaced by a value of the wrong type: items stay open
+    or show "?", no exception."""
+    docs = [json.loads(json.dumps(d)) for d in (plan, inventory, validation)]
+    p, inv, val = docs
+    cand = chosen(p)
+    for key in ("facility", "server", "fabric", "servers"):
+        cand[key] = junk
+    inv["nodes"] = [junk, {"name": junk, "gpus": junk}]
+    val["results"] = [junk, {"test": junk, "node": junk, "metrics": [junk], "status": junk}]
+    doctor = {"readiness": {"node": junk, "checks": [junk, {"phase": junk, "status": junk}]}}
+    c = build_checklist(p, inv, [("v.json", val)], [("d.json", doctor)])
+    assert to_markdown(c) and to_html(c)
+
+
+def test_a_plan_without_a_list_of_candidates_is_a_clear_error() -> None:
+    with pytest.raises(ConfigError, match="no candidate named by 'chosen'"):
+        build_checklist({"chosen": "a", "candidates": 3})

@@ -16,6 +16,21 @@ from gpufleet.validate.suite import TESTS
 Doc = dict[str, Any]
 
 
+def _obj(doc: Doc, key: str) -> Doc:
+    """``doc[key]`` when it is an object, else empty: a hand-edited file never crashes."""
+    value = doc.get(key)
+    return value if isinstance(value, dict) else {}
+
+
+def _list(doc: Doc, key: str) -> list[Any]:
+    value = doc.get(key)
+    return value if isinstance(value, list) else []
+
+
+def _int(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
 def _num(value: Any, digits: int = 0) -> str:
     if not isinstance(value, (int, float)):
         return "?"
@@ -31,8 +46,7 @@ def build_checklist(
 ) -> Checklist:
     """The checklist of ``plan``; ``validations`` and ``doctors`` are (file name, document)."""
     cand = chosen_candidate(plan, where)
-    servers = cand.get("servers")
-    want = servers if isinstance(servers, int) else 0
+    want = _int(cand.get("servers"))
     validations = validations or []
     doctors = doctors or []
     sections = [
@@ -50,7 +64,7 @@ def build_checklist(
 
 
 def _site(cand: Doc) -> Section:
-    f = cand.get("facility") or {}
+    f = _obj(cand, "facility")
     s = Section("site", "Site: power, UPS, cooling, floor")
     s.add(
         "power",
@@ -86,8 +100,8 @@ def _site(cand: Doc) -> Section:
 
 
 def _racking(cand: Doc) -> Section:
-    f = cand.get("facility") or {}
-    server = cand.get("server") or {}
+    f = _obj(cand, "facility")
+    server = _obj(cand, "server")
     s = Section("racking", "Racking")
     elevations = cand.get("elevations") or cand.get("rack_elevations")
     if isinstance(elevations, list) and elevations:
@@ -108,18 +122,18 @@ def _racking(cand: Doc) -> Section:
 
 
 def _cabling(cand: Doc) -> Section:
-    fabric = cand.get("fabric") or {}
+    fabric = _obj(cand, "fabric")
     s = Section("cabling", "Cabling and fabric")
     for net in ("compute", "storage", "inband"):
-        n = fabric.get(net)
-        if isinstance(n, dict):
+        n = _obj(fabric, net)
+        if n:
             s.add(
                 f"{net}_switches",
                 f"{net} fabric: {n.get('leaves', '?')} leaves, {n.get('spines', '?')} spines, "
                 f"{n.get('cores', 0) or 'no'} cores; {n.get('endpoint_links', '?')} node links, "
                 f"{n.get('leaf_spine_links', '?')} leaf-spine links",
             )
-    for i, c in enumerate(fabric.get("cables") or []):
+    for i, c in enumerate(_list(fabric, "cables")):
         if not isinstance(c, dict):
             continue
         optic = f", {c.get('transceivers')} x {c['transceiver']}" if c.get("transceiver") else ""
@@ -140,17 +154,18 @@ def _cabling(cand: Doc) -> Section:
 
 def _baseline(cand: Doc, inventory: Doc | None) -> Section:
     s = Section("baseline", "Firmware and driver baseline")
-    server = cand.get("server") or {}
-    want_nodes, per_node = cand.get("servers"), server.get("gpus")
-    nodes = [n for n in (inventory or {}).get("nodes") or [] if isinstance(n, dict)]
+    server = _obj(cand, "server")
+    want_nodes = _int(cand.get("servers"))
+    per_node = _int(server.get("gpus"))
+    nodes = [n for n in _list(inventory or {}, "nodes") if isinstance(n, dict)]
     if not nodes:
         s.add("inventory", f"Inventory of all {want_nodes} nodes (gpufleet inventory --json)")
         s.add("driver", "One driver version on every node")
         s.add("vbios", "One VBIOS and InfoROM version per GPU model")
         return s
-    gpus = [g for n in nodes for g in n.get("gpus") or [] if isinstance(g, dict)]
-    short = [n.get("name") for n in nodes if per_node and len(n.get("gpus") or []) != per_node]
-    state = "failed" if short else "done" if len(nodes) >= (want_nodes or 0) else "open"
+    gpus = [g for n in nodes for g in _list(n, "gpus") if isinstance(g, dict)]
+    short = [n.get("name") for n in nodes if per_node and len(_list(n, "gpus")) != per_node]
+    state = "failed" if short else "done" if len(nodes) >= want_nodes else "open"
     s.add(
         "inventory",
         f"Inventory of all {want_nodes} nodes, {per_node} GPUs each",
@@ -172,7 +187,7 @@ def _baseline(cand: Doc, inventory: Doc | None) -> Section:
             s.add(key, text, "failed", f"inventory: {shown}")
         else:
             shown = ", ".join(f"{m} {next(iter(c))}" for m, c in seen.items())
-            state, cover = _covered("done", len(nodes), want_nodes or 0)
+            state, cover = _covered("done", len(nodes), want_nodes)
             s.add(key, text, state, f"inventory: {shown}{cover}")
     return s
 
@@ -188,7 +203,7 @@ SOFTWARE = (
 
 
 def _checks(doc: Doc) -> list[Doc]:
-    checks = (doc.get("readiness") or {}).get("checks") or []
+    checks = _list(_obj(doc, "readiness"), "checks")
     return [c for c in checks if isinstance(c, dict)]
 
 
@@ -224,7 +239,7 @@ def _readiness(doctors: list[tuple[str, Doc]], inventory: Doc | None) -> Section
     s = Section("readiness", "Readiness per node (gpufleet doctor)")
     seen: set[str] = set()
     for name, doc in doctors:
-        node = str((doc.get("readiness") or {}).get("node") or name)
+        node = str(_obj(doc, "readiness").get("node") or name)
         seen.add(node)
         checks = _checks(doc)
         if not checks:
@@ -235,7 +250,7 @@ def _readiness(doctors: list[tuple[str, Doc]], inventory: Doc | None) -> Section
         state = "failed" if "fail" in worst else "warn" if bad else "done"
         shown = "; ".join(f"{c.get('phase')}/{c.get('name')}: {c.get('detail')}" for c in bad[:3])
         s.add(node, f"Node {node}: readiness checks", state, f"{name}: {shown or 'all ok'}")
-    for n in (inventory or {}).get("nodes") or []:
+    for n in _list(inventory or {}, "nodes"):
         listed = str(n.get("name")) if isinstance(n, dict) else ""
         if listed and listed not in seen:
             s.add(listed, f"Node {listed}: readiness checks (gpufleet doctor --json)")
@@ -252,15 +267,15 @@ def _validation(validations: list[tuple[str, Doc]], want: int) -> Section:
         results = [
             (fname, r)
             for fname, doc in validations
-            for r in doc.get("results") or []
-            if isinstance(r, dict) and r.get("test") in tests
+            for r in _list(doc, "results")
+            if isinstance(r, dict) and isinstance(r.get("test"), str) and r["test"] in tests
         ]
         text = f"Level {level}: {names[level]}"
         if not results:
             s.add(f"level{level}", text)
             continue
         statuses = Counter(str(r.get("status")) for _, r in results)
-        nodes = {r.get("node") for _, r in results}
+        nodes = {str(r.get("node")) for _, r in results}
         missing = sorted(
             n for n in tests if not TESTS[n].multi_node and n not in {r["test"] for _, r in results}
         )
@@ -286,7 +301,7 @@ def _figures(results: list[Doc]) -> str:
     """The lowest measured value of each metric, against its expected value."""
     low: dict[str, tuple[float, str, Any]] = {}
     for r in results:
-        for m in r.get("metrics") or []:
+        for m in _list(r, "metrics"):
             if not isinstance(m, dict) or not isinstance(m.get("value"), (int, float)):
                 continue
             key = f"{r.get('test')} {m.get('name')}"

@@ -35,7 +35,8 @@ def chosen_candidate(plan: dict[str, Any], where: str) -> dict[str, Any]:
     """The candidate the plan chose (`gpufleet plan --json`: ``chosen`` names one of
     ``candidates[].candidate``)."""
     chosen = plan.get("chosen")
-    for cand in plan.get("candidates") or []:
+    candidates = plan.get("candidates")
+    for cand in candidates if isinstance(candidates, list) else []:
         if isinstance(cand, dict) and cand.get("candidate") == chosen:
             return cand
     raise ConfigError(
