@@ -85,6 +85,7 @@ FAULTS = [
     ("containerd-unconfigured", "containers.runtime_containerd", "fail", "no nvidia runtime"),
     ("no-peermem", "gpudirect.peermem", "warn", "nvidia_peermem"),
     ("acs-enabled", "gpudirect.acs", "fail", "0000:42:01.0"),
+    ("acs-unreadable", "gpudirect.acs", "unknown", "could not read"),
     ("iommu-translated", "gpudirect.iommu", "warn", "4 groups"),
     ("ib-port-down", "network.port_mlx5_3/1", "fail", "state DOWN"),
     ("ib-rate-low", "network.port_mlx5_5/1", "fail", "rate 200 Gb/s, declared 400"),
@@ -116,7 +117,7 @@ def test_each_fault_turns_exactly_its_check(
     assert [f.code for f in findings] == [
         "READINESS_" + name.upper().replace(".", "_").replace("/", "_")
     ]
-    assert findings[0].severity == (Severity.FAIL if status == "fail" else Severity.WARN)
+    assert findings[0].severity == Severity[status.upper()]
     assert findings[0].evidence["hint"] == got[name].hint
 
 

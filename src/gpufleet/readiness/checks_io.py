@@ -179,6 +179,7 @@ def gpu_nic_bridges(host: Host, nics: list[str]) -> set[str]:
 
 
 _ACS_ON = ("SrcValid+", "ReqRedir+", "CmpltRedir+")
+DENIED = "<access denied>"
 
 
 def acs_controls(lspci: str) -> dict[str, str]:
@@ -192,6 +193,8 @@ def acs_controls(lspci: str) -> dict[str, str]:
             current = addr if _BDF.fullmatch(addr) else f"0000:{addr}"
         elif current and line.strip().startswith("ACSCtl:"):
             out[current] = line.strip()[len("ACSCtl:") :].strip()
+        elif current and line.strip() == "Capabilities: <access denied>":
+            out[current] = DENIED  # lspci without root cannot read extended capabilities
     return out
 
 
@@ -209,6 +212,14 @@ def _acs(host: Host, nics: list[str]) -> Check:
             "install pciutils and run as root (ACS registers need root)",
         )
     controls = acs_controls(text)
+    denied = sorted(b for b in bridges if controls.get(b) == DENIED)
+    if denied:
+        return make(
+            "acs",
+            "unknown",
+            f"lspci could not read the capabilities of {len(denied)} bridge(s) on GPU-NIC paths",
+            "run gpufleet doctor as root to read ACS",
+        )
     on = sorted(b for b in bridges if any(f in controls.get(b, "") for f in _ACS_ON))
     if on:
         return make(
