@@ -26,8 +26,12 @@ def checklist(
     doctor: list[Path] | None = typer.Option(
         None, "--doctor", help="`gpufleet doctor --json` output of a node; repeat.", metavar="FILE"
     ),
-    html: Path | None = typer.Option(None, "--html", help="Write the checklist as HTML."),
-    md: Path | None = typer.Option(None, "--md", help="Write the checklist as Markdown."),
+    html: Path | None = typer.Option(
+        None, "--html", help="Write the checklist as HTML.", metavar="FILE"
+    ),
+    md: Path | None = typer.Option(
+        None, "--md", help="Write the checklist as Markdown.", metavar="FILE"
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Site (power circuits, UPS, cooling, floor load with the plan's numbers), racking,

@@ -133,7 +133,9 @@ def _fabric(host: Host, nvml: NvmlFacts, expect: Expectations) -> list[Check]:
             )
         )
     else:
-        fm = first_version(host.run(["nv-fabricmanager", "--version"]))
+        fm = first_version(
+            host.run(["nv-fabricmanager", "--version"]) or host.run(["nv-fabricmanager", "-v"])
+        )
         drv = driver_version(host, nvml)
         if fm and drv and fm != drv:
             out.append(
