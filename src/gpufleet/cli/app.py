@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "gpufleet.cli.inventory",
     "gpufleet.cli.status",
     "gpufleet.cli.doctor",
+    "gpufleet.cli.checklist",
     "gpufleet.cli.plan",
     "gpufleet.cli.catalog",
     "gpufleet.cli.health",

@@ -16,15 +16,31 @@ from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.discovery import read_each
 from gpufleet.errors import DeviceError, GpuLostError, NoDeviceError
 
+STATUSES = ("ok", "warn", "fail", "unknown", "skip")
+"""Check statuses: "unknown" when the check could not be made (a file unreadable, a tool absent),
+"skip" when it does not apply here (no NVSwitch, no RDMA NIC); "skip" never changes a verdict."""
+
 
 @dataclass(frozen=True)
 class Check:
-    """One doctor check: ok, warn or fail, what was seen, and how to fix it."""
+    """One doctor check: its status (`STATUSES`), what was seen, how to fix it, and its phase
+    ("gpu" for the NVML checks; driver, cuda, containers, gpudirect, network, host for the
+    readiness checks of `gpufleet.readiness`)."""
 
     name: str
-    status: str  # "ok", "warn", "fail"
+    status: str
     detail: str
     hint: str | None = None
+    phase: str = "gpu"
+
+
+def overall_status(checks: list[Check]) -> str:
+    """The verdict of several checks: fail > warn > unknown > ok (exit codes 2, 1, 3, 0)."""
+    states = {c.status for c in checks}
+    for word in ("fail", "warn", "unknown"):
+        if word in states:
+            return word
+    return "ok"
 
 
 @dataclass
@@ -36,8 +52,7 @@ class DoctorReport:
 
     @property
     def status(self) -> str:
-        states = {c.status for c in self.checks}
-        return "fail" if "fail" in states else "warn" if "warn" in states else "ok"
+        return overall_status(self.checks)
 
 
 def versions_match(driver: str | None, nvml: str | None) -> bool | None:
