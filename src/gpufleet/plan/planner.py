@@ -18,8 +18,9 @@ from gpufleet.plan.compute import (
     TrainingSizing,
     size_inference,
     size_training,
+    tp_divides_heads,
 )
-from gpufleet.plan.cost import Cost, plan_cost
+from gpufleet.plan.cost import Cost, cost_per_million_tokens, plan_cost
 from gpufleet.plan.fabric import Fabric, Layout, plan_fabric
 from gpufleet.plan.facility import (
     DEFAULT_PUE,
@@ -28,11 +29,14 @@ from gpufleet.plan.facility import (
     ImpossibleConstraint,
     plan_facility,
 )
-from gpufleet.plan.hardware import Server, resolve_candidate
+from gpufleet.plan.hardware import PILOT_FORM_FACTORS, Server, resolve_candidate
+from gpufleet.plan.hpc import HpcSizing, size_hpc
 from gpufleet.plan.memory import Architecture, resolve_architecture
+from gpufleet.plan.plant import Plant, plan_plant
 from gpufleet.plan.spec import (
     BYTES_PER_VALUE,
     GpuCountWorkload,
+    HpcWorkload,
     InferenceWorkload,
     PlanSpec,
     TrainingWorkload,
@@ -55,6 +59,8 @@ class WorkloadPlan:
     architecture: Architecture | None
     training: TrainingSizing | None
     inference: InferenceSizing | None
+    hpc: HpcSizing | None = None
+    notes: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -76,6 +82,10 @@ class CandidatePlan:
     run_energy_mwh: float | None
     tokens_per_joule: float | None
     notes: tuple[str, ...]
+    plant: Plant | None = None
+    cost_per_million_tokens: float | None = None
+    warnings: tuple[str, ...] = ()
+    layout: Layout | None = None
 
 
 @dataclass(frozen=True)
@@ -91,6 +101,12 @@ class Plan:
     @property
     def best(self) -> CandidatePlan | None:
         return next((c for c in self.candidates if c.candidate == self.chosen), None)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The chosen candidate's warnings (``gpufleet plan`` exits 1 when there are any)."""
+        best = self.best
+        return best.warnings if best else ()
 
 
 def _price_for(
@@ -113,18 +129,80 @@ def _price_for(
     return None
 
 
+def _tp_check(
+    w: TrainingWorkload | InferenceWorkload, index: int, arch: Architecture, serving: bool
+) -> list[str]:
+    """Refuse an explicit tensor-parallel size that does not split the heads; say when the
+    heads are unknown (only a parameter count given) so nothing could be checked."""
+    tp = w.tensor_parallel
+    if arch.derived:
+        what = f"tensor_parallel {tp}" if isinstance(tp, int) else "the tensor-parallel size"
+        return [
+            f"{what} could not be checked against the attention heads: the model gives only a "
+            "parameter count (add layers, hidden_size, heads and kv_heads to check it)"
+        ]
+    if isinstance(tp, int) and not tp_divides_heads(tp, arch.heads, arch.kv_heads, serving=serving):
+        ok = [
+            t
+            for t in range(1, min(arch.heads, 64) + 1)
+            if tp_divides_heads(t, arch.heads, arch.kv_heads, serving=serving)
+        ]
+        raise ConfigError(
+            f"workloads[{index}].tensor_parallel: {tp} does not divide the {arch.heads} "
+            f"attention heads and {arch.kv_heads} KV heads",
+            hint=f"choose one of {', '.join(map(str, ok))} or 'auto'",
+        )
+    return []
+
+
+def _size_hpc(w: HpcWorkload, server: Server, catalog: Catalog, headroom: float) -> WorkloadPlan:
+    gpu = catalog.gpus[server.gpu_key]
+    path = "fp64_tensor" if w.precision == "fp64" and w.tensor_cores else w.precision
+    peak = gpu.tflops.get(path) or gpu.tflops.get(w.precision)
+    if not peak:
+        raise UsageError(
+            f"{gpu.marketing_name} has no {w.precision} peak in the catalog",
+            hint="choose a candidate with FP64 units (H100/H200/B200/A100/MI300X)",
+        )
+    if not gpu.tflops.get(path):
+        path = w.precision
+    ws = (
+        w.memory
+        if w.memory is not None
+        else (w.values * BYTES_PER_VALUE[w.precision] if w.values is not None else None)
+    )
+    hs = size_hpc(
+        precision=w.precision,
+        peak_path=path,
+        peak_tflops=peak,
+        efficiency=w.efficiency,
+        rate_tflops=w.sustained_tflops,
+        flops=w.flops,
+        target_days=w.target_days,
+        working_set_bytes=ws,
+        capacity_bytes=server.gpu_memory_bytes * (1 - headroom),
+        gpus=w.gpus,
+        gpus_per_server=server.gpus,
+    )
+    return WorkloadPlan(w.name, w.kind, hs.gpus, None, None, None, hs, hs.notes)
+
+
 def _size(
-    w: TrainingWorkload | InferenceWorkload | GpuCountWorkload,
+    w: TrainingWorkload | InferenceWorkload | HpcWorkload | GpuCountWorkload,
     server: Server,
     catalog: Catalog,
     headroom: float,
+    index: int = 0,
 ) -> WorkloadPlan:
     gpu = catalog.gpus[server.gpu_key]
     cap = server.gpu_memory_bytes * (1 - headroom)
     if isinstance(w, GpuCountWorkload):
         n = -(-w.gpus // server.gpus) * server.gpus
         return WorkloadPlan(w.name, w.kind, n, None, None, None)
+    if isinstance(w, HpcWorkload):
+        return _size_hpc(w, server, catalog, headroom)
     arch = resolve_architecture(w.model)
+    tp_notes = tuple(_tp_check(w, index, arch, isinstance(w, InferenceWorkload)))
     if isinstance(w, TrainingWorkload):
         peak = gpu.tflops.get(w.precision)
         if not peak:
@@ -150,8 +228,9 @@ def _size(
             target_days=w.target_days,
             gpus=w.gpus,
             gpus_per_server=server.gpus,
+            heads_known=not arch.derived,
         )
-        return WorkloadPlan(w.name, w.kind, tr.gpus, arch, tr, None)
+        return WorkloadPlan(w.name, w.kind, tr.gpus, arch, tr, None, None, tp_notes)
     prec = _COMPUTE_PRECISION.get(w.weights_precision, w.weights_precision)
     peak = gpu.tflops.get(prec) or gpu.tflops.get("fp16") or gpu.tflops.get("bf16")
     if not peak:
@@ -170,21 +249,52 @@ def _size(
         mfu=w.mfu,
         gpus_per_server=server.gpus,
         tp=None if w.tensor_parallel == "auto" else w.tensor_parallel,
+        heads_known=not arch.derived,
     )
-    return WorkloadPlan(w.name, w.kind, inf.gpus, arch, None, inf)
+    return WorkloadPlan(w.name, w.kind, inf.gpus, arch, None, inf, None, tp_notes)
 
 
 def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> CandidatePlan:
     c, p = spec.constraints, spec.prices
-    sized = tuple(_size(w, server, catalog, c.memory_headroom) for w in spec.workloads)
+    try:
+        sized = tuple(
+            _size(w, server, catalog, c.memory_headroom, i) for i, w in enumerate(spec.workloads)
+        )
+    except ConfigError:
+        raise
+    except UsageError as exc:  # e.g. no FP64 units: this candidate cannot run the workload
+        return CandidatePlan(
+            server.candidate,
+            server,
+            False,
+            str(exc),
+            (),
+            0,
+            0,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            (),
+        )
     gpus = sum(w.gpus for w in sized)
     servers = math.ceil(gpus / server.gpus)
     notes: list[str] = []
     for w in sized:
-        for n in (w.training.notes if w.training else ()) + (
-            w.inference.notes if w.inference else ()
+        for n in (
+            (w.training.notes if w.training else ())
+            + (w.inference.notes if w.inference else ())
+            + w.notes
         ):
             notes.append(f"{w.name}: {n}")
+    if gpus <= 4 and server.gpus > gpus and not server.generic:
+        notes.append(
+            f"a {gpus}-GPU pilot on {server.name} buys a whole {server.gpus}-GPU server; "
+            "a PCIe candidate (h100-pcie, l40s, ...) plans a 1-4 GPU server or workstation"
+        )
     fits = all(
         (w.training.fits if w.training else True) and (w.inference.fits if w.inference else True)
         for w in sized
@@ -268,6 +378,7 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
     train_params = max(
         (w.architecture.parameters for w in sized if w.training and w.architecture), default=0.0
     )
+    training_nodes = max((math.ceil(w.gpus / server.gpus) for w in sized if w.training), default=0)
     storage = plan_storage(
         parameters=train_params,
         tokens_per_s=sum(t.tokens_per_s for t in trainings),
@@ -275,6 +386,32 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         dataset_bytes_per_token=spec.storage.dataset_bytes_per_token,
         nodes=servers,
         local_nvme_bytes=server.local_nvme_bytes,
+        training_nodes=training_nodes,
+        tokens=sum(
+            w_spec.tokens for w_spec in spec.workloads if isinstance(w_spec, TrainingWorkload)
+        ),
+        checkpoints_kept=spec.storage.checkpoints_kept,
+        dataset_bytes=spec.storage.dataset,
+    )
+    storage_capex = (
+        storage.capacity_bytes / 1e12 * p.pfs_per_tb
+        if storage.parallel_fs_recommended and p.pfs_per_tb is not None
+        else None
+    )
+    if storage.parallel_fs_recommended and p.pfs_per_tb is None:
+        notes.append("parallel file system not priced: set prices.pfs_per_tb")
+    plant = plan_plant(
+        it_kw=fac.it_kw,
+        facility_kw=fac.facility_kw,
+        redundancy=c.redundancy,
+        cooling=c.cooling,
+        runtime_s=c.ups_runtime,
+        battery=c.ups_battery,
+        generator_unit_kw=c.generator_size / 1000,
+        liquid_fraction=c.liquid_fraction,
+        cdu_capacity_kw=c.cdu_capacity / 1000,
+        coolant_delta_t=c.coolant_delta_t,
+        air_delta_t=c.air_delta_t,
     )
     server_price = _price_for(p.server, "server", server, spec.candidates)
     if server_price is None:
@@ -299,6 +436,11 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         horizon_years=spec.horizon_years,
         utilization=p.utilization,
         budget=c.budget,
+        staff_fte=p.staff_fte,
+        staff_cost_per_fte=p.staff_cost_per_fte,
+        depreciation_years=p.depreciation_years,
+        residual_percent=p.residual_percent,
+        storage_capex=storage_capex,
     )
     days = max((t.days for t in trainings), default=None)
     run_mwh = fac.facility_kw * days * 24 / 1000 if days is not None else None
@@ -308,6 +450,11 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
     else:
         served = sum(w.inference.decode_tokens_per_s for w in sized if w.inference)
         tpj = served / (fac.facility_kw * 1000) if served else None
+    served = sum(w.inference.decode_tokens_per_s for w in sized if w.inference)
+    cpm = None
+    if served and cost.tco is not None:
+        share = sum(w.gpus for w in sized if w.inference) / gpus
+        cpm = cost_per_million_tokens(cost.tco * share, served, spec.horizon_years, p.utilization)
     if server.generic:
         notes.append(f"{server.name}: {server.source}")
     return CandidatePlan(
@@ -326,6 +473,10 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         run_mwh,
         tpj,
         tuple(notes + list(cost.notes)),
+        plant,
+        cpm,
+        cost.warnings,
+        layout,
     )
 
 
@@ -359,13 +510,36 @@ def _assumptions(spec: PlanSpec, cands: list[CandidatePlan]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _server(spec: PlanSpec, catalog: Catalog, name: str, index: int) -> Server:
+    """The candidate's server; a PCIe GPU without a catalog system becomes a 1, 2 or 4-GPU pilot
+    server when the workloads need at most 4 GPUs (or the spec sets gpus_per_server)."""
+    c = spec.constraints
+    field = f"candidates[{index}]"
+    server = resolve_candidate(
+        catalog, name, c.generic_host_overhead, field, c.gpus_per_server, c.pilot_host_overhead
+    )
+    gpu = catalog.gpus[server.gpu_key]
+    if not server.generic or c.gpus_per_server or gpu.form_factor not in PILOT_FORM_FACTORS:
+        return server
+    one = resolve_candidate(catalog, name, c.generic_host_overhead, field, 1, 0.0)
+    try:
+        need = sum(
+            _size(w, one, catalog, c.memory_headroom, i).gpus for i, w in enumerate(spec.workloads)
+        )
+    except UsageError:
+        return server
+    if need > 4:
+        return server
+    size = 1 << max(0, need - 1).bit_length()  # 1, 2 or 4
+    return resolve_candidate(
+        catalog, name, c.generic_host_overhead, field, size, c.pilot_host_overhead
+    )
+
+
 def plan(spec: PlanSpec, catalog: Catalog | None = None) -> Plan:
     """Plan every candidate; raise when none is feasible, explaining each candidate's problem."""
     catalog = catalog or load_catalog()
-    servers = [
-        resolve_candidate(catalog, name, spec.constraints.generic_host_overhead, f"candidates[{i}]")
-        for i, name in enumerate(spec.candidates)
-    ]
+    servers = [_server(spec, catalog, name, i) for i, name in enumerate(spec.candidates)]
     cands = [_plan_candidate(spec, s, catalog) for s in servers]
     feasible = [c for c in cands if c.feasible]
     if len(cands) == 1 and not feasible:
@@ -374,11 +548,12 @@ def plan(spec: PlanSpec, catalog: Catalog | None = None) -> Plan:
         problems = "; ".join(f"{c.candidate}: {c.problem}" for c in cands)
         raise ImpossibleConstraint(f"no candidate is feasible: {problems}")
 
-    def rank(cp: CandidatePlan) -> tuple[float, float, float]:
+    def rank(cp: CandidatePlan) -> tuple[bool, float, float, float]:
         tco = cp.cost.tco if cp.cost and cp.cost.tco is not None else math.inf
         days = cp.training_days if cp.training_days is not None else math.inf
         kw = cp.facility.facility_kw if cp.facility else math.inf
-        return (tco, days, kw)
+        over = bool(cp.cost and cp.cost.within_budget is False)
+        return (over, tco, days, kw)
 
     chosen = min(feasible, key=rank).candidate
     return Plan(spec.name, spec.horizon_years, chosen, tuple(cands), _assumptions(spec, cands))
