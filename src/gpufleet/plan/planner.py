@@ -373,6 +373,7 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         racks_available=None,
         network_kw=fabric.data_switches * c.switch_power / 1000,
         average_load=p.utilization,
+        rack_units=c.rack_units,
     )
     trainings = [w.training for w in sized if w.training]
     train_params = max(

@@ -9,6 +9,7 @@ from __future__ import annotations
 from html import escape
 
 from gpufleet.plan.planner import CandidatePlan, Plan
+from gpufleet.plan.report_sections import elevations_section, plant_section, storage_section
 
 __all__ = ["bar_chart_svg", "line_chart_svg", "render_html"]
 
@@ -309,7 +310,10 @@ def render_html(plan: Plan) -> str:
         )
         + charts
         + _facility_section(best)
+        + plant_section(best)
+        + storage_section(best)
         + _network_section(best)
+        + elevations_section(best)
         + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
         + f"<h2>Assumptions and sources</h2><ul>{assumptions}</ul>"
         + "<p>Formulas and their sources: see docs/plan.md.</p></body></html>"
