@@ -290,9 +290,10 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
             + w.notes
         ):
             notes.append(f"{w.name}: {n}")
-    if gpus <= 4 and server.gpus > gpus and not server.generic:
+    asked = sum(w.gpus for w in spec.workloads if isinstance(w, GpuCountWorkload))
+    if all(isinstance(w, GpuCountWorkload) for w in spec.workloads) and asked <= 4 < server.gpus:
         notes.append(
-            f"a {gpus}-GPU pilot on {server.name} buys a whole {server.gpus}-GPU server; "
+            f"a {asked}-GPU pilot on {server.name} buys a whole {server.gpus}-GPU server; "
             "a PCIe candidate (h100-pcie, l40s, ...) plans a 1-4 GPU server or workstation"
         )
     fits = all(
@@ -498,7 +499,7 @@ def _assumptions(spec: PlanSpec, cands: list[CandidatePlan]) -> tuple[str, ...]:
             f"rack power limit {DEFAULT_RACK_KW[c.cooling]:g} kW (default for {c.cooling} cooling)"
         )
     for w in spec.workloads:
-        if not isinstance(w, GpuCountWorkload) and w.model.layers is None:
+        if isinstance(w, TrainingWorkload | InferenceWorkload) and w.model.layers is None:
             a = resolve_architecture(w.model)
             out.append(
                 f"{w.name}: architecture derived from {a.parameters:.3g} parameters "
