@@ -5,12 +5,13 @@ pilots and inference cost per million tokens (formulas and sources in docs/plan.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 
 import pytest
 
 from gpufleet.errors import ConfigError
 from gpufleet.plan.compute import tp_divides_heads
-from gpufleet.plan.cost import cost_per_million_tokens, hardware_over_horizon, plan_cost
+from gpufleet.plan.cost import Cost, cost_per_million_tokens, hardware_over_horizon, plan_cost
 from gpufleet.plan.facility import ImpossibleConstraint
 from gpufleet.plan.planner import plan
 from gpufleet.plan.spec import load_spec
@@ -18,7 +19,7 @@ from gpufleet.plan.spec import load_spec
 H100_USABLE = 85_520_809_984 * 0.9  # catalog NVML size x (1 - default headroom 0.10)
 
 
-def _cost(**kw: object) -> object:
+def _cost(**kw: object) -> Cost:
     args: dict[str, object] = dict(
         gpus=8,
         servers=1,
@@ -49,7 +50,9 @@ def test_straight_line_refresh_and_residual() -> None:
     # old at the horizon: book 1,000,000 - 600,000 = 400,000; hardware 2,000,000 - 400,000.
     assert hardware_over_horizon(1e6, 5, 3, 10) == (2, 300_000, 400_000, 1_600_000)
     # horizon = refresh period: one purchase, worth exactly its residual at the end
-    assert hardware_over_horizon(1e6, 4, 4, 20) == (1, 200_000, pytest.approx(200_000), 800_000)
+    purchases, per_year, book, hardware = hardware_over_horizon(1e6, 4, 4, 20)
+    assert (purchases, per_year, hardware) == (1, 200_000, 800_000)
+    assert book == pytest.approx(200_000)
     # defaults (period = horizon, no residual): the whole capex, as before
     assert hardware_over_horizon(1e6, 4, 4, 0) == (1, 250_000, 0, 1e6)
 
@@ -57,25 +60,28 @@ def test_straight_line_refresh_and_residual() -> None:
 def test_tco_adds_staff_and_credits_residual() -> None:
     c = _cost(staff_fte=2, staff_cost_per_fte=150_000.0, depreciation_years=3, residual_percent=10)
     # energy 10 kW x 8760 h x 0.1 = 8,760; staff 2 x 150,000 = 300,000
-    assert c.staff_per_year == 300_000  # type: ignore[attr-defined]
-    assert c.opex_per_year == pytest.approx(308_760)  # type: ignore[attr-defined]
-    assert c.tco == pytest.approx(1_600_000 + 5 * 308_760)  # type: ignore[attr-defined]
-    assert c.purchases == 2 and c.residual_value == pytest.approx(400_000)  # type: ignore[attr-defined]
+    assert c.staff_per_year == 300_000
+    assert c.opex_per_year == pytest.approx(308_760)
+    assert c.tco == pytest.approx(1_600_000 + 5 * 308_760)
+    assert c.purchases == 2 and c.residual_value == pytest.approx(400_000)
 
 
 def test_budget_overrun_is_a_warning_not_a_note() -> None:
     c = _cost(budget=900_000.0)
-    assert c.warnings == (  # type: ignore[attr-defined]
-        "capex 1,000,000 USD exceeds the budget 900,000 USD by 100,000 USD",
-    )
-    assert not any("budget" in n for n in c.notes)  # type: ignore[attr-defined]
-    assert _cost(budget=1_000_000.0).warnings == ()  # type: ignore[attr-defined]
+    assert c.warnings == ("capex 1,000,000 USD exceeds the budget 900,000 USD by 100,000 USD",)
+    assert not any("budget" in n for n in c.notes)
+    assert _cost(budget=1_000_000.0).warnings == ()
 
 
 def test_staff_needs_a_cost() -> None:
     with pytest.raises(ConfigError, match="staff_cost_per_fte"):
-        load_spec({"candidates": ["h100"], "workloads": [{"kind": "gpus", "gpus": 8}],
-                   "prices": {"staff_fte": 2}})
+        load_spec(
+            {
+                "candidates": ["h100"],
+                "workloads": [{"kind": "gpus", "gpus": 8}],
+                "prices": {"staff_fte": 2},
+            }
+        )
 
 
 def test_cost_per_million_tokens() -> None:
@@ -116,7 +122,7 @@ def test_tp_divides_heads_and_kv_heads() -> None:
     assert not tp_divides_heads(6, 96, 8, serving=True)  # 8 % 6 and 6 % 8
 
 
-def _training(model: dict[str, object], tp: object = "auto") -> dict[str, object]:
+def _training(model: Mapping[str, object], tp: object = "auto") -> dict[str, object]:
     return {
         "candidates": ["h100-sxm"],
         "workloads": [
@@ -200,8 +206,7 @@ def test_fp64_memory_per_precision_bounds_the_count() -> None:
 
 def test_fp32_rendering_on_l40s_and_fp64_refused_there() -> None:
     # L40S FP32 91.6 TFLOP/s x 0.6 = 54.96; 500 / 54.96 = 9.1 -> 10 GPUs -> 16 (8-GPU servers)
-    spec = _hpc(["l40s"], name="render", precision="fp32", tensor_cores=False,
-                sustained_tflops=500)
+    spec = _hpc(["l40s"], name="render", precision="fp32", tensor_cores=False, sustained_tflops=500)
     best = plan(load_spec(spec)).best
     assert best and best.workloads[0].hpc and best.workloads[0].hpc.gpus_by_rate == 10
     assert best.gpus == 16

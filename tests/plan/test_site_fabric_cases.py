@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 from gpufleet.cli.app import app
 from gpufleet.plan.cablemap import cable_map
 from gpufleet.plan.fabric import Layout, balanced_spines, fat_tree, plan_fabric
-from gpufleet.plan.plant import coolant_litres_per_min_per_kw, plan_plant
 from gpufleet.plan.planner import plan
+from gpufleet.plan.plant import coolant_litres_per_min_per_kw, plan_plant
 from gpufleet.plan.spec import load_spec
 from gpufleet.plan.storage import plan_storage
 
@@ -42,8 +42,14 @@ def test_multi_node_training_gets_a_parallel_fs_with_capacity() -> None:
 
 
 def test_single_node_needs_no_parallel_fs_unless_fast() -> None:
-    args = dict(tokens_per_s=1e5, checkpoint_time_s=300, dataset_bytes_per_token=4,
-                nodes=1, local_nvme_bytes=None, training_nodes=1)
+    args = dict(
+        tokens_per_s=1e5,
+        checkpoint_time_s=300,
+        dataset_bytes_per_token=4,
+        nodes=1,
+        local_nvme_bytes=None,
+        training_nodes=1,
+    )
     assert not plan_storage(parameters=8e9, **args).parallel_fs_recommended  # type: ignore[arg-type]
     # 1e12 params x 14 B / 300 s = 46.7 GB/s > 10 GB/s: a parallel FS even on one node
     assert plan_storage(parameters=1e12, **args).parallel_fs_recommended  # type: ignore[arg-type]
@@ -51,7 +57,9 @@ def test_single_node_needs_no_parallel_fs_unless_fast() -> None:
 
 def test_1024_gpu_pretraining_gets_a_parallel_fs_and_a_bom_line(tmp_path: Path) -> None:
     bom = tmp_path / "bom.csv"
-    r = runner.invoke(app, ["plan", str(ROOT / "examples" / "training-1024.yaml"), "--bom", str(bom)])
+    r = runner.invoke(
+        app, ["plan", str(ROOT / "examples" / "training-1024.yaml"), "--bom", str(bom)]
+    )
     assert r.exit_code == 0, r.output
     assert "parallel file system" in r.stdout
     rows = list(csv.DictReader(io.StringIO(bom.read_text())))
@@ -60,11 +68,21 @@ def test_1024_gpu_pretraining_gets_a_parallel_fs_and_a_bom_line(tmp_path: Path) 
 
 
 def test_plant_ups_generator_cdus_and_air() -> None:
-    p = plan_plant(it_kw=1000, facility_kw=1150, redundancy="2N", cooling="liquid",
-                   runtime_s=300, battery="li-ion", generator_unit_kw=2000, liquid_fraction=0.8,
-                   cdu_capacity_kw=1000, coolant_delta_t=10, air_delta_t=12)
+    p = plan_plant(
+        it_kw=1000,
+        facility_kw=1150,
+        redundancy="2N",
+        cooling="liquid",
+        runtime_s=300,
+        battery="li-ion",
+        generator_unit_kw=2000,
+        liquid_fraction=0.8,
+        cdu_capacity_kw=1000,
+        coolant_delta_t=10,
+        air_delta_t=12,
+    )
     assert p.ups_kva == pytest.approx(1000 / 0.9)  # 1,111 kVA at pf 0.9
-    assert (p.ups_systems, p.ups_installed_kva) == (2, pytest.approx(2000 / 0.9))
+    assert p.ups_systems == 2 and p.ups_installed_kva == pytest.approx(2000 / 0.9)
     assert p.battery_kwh == pytest.approx(1000 * 5 / 60 / 0.95)  # 87.7 kWh
     assert p.generator_kva == pytest.approx(1150 / 0.8)  # 1,437.5 kVA < one 2,500 kVA set
     assert p.generators == 2  # 2N
@@ -74,9 +92,19 @@ def test_plant_ups_generator_cdus_and_air() -> None:
     assert p.cdus == 2  # ceil(800 / 1000) + 1 spare
     # 200 kW to air at dT 12 K: 200 x 3600 / (1.2 x 1.006 x 12) = 49,702 m3/h
     assert p.airflow_m3_per_h == pytest.approx(49_702, abs=1)
-    n1 = plan_plant(it_kw=1000, facility_kw=4500, redundancy="N+1", cooling="air",
-                    runtime_s=600, battery="vrla", generator_unit_kw=2000, liquid_fraction=0.8,
-                    cdu_capacity_kw=1000, coolant_delta_t=10, air_delta_t=12)
+    n1 = plan_plant(
+        it_kw=1000,
+        facility_kw=4500,
+        redundancy="N+1",
+        cooling="air",
+        runtime_s=600,
+        battery="vrla",
+        generator_unit_kw=2000,
+        liquid_fraction=0.8,
+        cdu_capacity_kw=1000,
+        coolant_delta_t=10,
+        air_delta_t=12,
+    )
     # 4,500 / 0.8 = 5,625 kVA over 2,500 kVA sets = 3 (2.25 up) + 1
     assert (n1.generators, n1.cdus, n1.liquid_kw) == (4, 0, 0)
     assert n1.ups_installed_kva == pytest.approx(1000 / 0.9 * 1.25)
@@ -96,8 +124,15 @@ def test_spines_divide_each_leafs_uplinks() -> None:
 def _fabric(servers: int, per_rack: int = 4) -> tuple[object, Layout]:
     racks = -(-servers // per_rack)
     layout = Layout(racks, per_rack, 12, 0.6, 2.4)
-    f = plan_fabric(servers=servers, compute_nics=8, storage_nics=2, radix=64, port_gbps=400,
-                    layout=layout, pdus=2 * racks)
+    f = plan_fabric(
+        servers=servers,
+        compute_nics=8,
+        storage_nics=2,
+        radix=64,
+        port_gbps=400,
+        layout=layout,
+        pdus=2 * racks,
+    )
     return f, layout
 
 
@@ -112,7 +147,7 @@ def test_cable_map_counts_equal_the_fabric_links(servers: int) -> None:
         assert by_tier[(net, "spine-core")] == tree.spine_core_links
     assert by_tier[("out-of-band", "node-switch")] == f.oob_links  # type: ignore[attr-defined]
     # per stock length the map equals the BOM's cable lines
-    bom = Counter()
+    bom: Counter[tuple[str, str, float]] = Counter()
     for line in f.cables:  # type: ignore[attr-defined]
         bom[(line.network, line.tier, line.length_m)] += line.count
     assert Counter((c.network, c.tier, c.length_m) for c in cables) == bom
@@ -130,7 +165,10 @@ def test_cli_cable_map_and_superpod_examples(tmp_path: Path) -> None:
     doc = json.loads(r.stdout)
     chosen = next(c for c in doc["candidates"] if c["candidate"] == doc["chosen"])
     # DGX B200 SuperPOD RA, 4 SU: 128 nodes, 32 leaf + 16 spine, 1,024 + 1,024 compute cables
-    assert (chosen["fabric"]["compute"]["leaves"], chosen["fabric"]["compute"]["spines"]) == (32, 16)
+    assert (chosen["fabric"]["compute"]["leaves"], chosen["fabric"]["compute"]["spines"]) == (
+        32,
+        16,
+    )
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
     compute = Counter(x["tier"] for x in rows if x["network"] == "compute")
     assert compute == {"node-leaf": 1024, "leaf-spine": 1024}
@@ -165,7 +203,9 @@ def test_budget_overrun_exits_1_and_bad_input_2(tmp_path: Path) -> None:
 
 def test_html_has_plant_storage_and_elevations(tmp_path: Path) -> None:
     html = tmp_path / "r.html"
-    r = runner.invoke(app, ["plan", str(ROOT / "examples" / "training-1024.yaml"), "--html", str(html)])
+    r = runner.invoke(
+        app, ["plan", str(ROOT / "examples" / "training-1024.yaml"), "--html", str(html)]
+    )
     assert r.exit_code == 0, r.output
     page = html.read_text()
     for title in ("UPS, generators and cooling plant", "Shared storage", "Rack elevations"):
