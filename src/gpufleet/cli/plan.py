@@ -148,7 +148,18 @@ def _summary(result: object, compare: bool) -> None:
     console.print(t)
     if compare:
         ct2 = Table(title="Candidates")
-        for col in ("candidate", "GPUs", "servers", "days", "MWh", "TCO", "tokens/J", "status"):
+        cols = (
+            "candidate",
+            "GPUs",
+            "servers",
+            "days",
+            "MWh",
+            "TCO",
+            "tokens/J",
+            "$/M tok",
+            "status",
+        )
+        for col in cols:
             ct2.add_column(col)
         for cp in result.candidates:
             assert isinstance(cp, CandidatePlan)
@@ -160,6 +171,7 @@ def _summary(result: object, compare: bool) -> None:
                 fmt(cp.run_energy_mwh, digits=0),
                 _money(cp.cost.tco if cp.cost else None),
                 fmt(cp.tokens_per_joule, digits=3),
+                fmt(cp.cost_per_million_tokens, digits=3),
                 "ok" if cp.feasible else f"infeasible: {cp.problem}",
             )
         console.print(ct2)

@@ -250,6 +250,7 @@ def render_html(plan: Plan) -> str:
             "N/A" if c.run_energy_mwh is None else f"{c.run_energy_mwh:,.0f}",
             _money(c.cost.tco if c.cost else None),
             "N/A" if c.tokens_per_joule is None else f"{c.tokens_per_joule:.3f}",
+            "N/A" if c.cost_per_million_tokens is None else f"${c.cost_per_million_tokens:.3f}",
             "ok" if c.feasible else f"infeasible: {c.problem}",
         ]
         for c in plan.candidates
@@ -305,7 +306,17 @@ def render_html(plan: Plan) -> str:
         + _table(["workload", "kind", "GPUs", "sizing"], work)
         + "<h2>Candidates</h2>"
         + _table(
-            ["candidate", "GPUs", "servers", "days", "run MWh", "TCO", "tokens/J", "status"],
+            [
+                "candidate",
+                "GPUs",
+                "servers",
+                "days",
+                "run MWh",
+                "TCO",
+                "tokens/J",
+                "USD/M tokens",
+                "status",
+            ],
             comp_rows,
         )
         + charts

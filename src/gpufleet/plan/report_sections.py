@@ -69,9 +69,14 @@ def storage_section(cp: CandidatePlan) -> str:
     s = cp.storage
     if s is None:
         return ""
-    rows = [
+    head = [
         ["parallel file system", "recommended" if s.parallel_fs_recommended else "not needed"],
         ["why", s.reason],
+    ]
+    if not s.checkpoint_bytes:
+        return "<h2>Shared storage</h2>" + _rows(["item", "value"], head)
+    rows = [
+        *head,
         [
             "capacity",
             f"{s.capacity_bytes / 1e12:,.1f} TB ({s.checkpoints_kept} checkpoints "
@@ -85,18 +90,21 @@ def storage_section(cp: CandidatePlan) -> str:
 
 
 def elevation_svg(title: str, units: int, items: list[tuple[int, int, str, str]]) -> str:
-    """A rack of ``units`` U; ``items`` are (lowest U, height U, label, kind), U counted from 1."""
+    """A rack of ``units`` U; ``items`` are (lowest U, height U, label, kind), U counted from 1.
+
+    Returned as a captioned figure (the caption wraps; the SVG carries it as its label)."""
     h = units * _U_PX
     parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="250" height="{h + 30}" role="img" '
-        f'aria-label="{escape(title)}"><text x="0" y="14" font-size="12" '
-        f'font-weight="bold">{escape(title)}</text>'
-        f'<rect x="30" y="20" width="200" height="{h}" fill="none" stroke="#444"/>'
+        '<figure style="display:inline-block;width:250px;vertical-align:top;margin:0 1em 1em 0">'
+        f'<figcaption style="font-size:.8em;font-weight:bold">{escape(title)}</figcaption>'
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="250" height="{h + 10}" role="img" '
+        f'aria-label="{escape(title)}">'
+        f'<rect x="30" y="5" width="200" height="{h}" fill="none" stroke="#444"/>'
     ]
     for u in range(1, units + 1, 5):
-        parts.append(f'<text x="2" y="{20 + h - (u - 1) * _U_PX - 1}" font-size="8">U{u}</text>')
+        parts.append(f'<text x="2" y="{5 + h - (u - 1) * _U_PX - 1}" font-size="8">U{u}</text>')
     for low, height, label, kind in items:
-        y = 20 + h - (low - 1 + height) * _U_PX
+        y = 5 + h - (low - 1 + height) * _U_PX
         parts.append(
             f'<rect x="31" y="{y}" width="198" height="{height * _U_PX - 1}" '
             f'fill="{_KINDS[kind]}" stroke="#666"><title>{escape(label)}</title></rect>'
@@ -106,7 +114,7 @@ def elevation_svg(title: str, units: int, items: list[tuple[int, int, str, str]]
                 f'<text x="36" y="{y + min(height * _U_PX, 12) - 2}" font-size="8">'
                 f"{escape(label[:40])}</text>"
             )
-    parts.append("</svg>")
+    parts.append("</svg></figure>")
     return "".join(parts)
 
 
@@ -147,13 +155,26 @@ def elevations_section(cp: CandidatePlan) -> str:
     leaves = fab.compute.leaves + fab.storage.leaves + fab.inband.leaves
     if leaves and f.racks > 1:
         per_row = -(-leaves // rows)
-        items = [(1 + i, 1, f"leaf switch {i + 1}", "switch") for i in range(min(per_row, 40))]
-        svgs.append(elevation_svg(f"leaf rack (one per row, {rows} rows)", f.rack_units, items))
-    upper = fab.compute.spines + fab.compute.cores + fab.storage.spines + fab.inband.spines
+        shown = min(per_row, f.usable_ru)
+        items = [(1 + i, 1, f"leaf switch {i + 1}", "switch") for i in range(shown)]
+        svgs.append(
+            elevation_svg(
+                f"leaf rack, one per row ({rows} row{'s' if rows > 1 else ''}, {per_row} leaves)",
+                f.rack_units,
+                items,
+            )
+        )
+    upper = sum(t.spines + t.cores for t in (fab.compute, fab.storage, fab.inband))
     if upper:
         racks_n = -(-upper // 16)
-        items = [(1 + 2 * i, 1, f"spine/core switch {i + 1}", "switch") for i in range(16)]
-        svgs.append(elevation_svg(f"spine rack x {racks_n} (central row)", f.rack_units, items))
+        items = [
+            (1 + 2 * i, 1, f"spine/core switch {i + 1}", "switch") for i in range(min(upper, 16))
+        ]
+        svgs.append(
+            elevation_svg(
+                f"spine rack x {racks_n}, {upper} switches (central row)", f.rack_units, items
+            )
+        )
     return (
         "<h2>Rack elevations</h2><p>PDUs are 0U (vertical, at the rack's back): "
         f"{f.circuits_per_rack} per rack.</p>" + "".join(svgs)
