@@ -172,7 +172,11 @@ def test_cli_cable_map_and_superpod_examples(tmp_path: Path) -> None:
     rows = list(csv.DictReader(io.StringIO(out.read_text())))
     compute = Counter(x["tier"] for x in rows if x["network"] == "compute")
     assert compute == {"node-leaf": 1024, "leaf-spine": 1024}
-    assert {"a_device", "a_port", "b_device", "b_port", "length_class", "optic"} <= set(rows[0])
+    assert {"a_device", "a_port", "b_device", "b_port", "length_class", "optic_part"} <= set(
+        rows[0]
+    )
+    sr4 = [x for x in rows if x["optic"] == "400G SR4"]
+    assert sr4 and all(x["optic_part"].startswith("MMA4Z00-NS400") for x in sr4)
 
 
 @pytest.mark.parametrize("name", ["superpod-h100-1su.yaml", "superpod-gb200-nvl72-1su.yaml"])

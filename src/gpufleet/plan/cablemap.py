@@ -7,6 +7,13 @@ n), k/2+1..k face spines; a spine takes each leaf's links on consecutive ports. 
 leaf links once to every aggregation switch of its pod, aggregation uplinks go round-robin to the
 cores. Node-to-leaf lengths are per rack (``rack_run``); switch-to-switch lengths are the fabric's
 stock lengths taken in order (the row-by-row split of the BOM). Pure: rows in, CSV text out.
+
+Optic parts (NVIDIA LinkX, "LinkX User Guide for 400Gbps 100G-PAM4 OSFP & QSFP112-based Cables
+and Transceivers", docs.nvidia.com/networking/display/400g100gpam4ovpub): 400G SR4 multimode 50 m
+is MMA4Z00-NS400 (single-port flat-top OSFP, adapters) and MMA4Z00-NS (twin-port finned OSFP,
+switches); 500 m single-mode is MMS4X00-NM (twin-port 2xDR4); 2 km is MMS4X50-NM (twin-port
+2xFR4). A twin-port switch optic serves two links, so a switch needs half as many as its optical
+ports; the BOM still counts one transceiver per cable end.
 """
 
 from __future__ import annotations
@@ -38,8 +45,14 @@ CABLE_COLUMNS = (
     "length_m",
     "length_class",
     "optic",
+    "optic_part",
     "fibre",
 )
+OPTIC_PARTS = {
+    "400G SR4": "MMA4Z00-NS400 (adapter) / MMA4Z00-NS (switch, twin-port)",
+    "400G DR4": "MMS4X00-NM (twin-port 2xDR4, 500 m)",
+    "400G FR4": "MMS4X50-NM (twin-port 2xFR4, 2 km)",
+}
 _CLASS = {"DAC": "DAC <= 3 m", "MM optics": "multimode <= 50 m"}
 _PORT = {"compute": "nic", "storage": "snic", "in-band": "inband"}
 
@@ -59,6 +72,10 @@ class Cable:
     length_class: str
     optic: str
     fibre: str
+
+    @property
+    def optic_part(self) -> str:
+        return OPTIC_PARTS.get(self.optic, "-")
 
 
 def _cable(net: str, tier: str, a: str, ap: str, b: str, bp: str, length: float) -> Cable:
@@ -205,6 +222,7 @@ def cable_map_csv(cables: list[Cable]) -> str:
                 f"{c.length_m:g}",
                 c.length_class,
                 c.optic,
+                c.optic_part,
                 c.fibre,
             ]
         )
