@@ -32,8 +32,16 @@ def test_spines_balance_and_are_the_fewest_that_do(nodes: int, nics: int, k: int
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(1, 700), st.integers(1, 6), st.integers(6, 20), st.sampled_from([1, 2, 8]))
-def test_cable_map_is_every_link_once(servers: int, per_rack: int, per_row: int, nics: int) -> None:
+@given(
+    st.integers(1, 700),
+    st.integers(1, 6),
+    st.integers(6, 20),
+    st.sampled_from([1, 2, 8]),
+    st.integers(0, 12),
+)
+def test_cable_map_is_every_link_once(
+    servers: int, per_rack: int, per_row: int, nics: int, mgmt: int
+) -> None:
     racks = -(-servers // per_rack)
     layout = Layout(racks, per_rack, per_row, 0.6, 2.4)
     f = plan_fabric(
@@ -44,6 +52,7 @@ def test_cable_map_is_every_link_once(servers: int, per_rack: int, per_row: int,
         port_gbps=400,
         layout=layout,
         pdus=racks,
+        management_nodes=mgmt,
     )
     cables = cable_map(f, layout, racks)
     tiers = Counter((c.network, c.tier) for c in cables)
@@ -54,6 +63,11 @@ def test_cable_map_is_every_link_once(servers: int, per_rack: int, per_row: int,
     ends = [(c.a_device, c.a_port) for c in cables] + [(c.b_device, c.b_port) for c in cables]
     assert len(ends) == len(set(ends))  # no port used twice
     assert all(1 <= int(c.b_port) <= 64 for c in cables if c.network != "out-of-band")
+    assert tiers[("out-of-band", "node-switch")] == f.oob_links
+    bom: Counter[tuple[str, str, float]] = Counter()
+    for line in f.cables:
+        bom[(line.network, line.tier, line.length_m)] += line.count
+    assert Counter((c.network, c.tier, c.length_m) for c in cables) == bom
 
 
 _SHAPES = [(h, kv) for h in (12, 20, 24, 40, 48, 64, 96) for kv in (1, 2, 4, 8, h) if h % kv == 0]

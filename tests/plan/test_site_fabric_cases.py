@@ -216,3 +216,22 @@ def test_html_has_plant_storage_and_elevations(tmp_path: Path) -> None:
         assert f"<h2>{title}</h2>" in page
     # 128 DGX B200 at 2 per rack (30.6 kW... see the plan): every compute rack appears by name
     assert "rack001-" in page and "<script" not in page
+
+
+def test_management_nodes_per_su_join_in_band_oob_power_and_bom(tmp_path: Path) -> None:
+    spec = ROOT / "examples" / "superpod-h100-1su.yaml"
+    best = plan(load_spec(spec.read_text(), spec.name)).best
+    assert best and best.fabric and best.facility
+    # 32 DGX H100 = 1 SU x 4 management nodes
+    assert best.management_nodes == 4
+    assert best.fabric.inband.nodes == 32 + 4
+    assert best.fabric.compute.endpoint_links == 256  # the compute fabric is unchanged
+    switches_kw = best.fabric.data_switches * 1.5
+    assert best.facility.it_kw == pytest.approx(32 * 10.2 + switches_kw + 4 * 1.0)
+    cables = cable_map(best.fabric, best.layout, best.facility.pdus)  # type: ignore[arg-type]
+    mgmt = [c for c in cables if c.a_device.startswith("mgmt")]
+    assert Counter(c.network for c in mgmt) == {"in-band": 4, "out-of-band": 4}
+    bom = tmp_path / "bom.csv"
+    assert runner.invoke(app, ["plan", str(spec), "--bom", str(bom)]).exit_code == 0
+    rows = list(csv.DictReader(io.StringIO(bom.read_text())))
+    assert [x["quantity"] for x in rows if x["item"] == "management node"] == ["4"]

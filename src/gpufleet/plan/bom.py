@@ -49,6 +49,16 @@ def bom_rows(cp: CandidatePlan) -> list[BomRow]:
         ),
         BomRow("power", "PDU", f"{f.circuit_kw:.1f} kW circuit each, {f.redundancy}", None, f.pdus),
     ]
+    if cp.management_nodes:
+        rows.append(
+            BomRow(
+                "server",
+                "management node",
+                "head node / UFM appliance, 1U, in-band + out-of-band ports",
+                None,
+                cp.management_nodes,
+            )
+        )
     for net, tree in (("compute", fab.compute), ("storage", fab.storage), ("in-band", fab.inband)):
         for tier, n in (("leaf", tree.leaves), ("spine", tree.spines), ("core", tree.cores)):
             if n:

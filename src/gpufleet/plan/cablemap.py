@@ -29,6 +29,7 @@ from gpufleet.plan.fabric import (
     FatTree,
     Layout,
     cable_class,
+    node_rack,
     rack_run,
 )
 
@@ -84,7 +85,10 @@ def _cable(net: str, tier: str, a: str, ap: str, b: str, bp: str, length: float)
     return Cable(net, tier, a, ap, b, bp, medium, length, cls, xcvr or "-", fibre or "-")
 
 
-def node_name(i: int) -> str:
+def node_name(i: int, servers: int | None = None) -> str:
+    """``node00001``...; past ``servers``, management nodes ``mgmt001``..."""
+    if servers is not None and i >= servers:
+        return f"mgmt{i - servers + 1:03d}"
     return f"node{i + 1:05d}"
 
 
@@ -100,15 +104,15 @@ def _tree(net: str, tree: FatTree, fab: Fabric, layout: Layout) -> Iterator[Cabl
     port = _PORT[net]
     if tree.levels == 0:
         return
-    per_rack = max(1, layout.servers_per_rack)
+    servers = fab.storage.nodes  # compute nodes; in-band also holds management nodes past them
     if tree.levels == 1:
         for i in range(tree.nodes):
-            run = rack_run(layout, i // per_rack)
+            run = rack_run(layout, node_rack(layout, i))
             for r in range(ppn):
                 yield _cable(
                     net,
                     "node-leaf",
-                    node_name(i),
+                    node_name(i, servers),
                     f"{port}{r + 1}",
                     f"{net}-leaf001",
                     str(i * ppn + r + 1),
@@ -117,13 +121,13 @@ def _tree(net: str, tree: FatTree, fab: Fabric, layout: Layout) -> Iterator[Cabl
         return
     groups = -(-tree.nodes // half)
     for i in range(tree.nodes):
-        run = rack_run(layout, i // per_rack)
+        run = rack_run(layout, node_rack(layout, i))
         for r in range(ppn):
             leaf = r * groups + i // half
             yield _cable(
                 net,
                 "node-leaf",
-                node_name(i),
+                node_name(i, servers),
                 f"{port}{r + 1}",
                 f"{net}-leaf{leaf + 1:03d}",
                 str(i % half + 1),
@@ -178,7 +182,9 @@ def cable_map(fab: Fabric, layout: Layout, pdus: int) -> list[Cable]:
     out: list[Cable] = []
     for net, tree in (("compute", fab.compute), ("storage", fab.storage), ("in-band", fab.inband)):
         out.extend(_tree(net, tree, fab, layout))
-    ends: list[tuple[str, str]] = [(node_name(i), "bmc") for i in range(fab.inband.nodes)]
+    ends: list[tuple[str, str]] = [
+        (node_name(i, fab.storage.nodes), "bmc") for i in range(fab.inband.nodes)
+    ]
     racks = max(layout.racks, 1)
     ends += [(f"rack{i % racks + 1:03d}-pdu{i // racks + 1}", "mgmt") for i in range(pdus)]
     for net, tree in (("compute", fab.compute), ("storage", fab.storage), ("in-band", fab.inband)):

@@ -32,6 +32,7 @@ __all__ = [
     "balanced_spines",
     "cable_class",
     "fat_tree",
+    "node_rack",
     "plan_fabric",
     "rack_run",
 ]
@@ -216,16 +217,23 @@ def rack_run(layout: Layout, rack: int) -> float:
     return standard_length(abs(pos - mid) * layout.rack_width_m + VERTICAL_SLACK_M)
 
 
-def _endpoint_lengths(layout: Layout, servers: int) -> dict[float, int]:
-    """Servers by their run to the row's leaf rack (stock length)."""
+def node_rack(layout: Layout, node: int) -> int:
+    """The rack of node ``node``: racks fill in order; nodes beyond them (management nodes)
+    stand in the last rack's row."""
+    return max(0, min(node // max(layout.servers_per_rack, 1), layout.racks - 1))
+
+
+def _endpoint_lengths(layout: Layout, nodes: int) -> dict[float, int]:
+    """Nodes by their run to the row's leaf rack (stock length)."""
     out: dict[float, int] = defaultdict(int)
     if layout.racks <= 1:
-        out[rack_run(layout, 0)] += servers
+        out[rack_run(layout, 0)] += nodes
         return out
-    left = servers
+    per_rack = max(layout.servers_per_rack, 1)
     for rack in range(layout.racks):
-        n = min(layout.servers_per_rack, left)
-        left -= n
+        n = max(0, min(per_rack, nodes - rack * per_rack))
+        if rack == layout.racks - 1:
+            n = max(0, nodes - rack * per_rack)
         out[rack_run(layout, rack)] += n
     return out
 
@@ -307,19 +315,20 @@ def plan_fabric(
     port_gbps: int,
     layout: Layout,
     pdus: int,
+    management_nodes: int = 0,
 ) -> Fabric:
     """All networks for ``servers`` nodes laid out as ``layout``."""
     # One node needs no east-west fabric: its GPUs talk over NVLink/PCIe inside the server.
     compute = fat_tree(servers if servers > 1 else 0, compute_nics, radix)
     storage = fat_tree(servers, storage_nics, radix)
-    inband = fat_tree(servers, 1, radix)
+    inband = fat_tree(servers + management_nodes, 1, radix)  # head/UFM nodes: in-band + OOB
     cables = (
         cables_for("compute", compute, layout)
         + cables_for("storage", storage, layout)
         + cables_for("in-band", inband, layout)
     )
     data_switches = compute.switches + storage.switches + inband.switches
-    oob_ports = servers + pdus + data_switches
+    oob_ports = servers + management_nodes + pdus + data_switches
     oob_switches = math.ceil(oob_ports / OOB_SWITCH_PORTS) if oob_ports else 0
     cables.append(
         CableLine("out-of-band", "node-switch", "Cat6 copper", 3.0, oob_ports, None, 0, None)

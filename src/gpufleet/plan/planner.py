@@ -86,6 +86,7 @@ class CandidatePlan:
     cost_per_million_tokens: float | None = None
     warnings: tuple[str, ...] = ()
     layout: Layout | None = None
+    management_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -325,6 +326,8 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
             f"the model does not fit in {server.gpu_name} memory "
             f"({server.gpu_memory_bytes / 1e9:.0f} GB) with any layout"
         )
+    # Head nodes / UFM appliances: management_nodes_per_su for every started scalable unit.
+    mgmt = math.ceil(servers / c.scalable_unit) * c.management_nodes_per_su
     # Servers per rack first (network power depends on the switch count, which depends on racks).
     try:
         fac0 = plan_facility(
@@ -355,6 +358,7 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
             port_gbps=c.switch_port_gbps,
             layout=layout,
             pdus=fac0.pdus,
+            management_nodes=mgmt,
         )
     except UsageError as exc:
         return infeasible(str(exc))
@@ -372,7 +376,7 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         phases=c.circuit.phases,
         redundancy=c.redundancy,
         racks_available=None,
-        network_kw=fabric.data_switches * c.switch_power / 1000,
+        network_kw=(fabric.data_switches * c.switch_power + mgmt * c.management_node_power) / 1000,
         average_load=p.utilization,
         rack_units=c.rack_units,
     )
@@ -479,6 +483,7 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         cpm,
         cost.warnings,
         layout,
+        mgmt,
     )
 
 

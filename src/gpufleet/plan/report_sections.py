@@ -175,6 +175,15 @@ def elevations_section(cp: CandidatePlan) -> str:
                 f"spine rack x {racks_n}, {upper} switches (central row)", f.rack_units, items
             )
         )
+    if cp.management_nodes:
+        m = cp.management_nodes
+        racks_m = -(-m // f.usable_ru)
+        items = [
+            (1 + i, 1, f"management node {i + 1}", "server") for i in range(min(m, f.usable_ru))
+        ]
+        svgs.append(
+            elevation_svg(f"management rack x {racks_m}, {m} head/UFM nodes", f.rack_units, items)
+        )
     return (
         "<h2>Rack elevations</h2><p>PDUs are 0U (vertical, at the rack's back): "
         f"{f.circuits_per_rack} per rack.</p>" + "".join(svgs)

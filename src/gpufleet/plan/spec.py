@@ -221,6 +221,9 @@ class Constraints(_Spec):
     switch_port_gbps: int = Field(default=400, gt=0)
     switch_power: Power = 1500.0
     gpus_per_server: int | None = Field(default=None, ge=1, le=8)
+    management_nodes_per_su: int = Field(default=0, ge=0, le=64)
+    scalable_unit: int = Field(default=32, ge=1, description="compute nodes per SU")
+    management_node_power: Power = 1000.0
     pilot_host_overhead: Power = 1000.0
     ups_runtime: Duration = 300.0
     ups_battery: Literal["li-ion", "vrla"] = "li-ion"
