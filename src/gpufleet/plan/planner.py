@@ -291,6 +291,11 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
             + w.notes
         ):
             notes.append(f"{w.name}: {n}")
+    if c.gpus_per_server and server.gpus != c.gpus_per_server:
+        notes.append(
+            f"constraints.gpus_per_server {c.gpus_per_server} applies to PCIe GPUs without a "
+            f"catalog system; {server.name} holds {server.gpus}"
+        )
     asked = sum(w.gpus for w in spec.workloads if isinstance(w, GpuCountWorkload))
     if all(isinstance(w, GpuCountWorkload) for w in spec.workloads) and asked <= 4 < server.gpus:
         notes.append(
