@@ -245,3 +245,11 @@ def test_explicit_gpus_per_server_and_sxm_pilot_note() -> None:
     sxm = plan(load_spec(_pilot("h100-sxm", 2, rack_power="20 kW"))).best
     assert sxm and sxm.gpus == 8
     assert any("buys a whole 8-GPU server" in n for n in sxm.notes)
+
+
+def test_hpc_workload_in_the_html_report() -> None:
+    from gpufleet.plan.report_html import render_html
+
+    page = render_html(plan(load_spec(_hpc(["h100-sxm"], name="cfd", sustained_tflops=1000))))
+    # 32 GPUs x 67 x 0.6 = 1,286 TFLOP/s sustained
+    assert "hpc (fp64)" in page and "1,286 TFLOP/s sustained" in page

@@ -291,6 +291,17 @@ def render_html(plan: Plan) -> str:
                     f"tokens/s ({i.decode_bound} bound)",
                 ]
             )
+        elif w.hpc:
+            h = w.hpc
+            work.append(
+                [
+                    w.name,
+                    f"hpc ({h.precision})",
+                    str(w.gpus),
+                    f"{h.sustained_tflops:,.0f} TFLOP/s sustained ({h.peak_path} "
+                    f"{h.peak_tflops:g} x {h.efficiency:.0%}); bound by {h.bound}",
+                ]
+            )
         else:
             work.append([w.name, w.kind, str(w.gpus), "given"])
     notes = "".join(f'<li class="note">{escape(n)}</li>' for n in best.notes)
