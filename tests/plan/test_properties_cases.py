@@ -179,3 +179,24 @@ def test_plant_covers_the_load(it: float, pue: float, red: str, cooling: str, fr
     if p.liquid_kw:
         assert (p.cdus - 1) * 1000 >= p.liquid_kw - 1e-6
     assert abs(p.liquid_kw + p.air_kw - it) < 1e-6 * it
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 3), st.integers(0, 4))
+def test_tiny_sites_cable_every_bmc(servers: int, mgmt: int) -> None:
+    layout = Layout(1, 4, 12, 0.6, 2.4)
+    f = plan_fabric(
+        servers=servers,
+        compute_nics=4,
+        storage_nics=1,
+        radix=64,
+        port_gbps=400,
+        layout=layout,
+        pdus=2,
+        management_nodes=mgmt,
+    )
+    cables = cable_map(f, layout, 2)
+    oob = [c for c in cables if c.network == "out-of-band"]
+    assert len(oob) == f.oob_links == servers + mgmt + 2 + f.data_switches
+    if servers == 1:
+        assert f.data_switches == 0  # one node uplinks to the site network

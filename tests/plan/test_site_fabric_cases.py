@@ -179,7 +179,15 @@ def test_cli_cable_map_and_superpod_examples(tmp_path: Path) -> None:
     assert sr4 and all(x["optic_part"].startswith("MMA4Z00-NS400") for x in sr4)
 
 
-@pytest.mark.parametrize("name", ["superpod-h100-1su.yaml", "superpod-gb200-nvl72-1su.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "superpod-h100-1su.yaml",
+        "superpod-gb200-nvl72-1su.yaml",
+        "hpc-and-rendering.yaml",
+        "pilot-pcie.yaml",
+    ],
+)
 def test_superpod_examples_plan(name: str) -> None:
     result = plan(load_spec((ROOT / "examples" / name).read_text(), name))
     assert result.best and result.best.feasible

@@ -83,7 +83,7 @@ def _summary(result: object, compare: bool) -> None:
         t.add_row(
             "UPS / generators",
             f"{pl.ups_systems} x {pl.ups_kva:,.0f} kVA, {pl.ups_runtime_s / 60:g} min "
-            f"({pl.battery_kwh:,.0f} kWh, {pl.ups_battery}); {pl.generators} x "
+            f"({pl.battery_kwh:,.1f} kWh, {pl.ups_battery}); {pl.generators} x "
             f"{pl.generator_unit_kw:,.0f} kW gensets for {pl.generator_kva:,.0f} kVA",
         )
         if pl.cdus:

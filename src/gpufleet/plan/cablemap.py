@@ -104,7 +104,7 @@ def _tree(net: str, tree: FatTree, fab: Fabric, layout: Layout) -> Iterator[Cabl
     port = _PORT[net]
     if tree.levels == 0:
         return
-    servers = fab.storage.nodes  # compute nodes; in-band also holds management nodes past them
+    servers = fab.servers  # compute nodes; in-band also holds management nodes past them
     if tree.levels == 1:
         for i in range(tree.nodes):
             run = rack_run(layout, node_rack(layout, i))
@@ -182,9 +182,8 @@ def cable_map(fab: Fabric, layout: Layout, pdus: int) -> list[Cable]:
     out: list[Cable] = []
     for net, tree in (("compute", fab.compute), ("storage", fab.storage), ("in-band", fab.inband)):
         out.extend(_tree(net, tree, fab, layout))
-    ends: list[tuple[str, str]] = [
-        (node_name(i, fab.storage.nodes), "bmc") for i in range(fab.inband.nodes)
-    ]
+    nodes = fab.servers + fab.management_nodes
+    ends: list[tuple[str, str]] = [(node_name(i, fab.servers), "bmc") for i in range(nodes)]
     racks = max(layout.racks, 1)
     ends += [(f"rack{i % racks + 1:03d}-pdu{i // racks + 1}", "mgmt") for i in range(pdus)]
     for net, tree in (("compute", fab.compute), ("storage", fab.storage), ("in-band", fab.inband)):

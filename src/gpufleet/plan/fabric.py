@@ -300,6 +300,8 @@ class Fabric:
     cables: tuple[CableLine, ...]
     port_gbps: int
     data_switches: int
+    servers: int = 0
+    management_nodes: int = 0
 
     @property
     def transceivers(self) -> int:
@@ -318,10 +320,12 @@ def plan_fabric(
     management_nodes: int = 0,
 ) -> Fabric:
     """All networks for ``servers`` nodes laid out as ``layout``."""
-    # One node needs no east-west fabric: its GPUs talk over NVLink/PCIe inside the server.
-    compute = fat_tree(servers if servers > 1 else 0, compute_nics, radix)
-    storage = fat_tree(servers, storage_nics, radix)
-    inband = fat_tree(servers + management_nodes, 1, radix)  # head/UFM nodes: in-band + OOB
+    # One node needs no data switches: its GPUs talk over NVLink/PCIe inside the server and its
+    # NICs uplink to the site network; the out-of-band switch stays.
+    n = servers if servers > 1 else 0
+    compute = fat_tree(n, compute_nics, radix)
+    storage = fat_tree(n, storage_nics, radix)
+    inband = fat_tree(n + management_nodes if n else 0, 1, radix)  # + head/UFM nodes
     cables = (
         cables_for("compute", compute, layout)
         + cables_for("storage", storage, layout)
@@ -342,4 +346,6 @@ def plan_fabric(
         cables=tuple(cables),
         port_gbps=port_gbps,
         data_switches=data_switches,
+        servers=servers,
+        management_nodes=management_nodes,
     )
