@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.table import Table
@@ -54,6 +55,12 @@ def _summary(result: object, compare: bool) -> None:
                 f", {w.inference.replicas} x {w.inference.gpus_per_replica}-GPU replicas, "
                 f"{w.inference.decode_tokens_per_s:,.0f} tok/s ({w.inference.decode_bound})"
             )
+        if w.hpc:
+            h = w.hpc
+            detail += (
+                f", {h.precision} ({h.peak_path} {h.peak_tflops:g} TFLOP/s x {h.efficiency:.0%})"
+                f" = {h.sustained_tflops:,.0f} TFLOP/s sustained, bound by {h.bound}"
+            )
         t.add_row(f"workload {w.name}", detail)
     t.add_row("GPUs / servers", f"{best.gpus} / {best.servers}")
     t.add_row(
@@ -71,13 +78,32 @@ def _summary(result: object, compare: bool) -> None:
         f"{f.circuits_per_rack}/rack x {f.circuit_kw:.1f} kW ({f.redundancy}), {f.pdus} PDUs",
     )
     t.add_row("cooling", f"{f.heat_load_kw:,.0f} kW = {f.heat_load_tons:,.0f} tons")
+    if best.plant:
+        pl = best.plant
+        t.add_row(
+            "UPS / generators",
+            f"{pl.ups_systems} x {pl.ups_kva:,.0f} kVA, {pl.ups_runtime_s / 60:g} min "
+            f"({pl.battery_kwh:,.1f} kWh, {pl.ups_battery}); {pl.generators} x "
+            f"{pl.generator_unit_kw:,.0f} kW gensets for {pl.generator_kva:,.0f} kVA",
+        )
+        if pl.cdus:
+            t.add_row(
+                "liquid plant",
+                f"{pl.liquid_kw:,.0f} kW to liquid: {pl.cdus} CDUs (N+1), "
+                f"{pl.coolant_l_per_min:,.0f} L/min ({pl.coolant_l_per_min_per_kw:.2f} L/min/kW)",
+            )
+        t.add_row("air", f"{pl.air_kw:,.0f} kW: {pl.airflow_m3_per_h:,.0f} m3/h")
     ct = fab.compute
     t.add_row(
         "compute fabric",
-        f"{ct.levels}-level, {ct.leaves} leaf, {ct.spines} spine, "
+        "none: one node (NVLink/PCIe inside the server)"
+        if ct.levels == 0
+        else f"{ct.levels}-level, {ct.leaves} leaf, {ct.spines} spine, "
         f"{ct.cores} core; {ct.endpoint_links} + {ct.leaf_spine_links} + "
         f"{ct.spine_core_links} links",
     )
+    if ct.spine_reason:
+        t.add_row("spines", ct.spine_reason)
     t.add_row("optics", f"{fab.transceivers:,} transceivers")
     if s.checkpoint_bytes:
         t.add_row(
@@ -86,7 +112,27 @@ def _summary(result: object, compare: bool) -> None:
             f"{s.checkpoint_write_bytes_per_s / 1e9:.1f} GB/s, dataset read "
             f"{_rate(s.dataset_read_bytes_per_s)}",
         )
+    t.add_row(
+        "shared storage",
+        ("parallel file system " if s.parallel_fs_recommended else "no parallel FS ")
+        + f"({s.reason})"
+        + (f", {s.capacity_bytes / 1e12:,.0f} TB" if s.parallel_fs_recommended else ""),
+    )
     t.add_row("capex / opex", f"{_money(c.capex)} / {_money(c.opex_per_year)} per year")
+    if c.staff_per_year:
+        t.add_row("staff", f"{_money(c.staff_per_year)} per year")
+    if c.depreciation_per_year is not None:
+        t.add_row(
+            "depreciation",
+            f"{_money(c.depreciation_per_year)} per year over {c.depreciation_years:g} y, "
+            f"{c.purchases} purchase(s), residual {_money(c.residual_value)} at the horizon",
+        )
+    if best.cost_per_million_tokens is not None:
+        t.add_row(
+            "inference",
+            f"{best.cost_per_million_tokens:,.3f} $/M tokens, "
+            f"{fmt(best.tokens_per_joule, ' tokens/J', 3)}",
+        )
     t.add_row(
         f"TCO {c.horizon_years:g} y",
         f"{_money(c.tco)}, {fmt(c.cost_per_gpu_hour, ' $/GPU-h', 2)} at {c.utilization:.0%}",
@@ -102,7 +148,18 @@ def _summary(result: object, compare: bool) -> None:
     console.print(t)
     if compare:
         ct2 = Table(title="Candidates")
-        for col in ("candidate", "GPUs", "servers", "days", "MWh", "TCO", "tokens/J", "status"):
+        cols = (
+            "candidate",
+            "GPUs",
+            "servers",
+            "days",
+            "MWh",
+            "TCO",
+            "tokens/J",
+            "$/M tok",
+            "status",
+        )
+        for col in cols:
             ct2.add_column(col)
         for cp in result.candidates:
             assert isinstance(cp, CandidatePlan)
@@ -114,11 +171,14 @@ def _summary(result: object, compare: bool) -> None:
                 fmt(cp.run_energy_mwh, digits=0),
                 _money(cp.cost.tco if cp.cost else None),
                 fmt(cp.tokens_per_joule, digits=3),
+                fmt(cp.cost_per_million_tokens, digits=3),
                 "ok" if cp.feasible else f"infeasible: {cp.problem}",
             )
         console.print(ct2)
     for n in best.notes:
         console.print(f"[yellow]note:[/] {n}", highlight=False)
+    for n in best.warnings:
+        console.print(f"[bold red]warning:[/] {n}", highlight=False)
 
 
 def plan_command(
@@ -126,10 +186,16 @@ def plan_command(
     json_out: bool = typer.Option(False, "--json", help="Print the whole plan as JSON."),
     html: Path | None = typer.Option(None, "--html", help="Write a self-contained HTML report."),
     bom: Path | None = typer.Option(None, "--bom", help="Write the bill of materials as CSV."),
+    cable_map: Path | None = typer.Option(
+        None, "--cable-map", help="Write every cable (device/port to device/port) as CSV."
+    ),
     compare: bool = typer.Option(False, "--compare", help="Show every candidate side by side."),
     example: bool = typer.Option(False, "--example", help="Print a commented example spec."),
 ) -> None:
-    """Size GPUs, servers, racks, power, cooling, fabric, storage and cost from a YAML spec."""
+    """Size GPUs, servers, racks, power, cooling, fabric, storage and cost from a YAML spec.
+
+    Exits 1 when the plan carries a warning (capex over the budget), 2 on bad input.
+    """
     if example:
         text = resources.files("gpufleet.plan").joinpath("examples", EXAMPLE).read_text("utf-8")
         if json_out:
@@ -143,6 +209,8 @@ def plan_command(
 
     text = read_text_file(spec, "spec")
     from gpufleet.plan.bom import bom_csv, bom_rows
+    from gpufleet.plan.cablemap import cable_map as build_cable_map
+    from gpufleet.plan.cablemap import cable_map_csv
     from gpufleet.plan.planner import plan
     from gpufleet.plan.report_html import render_html
     from gpufleet.plan.spec import load_spec
@@ -159,6 +227,7 @@ def plan_command(
     outputs: list[tuple[Path | None, Callable[[], str]]] = [
         (bom, lambda: bom_csv(bom_rows(best))),
         (html, lambda: render_html(result)),
+        (cable_map, lambda: cable_map_csv(_cables(best, build_cable_map))),
     ]
     for target, content in outputs:
         if target is not None:
@@ -168,11 +237,20 @@ def plan_command(
                 raise ConfigError(f"{target}: cannot write: {exc.strerror or exc}") from exc
     if json_out:
         emit_json(result)
-        return
-    _summary(result, compare)
-    for label, target in (("BOM", bom), ("HTML report", html)):
-        if target is not None:
-            console.print(f"{label} written to {target}")
+    else:
+        _summary(result, compare)
+        for label, target in (("BOM", bom), ("HTML report", html), ("cable map", cable_map)):
+            if target is not None:
+                console.print(f"{label} written to {target}")
+    if result.warnings:
+        raise typer.Exit(1)
+
+
+def _cables(best: object, build: Callable[..., list[Any]]) -> list[Any]:
+    from gpufleet.plan.planner import CandidatePlan
+
+    assert isinstance(best, CandidatePlan) and best.fabric and best.layout and best.facility
+    return build(best.fabric, best.layout, best.facility.pdus)
 
 
 def register(app: typer.Typer) -> None:

@@ -1,5 +1,6 @@
 """Bill of materials: servers, switches by tier, cables and transceivers by type and length, PDUs,
-racks. Pure: rows in, CSV text out; the CLI writes the file."""
+racks, shared storage, UPS, generators and CDUs. Pure: rows in, CSV text out; the CLI writes the
+file."""
 
 from __future__ import annotations
 
@@ -48,6 +49,16 @@ def bom_rows(cp: CandidatePlan) -> list[BomRow]:
         ),
         BomRow("power", "PDU", f"{f.circuit_kw:.1f} kW circuit each, {f.redundancy}", None, f.pdus),
     ]
+    if cp.management_nodes:
+        rows.append(
+            BomRow(
+                "server",
+                "management node",
+                "head node / UFM appliance, 1U, in-band + out-of-band ports",
+                None,
+                cp.management_nodes,
+            )
+        )
     for net, tree in (("compute", fab.compute), ("storage", fab.storage), ("in-band", fab.inband)):
         for tier, n in (("leaf", tree.leaves), ("spine", tree.spines), ("core", tree.cores)):
             if n:
@@ -71,6 +82,53 @@ def bom_rows(cp: CandidatePlan) -> list[BomRow]:
             xcvr[c.transceiver] = xcvr.get(c.transceiver, 0) + c.transceivers
     for kind, n in sorted(xcvr.items()):
         rows.append(BomRow("transceiver", kind, "two per optical link", None, n))
+    s = cp.storage
+    if s is not None and s.parallel_fs_recommended:
+        rows.append(
+            BomRow(
+                "storage",
+                "parallel file system",
+                f"{s.capacity_bytes / 1e12:,.0f} TB usable, write "
+                f"{s.checkpoint_write_bytes_per_s / 1e9:.1f} GB/s, read "
+                f"{s.dataset_read_bytes_per_s / 1e9:.2f} GB/s",
+                None,
+                1,
+            )
+        )
+    p = cp.plant
+    if p is not None:
+        rows.append(
+            BomRow(
+                "power",
+                "UPS",
+                f"{p.ups_kva:,.0f} kVA each, {p.ups_runtime_s / 60:g} min, {p.ups_battery}, "
+                f"{p.battery_kwh:,.1f} kWh at the DC bus",
+                None,
+                p.ups_systems,
+            )
+        )
+        if p.generators:
+            rows.append(
+                BomRow(
+                    "power",
+                    "standby generator",
+                    f"{p.generator_unit_kw:,.0f} kW "
+                    f"({p.generator_unit_kw / 0.8:,.0f} kVA at 0.8 pf)",
+                    None,
+                    p.generators,
+                )
+            )
+        if p.cdus:
+            rows.append(
+                BomRow(
+                    "cooling",
+                    "coolant distribution unit",
+                    f"{p.cdu_capacity_kw:,.0f} kW each (N+1), "
+                    f"{p.coolant_l_per_min:,.0f} L/min total",
+                    None,
+                    p.cdus,
+                )
+            )
     return rows
 
 

@@ -8,6 +8,11 @@ Sources:
   2022, "PaLM" (46.2 % MFU), Korthikanti et al. 2022 (up to 56 % on 1T-parameter GPT); default 0.40.
 - Inference: a decode step reads all weights plus the live KV cache from HBM (memory-bandwidth
   bound); prefill and decode each cost 2 N FLOPs per token (compute bound).
+- Tensor parallelism splits attention by heads, so its size must divide the attention heads and
+  the KV heads: Megatron-LM (``arguments.py``: "num_attention_heads must be divisible by
+  tensor_model_parallel_size", likewise ``num_query_groups``). For serving, vLLM also accepts a
+  size that is a multiple of the KV heads and then replicates each KV head tp / kv_heads times
+  (vLLM ``QKVParallelLinear``), which the KV-cache memory here counts.
 """
 
 from __future__ import annotations
@@ -30,6 +35,7 @@ __all__ = [
     "gpus_for_deadline",
     "size_inference",
     "size_training",
+    "tp_divides_heads",
     "train_flops",
     "training_seconds",
 ]
@@ -51,6 +57,13 @@ def training_seconds(flops: float, gpus: int, peak_tflops: float, mfu: float) ->
 def gpus_for_deadline(flops: float, seconds: float, peak_tflops: float, mfu: float) -> int:
     """Fewest GPUs that finish ``flops`` within ``seconds``."""
     return max(1, math.ceil(flops / (seconds * peak_tflops * 1e12 * mfu) - 1e-9))
+
+
+def tp_divides_heads(tp: int, heads: int, kv_heads: int, *, serving: bool = False) -> bool:
+    """Whether a tensor-parallel size splits the attention evenly (see the module's sources)."""
+    if heads % tp:
+        return False
+    return kv_heads % tp == 0 or (serving and tp % kv_heads == 0)
 
 
 def _powers_of_two(limit: int) -> list[int]:
@@ -102,6 +115,7 @@ def size_training(
     target_days: float | None,
     gpus: int | None,
     gpus_per_server: int,
+    heads_known: bool = True,
 ) -> TrainingSizing:
     """Choose (tp, pp, dp) and a GPU count: the larger of the memory and deadline minimums.
 
@@ -118,6 +132,8 @@ def size_training(
         else None
     )
     tps = [tp] if tp else _powers_of_two(gpus_per_server)
+    if heads_known and not tp:
+        tps = [t for t in tps if tp_divides_heads(t, arch.heads, arch.kv_heads)]
     pps = [pp] if pp else _powers_of_two(arch.layers)
     layouts: list[tuple[int, int, int, int, int]] = []  # (n_mem, tp*pp, -tp, tp, pp)
     for t in tps:
@@ -247,6 +263,7 @@ def size_inference(
     mfu: float,
     gpus_per_server: int,
     tp: int | None,
+    heads_known: bool = True,
 ) -> InferenceSizing:
     """Replicas of r GPUs each (r a power of two, smallest that holds the weights and one context)
     until fleet memory holds every concurrent sequence's KV cache and decode meets the target."""
@@ -260,7 +277,17 @@ def size_inference(
         tokens=context,
     )
     sizes = [tp] if tp else _powers_of_two(max(gpus_per_server, 1) * 64)
-    fitting = [x for x in sizes if x * capacity_bytes >= weights + kv_seq]
+    if heads_known and not tp:  # tensor parallel inside a server, pipeline across servers
+        sizes = [
+            x
+            for x in sizes
+            if tp_divides_heads(min(x, gpus_per_server), arch.heads, arch.kv_heads, serving=True)
+        ]
+
+    def kv_of(r: int) -> float:  # KV heads replicated when tp exceeds them (vLLM)
+        return kv_seq * max(1.0, min(r, gpus_per_server) / arch.kv_heads)
+
+    fitting = [x for x in sizes if x * capacity_bytes >= weights + kv_of(x)]
     in_server = [x for x in fitting if x <= gpus_per_server]
     fitting = in_server or fitting[:1]  # tensor parallelism leaves the server only if it must
     fits = bool(fitting)
@@ -276,7 +303,7 @@ def size_inference(
             replicas=n,
             r=r,
             weights=weights,
-            kv_seq=kv_seq,
+            kv_seq=kv_of(r),
             concurrent=concurrent,
             bw=bw,
             flops_per_token=fpt,
@@ -287,7 +314,7 @@ def size_inference(
     fallback: tuple[float, int, int] | None = None  # best rate when nothing meets it
     for r in fitting:
         room = r * capacity_bytes - weights
-        lo = max(1, math.ceil(concurrent * kv_seq / room - 1e-9)) if room > 0 else concurrent
+        lo = max(1, math.ceil(concurrent * kv_of(r) / room - 1e-9)) if room > 0 else concurrent
         lo = min(lo, concurrent)
         hi = concurrent  # at most one sequence per replica
         if rate(r, hi) < target_tokens_per_s:
@@ -314,7 +341,7 @@ def size_inference(
         replicas=replicas,
         r=r,
         weights=weights,
-        kv_seq=kv_seq,
+        kv_seq=kv_of(r),
         concurrent=concurrent,
         bw=bw,
         flops_per_token=fpt,
@@ -322,7 +349,7 @@ def size_inference(
     )
     n = replicas * r
     servers_gpus = _round_up(n, gpus_per_server) if r <= gpus_per_server else n
-    per_gpu = (weights + kv_seq * concurrent / replicas) / r
+    per_gpu = (weights + kv_of(r) * concurrent / replicas) / r
     return InferenceSizing(
         gpus=_round_up(servers_gpus, gpus_per_server),
         replicas=replicas,

@@ -7,6 +7,10 @@ Sources:
 - Rail-optimized layout and the reference counts: NVIDIA DGX SuperPOD with DGX B200 Reference
   Architecture (RA-11334): scalable unit (SU) of 32 nodes, 8 compute NICs per node, 64-port
   400G switches; 2 SU = 16 leaf + 8 spine, 4 SU = 32 + 16, 8 SU = 64 + 32.
+- Balanced spines: every leaf spreads its k/2 uplinks evenly, the same number to each spine, so
+  the spine count divides k/2 (equal-cost multipath over leaf-spine links; a leaf with 32 uplinks
+  and 12 spines would send 3 links to some spines and 2 to others). The smallest such count whose
+  ports hold every uplink is chosen: it fills the spines' ports best.
 - Reach classes: passive DAC to 3 m (IEEE 802.3ck/NVIDIA LinkX DAC lengths), multimode SR4 optics
   50 m on OM4 (NVIDIA LinkX 400G OSFP SR4, MMA4Z00-NS), single-mode DR4 500 m on OS2
   (400GBASE-DR4, IEEE 802.3bs), FR4 2 km on OS2 (400GBASE-FR4, 100G Lambda MSA).
@@ -25,9 +29,12 @@ __all__ = [
     "Fabric",
     "FatTree",
     "Layout",
+    "balanced_spines",
     "cable_class",
     "fat_tree",
+    "node_rack",
     "plan_fabric",
+    "rack_run",
 ]
 
 STANDARD_LENGTHS_M = (
@@ -77,6 +84,11 @@ class FatTree:
     endpoint_links: int
     leaf_spine_links: int
     spine_core_links: int
+    spine_reason: str = ""
+
+    @property
+    def uplinks_per_leaf(self) -> int:
+        return self.leaf_spine_links // self.leaves if self.leaves and self.levels > 1 else 0
 
     @property
     def endpoints(self) -> int:
@@ -85,6 +97,23 @@ class FatTree:
     @property
     def switches(self) -> int:
         return self.leaves + self.spines + self.cores
+
+
+def balanced_spines(leaves: int, uplinks: int, radix: int) -> tuple[int, str]:
+    """The fewest spines that divide each leaf's ``uplinks`` evenly and hold all of them."""
+    need = math.ceil(leaves * uplinks / radix)
+    spines = next(s for s in range(need, uplinks + 1) if uplinks % s == 0)
+    used = leaves * uplinks // spines
+    why = (
+        f"{spines} spines: each leaf sends {uplinks // spines} of its {uplinks} uplinks to every "
+        f"spine; {used} of {radix} ports used per spine"
+    )
+    if spines != need:
+        why += (
+            f" ({need} spines would have enough ports but {uplinks} uplinks do not divide "
+            f"evenly over {need})"
+        )
+    return spines, why
 
 
 def fat_tree(nodes: int, ports_per_node: int, radix: int) -> FatTree:
@@ -104,8 +133,8 @@ def fat_tree(nodes: int, ports_per_node: int, radix: int) -> FatTree:
     half = k // 2
     leaves = ports_per_node * math.ceil(nodes / half)
     if leaves <= k:
-        spines = math.ceil(leaves * half / k)
-        return FatTree(nodes, ports_per_node, k, 2, leaves, spines, 0, e, leaves * half, 0)
+        spines, why = balanced_spines(leaves, half, k)
+        return FatTree(nodes, ports_per_node, k, 2, leaves, spines, 0, e, leaves * half, 0, why)
     if leaves > k * half:
         raise UsageError(
             f"{e} endpoints exceed a three-level fat tree of radix {k} ({k**3 // 4} endpoints)",
@@ -114,7 +143,18 @@ def fat_tree(nodes: int, ports_per_node: int, radix: int) -> FatTree:
     spines = leaves
     cores = math.ceil(spines * half / k)
     return FatTree(
-        nodes, ports_per_node, k, 3, leaves, spines, cores, e, leaves * half, spines * half
+        nodes,
+        ports_per_node,
+        k,
+        3,
+        leaves,
+        spines,
+        cores,
+        e,
+        leaves * half,
+        spines * half,
+        f"three levels: one aggregation switch per leaf ({half} leaves + {half} aggregation a "
+        f"pod, one link from each leaf to each aggregation switch), {cores} cores",
     )
 
 
@@ -164,23 +204,37 @@ class Layout:
         return max(1, math.ceil(self.racks / self.racks_per_row))
 
 
-def _endpoint_lengths(layout: Layout, servers: int) -> dict[float, int]:
-    """Servers by their run to the row's leaf rack (stock length)."""
+def rack_run(layout: Layout, rack: int) -> float:
+    """Stock length from a server in ``rack`` to its row's leaf rack (mid-row)."""
+    if layout.racks <= 1:
+        return standard_length(2.0)  # leaf in the same rack
+    pos = rack % layout.racks_per_row
+    in_row = min(
+        layout.racks_per_row,
+        layout.racks - (rack // layout.racks_per_row) * layout.racks_per_row,
+    )
+    mid = (in_row - 1) / 2
+    return standard_length(abs(pos - mid) * layout.rack_width_m + VERTICAL_SLACK_M)
+
+
+def node_rack(layout: Layout, node: int) -> int:
+    """The rack of node ``node``: racks fill in order; nodes beyond them (management nodes)
+    stand in the last rack's row."""
+    return max(0, min(node // max(layout.servers_per_rack, 1), layout.racks - 1))
+
+
+def _endpoint_lengths(layout: Layout, nodes: int) -> dict[float, int]:
+    """Nodes by their run to the row's leaf rack (stock length)."""
     out: dict[float, int] = defaultdict(int)
     if layout.racks <= 1:
-        out[standard_length(2.0)] += servers  # leaf in the same rack
+        out[rack_run(layout, 0)] += nodes
         return out
-    left = servers
+    per_rack = max(layout.servers_per_rack, 1)
     for rack in range(layout.racks):
-        pos = rack % layout.racks_per_row
-        in_row = min(
-            layout.racks_per_row,
-            layout.racks - (rack // layout.racks_per_row) * layout.racks_per_row,
-        )
-        mid = (in_row - 1) / 2
-        n = min(layout.servers_per_rack, left)
-        left -= n
-        out[standard_length(abs(pos - mid) * layout.rack_width_m + VERTICAL_SLACK_M)] += n
+        n = max(0, min(per_rack, nodes - rack * per_rack))
+        if rack == layout.racks - 1:
+            n = max(0, nodes - rack * per_rack)
+        out[rack_run(layout, rack)] += n
     return out
 
 
@@ -246,6 +300,8 @@ class Fabric:
     cables: tuple[CableLine, ...]
     port_gbps: int
     data_switches: int
+    servers: int = 0
+    management_nodes: int = 0
 
     @property
     def transceivers(self) -> int:
@@ -261,18 +317,22 @@ def plan_fabric(
     port_gbps: int,
     layout: Layout,
     pdus: int,
+    management_nodes: int = 0,
 ) -> Fabric:
     """All networks for ``servers`` nodes laid out as ``layout``."""
-    compute = fat_tree(servers, compute_nics, radix)
-    storage = fat_tree(servers, storage_nics, radix)
-    inband = fat_tree(servers, 1, radix)
+    # One node needs no data switches: its GPUs talk over NVLink/PCIe inside the server and its
+    # NICs uplink to the site network; the out-of-band switch stays.
+    n = servers if servers > 1 else 0
+    compute = fat_tree(n, compute_nics, radix)
+    storage = fat_tree(n, storage_nics, radix)
+    inband = fat_tree(n + management_nodes if n else 0, 1, radix)  # + head/UFM nodes
     cables = (
         cables_for("compute", compute, layout)
         + cables_for("storage", storage, layout)
         + cables_for("in-band", inband, layout)
     )
     data_switches = compute.switches + storage.switches + inband.switches
-    oob_ports = servers + pdus + data_switches
+    oob_ports = servers + management_nodes + pdus + data_switches
     oob_switches = math.ceil(oob_ports / OOB_SWITCH_PORTS) if oob_ports else 0
     cables.append(
         CableLine("out-of-band", "node-switch", "Cat6 copper", 3.0, oob_ports, None, 0, None)
@@ -286,4 +346,6 @@ def plan_fabric(
         cables=tuple(cables),
         port_gbps=port_gbps,
         data_switches=data_switches,
+        servers=servers,
+        management_nodes=management_nodes,
     )

@@ -79,6 +79,9 @@ class Facility:
     cooling_overhead_kw: float
     average_load: float
     annual_mwh: float
+    server_ru: int = 0
+    usable_ru: int = 38
+    rack_units: int = 42
 
 
 def plan_facility(
@@ -98,6 +101,7 @@ def plan_facility(
     racks_available: int | None,
     network_kw: float,
     average_load: float,
+    rack_units: int | None = None,
 ) -> Facility:
     """Lay ``servers`` into racks under the rack power limit; raise when no rack can hold one."""
     limit = rack_limit_kw if rack_limit_kw is not None else DEFAULT_RACK_KW[cooling]
@@ -151,4 +155,7 @@ def plan_facility(
         cooling_overhead_kw=it * (p - 1),
         average_load=average_load,
         annual_mwh=it * p * HOURS_PER_YEAR * average_load / 1000,
+        server_ru=server_ru,
+        usable_ru=usable_ru,
+        rack_units=rack_units if rack_units is not None else usable_ru + 4,
     )

@@ -2,7 +2,9 @@
 
 Power always comes from the catalog system (e.g. DGX H100 10.2 kW, DGX B200 14.3 kW), never from
 GPU TDP alone. A GPU with no catalog system gets a generic 8-GPU server: 8 x GPU TDP + a stated
-host overhead (CPUs, memory, NICs, fans), named in the plan's assumptions.
+host overhead (CPUs, memory, NICs, fans), named in the plan's assumptions. PCIe GPUs can also be
+planned as a pilot: a 2U server (or a deskside workstation: same power) of 1, 2 or 4 GPUs with a
+smaller stated host overhead (default 1 kW: two CPUs, memory, NICs and fans of a 2U host).
 """
 
 from __future__ import annotations
@@ -12,9 +14,11 @@ from dataclasses import dataclass
 from gpufleet.catalog import Catalog, GpuModel
 from gpufleet.errors import UnknownNameError
 
-__all__ = ["Server", "resolve_candidate"]
+__all__ = ["PILOT_FORM_FACTORS", "Server", "resolve_candidate"]
 
 GENERIC_GPUS_PER_SERVER = 8
+PILOT_MAX_GPUS = 4
+PILOT_FORM_FACTORS = ("pcie", "nvl")
 
 
 @dataclass(frozen=True)
@@ -40,9 +44,34 @@ class Server:
     source: str
 
 
-def _generic(candidate: str, gpu: GpuModel, host_overhead_w: float) -> Server:
-    n = GENERIC_GPUS_PER_SERVER
+def _generic(
+    candidate: str, gpu: GpuModel, host_overhead_w: float, n: int = GENERIC_GPUS_PER_SERVER
+) -> Server:
     big = gpu.form_factor in ("sxm", "oam", "superchip")
+    if n <= PILOT_MAX_GPUS and not big:
+        return Server(
+            candidate=candidate,
+            key=f"pilot-{gpu.key}-x{n}",
+            name=f"{n}-GPU PCIe server ({gpu.marketing_name})",
+            gpu_key=gpu.key,
+            gpu_name=gpu.marketing_name,
+            gpus=n,
+            power_kw=(n * gpu.max_power_w + host_overhead_w) / 1000.0,
+            rack_units=2,
+            compute_nics=max(1, n // 2),
+            compute_nic_gbps=400,
+            storage_nics=1,
+            local_nvme_bytes=None,
+            gpu_memory_bytes=gpu.memory_bytes,
+            gpu_bandwidth_gbps=gpu.memory_bandwidth_gbps,
+            gpu_tdp_w=gpu.max_power_w,
+            generic=True,
+            source=(
+                f"gpufleet assumption: pilot {n} x {gpu.max_power_w:.0f} W TDP ({gpu.source}) + "
+                f"{host_overhead_w / 1000:.1f} kW host overhead; 2U PCIe server (a deskside "
+                "workstation draws the same), 1 NIC per 2 GPUs at 400 Gb/s"
+            ),
+        )
     return Server(
         candidate=candidate,
         key=f"generic-{gpu.key}-x{n}",
@@ -69,7 +98,12 @@ def _generic(candidate: str, gpu: GpuModel, host_overhead_w: float) -> Server:
 
 
 def resolve_candidate(
-    catalog: Catalog, name: str, host_overhead_w: float, field: str = "candidates"
+    catalog: Catalog,
+    name: str,
+    host_overhead_w: float,
+    field: str = "candidates",
+    gpus_per_server: int | None = None,
+    pilot_overhead_w: float = 1000.0,
 ) -> Server:
     """A catalog system key/name, or a GPU key/alias (its first catalog system, else generic).
 
@@ -88,6 +122,11 @@ def resolve_candidate(
             err.args = (err.message,)
             raise err from None
         systems = catalog.systems_for(gpu.key)
+        if gpus_per_server is not None and gpu.form_factor in PILOT_FORM_FACTORS:
+            small = gpus_per_server <= PILOT_MAX_GPUS
+            return _generic(
+                name, gpu, pilot_overhead_w if small else host_overhead_w, gpus_per_server
+            )
         if not systems:
             return _generic(name, gpu, host_overhead_w)
         system = systems[0]

@@ -14,12 +14,8 @@ from gpufleet.catalog import Catalog, load_catalog
 from gpufleet.errors import ConfigError, UsageError
 from gpufleet.plan.compute import (
     MFU_RANGE,
-    InferenceSizing,
-    TrainingSizing,
-    size_inference,
-    size_training,
 )
-from gpufleet.plan.cost import Cost, plan_cost
+from gpufleet.plan.cost import Cost, cost_per_million_tokens, plan_cost
 from gpufleet.plan.fabric import Fabric, Layout, plan_fabric
 from gpufleet.plan.facility import (
     DEFAULT_PUE,
@@ -28,10 +24,11 @@ from gpufleet.plan.facility import (
     ImpossibleConstraint,
     plan_facility,
 )
-from gpufleet.plan.hardware import Server, resolve_candidate
-from gpufleet.plan.memory import Architecture, resolve_architecture
+from gpufleet.plan.hardware import PILOT_FORM_FACTORS, Server, resolve_candidate
+from gpufleet.plan.memory import resolve_architecture
+from gpufleet.plan.plant import Plant, plan_plant
+from gpufleet.plan.sizing import WorkloadPlan, size_workload
 from gpufleet.plan.spec import (
-    BYTES_PER_VALUE,
     GpuCountWorkload,
     InferenceWorkload,
     PlanSpec,
@@ -40,21 +37,6 @@ from gpufleet.plan.spec import (
 from gpufleet.plan.storage import Storage, plan_storage
 
 __all__ = ["CandidatePlan", "Plan", "WorkloadPlan", "plan"]
-
-# Precision used for the compute peak when weights are stored as integers.
-_COMPUTE_PRECISION = {"int8": "fp8", "int4": "fp4", "fp32": "tf32"}
-
-
-@dataclass(frozen=True)
-class WorkloadPlan:
-    """One workload sized on one candidate."""
-
-    name: str
-    kind: str
-    gpus: int
-    architecture: Architecture | None
-    training: TrainingSizing | None
-    inference: InferenceSizing | None
 
 
 @dataclass(frozen=True)
@@ -76,6 +58,11 @@ class CandidatePlan:
     run_energy_mwh: float | None
     tokens_per_joule: float | None
     notes: tuple[str, ...]
+    plant: Plant | None = None
+    cost_per_million_tokens: float | None = None
+    warnings: tuple[str, ...] = ()
+    layout: Layout | None = None
+    management_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,6 +78,12 @@ class Plan:
     @property
     def best(self) -> CandidatePlan | None:
         return next((c for c in self.candidates if c.candidate == self.chosen), None)
+
+    @property
+    def warnings(self) -> tuple[str, ...]:
+        """The chosen candidate's warnings (``gpufleet plan`` exits 1 when there are any)."""
+        best = self.best
+        return best.warnings if best else ()
 
 
 def _price_for(
@@ -113,78 +106,54 @@ def _price_for(
     return None
 
 
-def _size(
-    w: TrainingWorkload | InferenceWorkload | GpuCountWorkload,
-    server: Server,
-    catalog: Catalog,
-    headroom: float,
-) -> WorkloadPlan:
-    gpu = catalog.gpus[server.gpu_key]
-    cap = server.gpu_memory_bytes * (1 - headroom)
-    if isinstance(w, GpuCountWorkload):
-        n = -(-w.gpus // server.gpus) * server.gpus
-        return WorkloadPlan(w.name, w.kind, n, None, None, None)
-    arch = resolve_architecture(w.model)
-    if isinstance(w, TrainingWorkload):
-        peak = gpu.tflops.get(w.precision)
-        if not peak:
-            raise UsageError(
-                f"{gpu.marketing_name} has no {w.precision} tensor-core peak in the catalog",
-                hint="choose another precision or candidate",
-            )
-        tr = size_training(
-            arch,
-            tokens=w.tokens,
-            seq=w.sequence_length,
-            global_batch=w.global_batch,
-            micro_batch=w.micro_batch,
-            zero_stage=w.zero_stage,
-            tp=None if w.tensor_parallel == "auto" else w.tensor_parallel,
-            pp=None if w.pipeline_parallel == "auto" else w.pipeline_parallel,
-            dp=None if w.data_parallel == "auto" else w.data_parallel,
-            sequence_parallel=w.sequence_parallel,
-            recompute=w.recompute,
-            capacity_bytes=cap,
-            peak_tflops=peak,
-            mfu=w.mfu,
-            target_days=w.target_days,
-            gpus=w.gpus,
-            gpus_per_server=server.gpus,
-        )
-        return WorkloadPlan(w.name, w.kind, tr.gpus, arch, tr, None)
-    prec = _COMPUTE_PRECISION.get(w.weights_precision, w.weights_precision)
-    peak = gpu.tflops.get(prec) or gpu.tflops.get("fp16") or gpu.tflops.get("bf16")
-    if not peak:
-        raise UsageError(f"{gpu.marketing_name} has no tensor-core peak for {prec} in the catalog")
-    inf = size_inference(
-        arch,
-        weight_bytes_per_value=BYTES_PER_VALUE[w.weights_precision],
-        kv_bytes_per_value=BYTES_PER_VALUE[w.kv_cache_precision],
-        context=w.context_length,
-        concurrent=w.concurrent_sequences,
-        target_tokens_per_s=w.target_tokens_per_s,
-        capacity_bytes=cap,
-        bandwidth_gbps=server.gpu_bandwidth_gbps,
-        bandwidth_efficiency=w.bandwidth_efficiency,
-        peak_tflops=peak,
-        mfu=w.mfu,
-        gpus_per_server=server.gpus,
-        tp=None if w.tensor_parallel == "auto" else w.tensor_parallel,
-    )
-    return WorkloadPlan(w.name, w.kind, inf.gpus, arch, None, inf)
-
-
 def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> CandidatePlan:
     c, p = spec.constraints, spec.prices
-    sized = tuple(_size(w, server, catalog, c.memory_headroom) for w in spec.workloads)
+    try:
+        sized = tuple(
+            size_workload(w, server, catalog, c.memory_headroom, i)
+            for i, w in enumerate(spec.workloads)
+        )
+    except ConfigError:
+        raise
+    except UsageError as exc:  # e.g. no FP64 units: this candidate cannot run the workload
+        return CandidatePlan(
+            server.candidate,
+            server,
+            False,
+            str(exc),
+            (),
+            0,
+            0,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            None,
+            (),
+        )
     gpus = sum(w.gpus for w in sized)
     servers = math.ceil(gpus / server.gpus)
     notes: list[str] = []
     for w in sized:
-        for n in (w.training.notes if w.training else ()) + (
-            w.inference.notes if w.inference else ()
+        for n in (
+            (w.training.notes if w.training else ())
+            + (w.inference.notes if w.inference else ())
+            + w.notes
         ):
             notes.append(f"{w.name}: {n}")
+    if c.gpus_per_server and server.gpus != c.gpus_per_server:
+        notes.append(
+            f"constraints.gpus_per_server {c.gpus_per_server} applies to PCIe GPUs without a "
+            f"catalog system; {server.name} holds {server.gpus}"
+        )
+    asked = sum(w.gpus for w in spec.workloads if isinstance(w, GpuCountWorkload))
+    if all(isinstance(w, GpuCountWorkload) for w in spec.workloads) and asked <= 4 < server.gpus:
+        notes.append(
+            f"a {asked}-GPU pilot on {server.name} buys a whole {server.gpus}-GPU server; "
+            "a PCIe candidate (h100-pcie, l40s, ...) plans a 1-4 GPU server or workstation"
+        )
     fits = all(
         (w.training.fits if w.training else True) and (w.inference.fits if w.inference else True)
         for w in sized
@@ -214,6 +183,8 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
             f"the model does not fit in {server.gpu_name} memory "
             f"({server.gpu_memory_bytes / 1e9:.0f} GB) with any layout"
         )
+    # Head nodes / UFM appliances: management_nodes_per_su for every started scalable unit.
+    mgmt = math.ceil(servers / c.scalable_unit) * c.management_nodes_per_su
     # Servers per rack first (network power depends on the switch count, which depends on racks).
     try:
         fac0 = plan_facility(
@@ -244,6 +215,7 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
             port_gbps=c.switch_port_gbps,
             layout=layout,
             pdus=fac0.pdus,
+            management_nodes=mgmt,
         )
     except UsageError as exc:
         return infeasible(str(exc))
@@ -261,13 +233,15 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         phases=c.circuit.phases,
         redundancy=c.redundancy,
         racks_available=None,
-        network_kw=fabric.data_switches * c.switch_power / 1000,
+        network_kw=(fabric.data_switches * c.switch_power + mgmt * c.management_node_power) / 1000,
         average_load=p.utilization,
+        rack_units=c.rack_units,
     )
     trainings = [w.training for w in sized if w.training]
     train_params = max(
         (w.architecture.parameters for w in sized if w.training and w.architecture), default=0.0
     )
+    training_nodes = max((math.ceil(w.gpus / server.gpus) for w in sized if w.training), default=0)
     storage = plan_storage(
         parameters=train_params,
         tokens_per_s=sum(t.tokens_per_s for t in trainings),
@@ -275,6 +249,32 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         dataset_bytes_per_token=spec.storage.dataset_bytes_per_token,
         nodes=servers,
         local_nvme_bytes=server.local_nvme_bytes,
+        training_nodes=training_nodes,
+        tokens=sum(
+            w_spec.tokens for w_spec in spec.workloads if isinstance(w_spec, TrainingWorkload)
+        ),
+        checkpoints_kept=spec.storage.checkpoints_kept,
+        dataset_bytes=spec.storage.dataset,
+    )
+    storage_capex = (
+        storage.capacity_bytes / 1e12 * p.pfs_per_tb
+        if storage.parallel_fs_recommended and p.pfs_per_tb is not None
+        else None
+    )
+    if storage.parallel_fs_recommended and p.pfs_per_tb is None:
+        notes.append("parallel file system not priced: set prices.pfs_per_tb")
+    plant = plan_plant(
+        it_kw=fac.it_kw,
+        facility_kw=fac.facility_kw,
+        redundancy=c.redundancy,
+        cooling=c.cooling,
+        runtime_s=c.ups_runtime,
+        battery=c.ups_battery,
+        generator_unit_kw=c.generator_size / 1000,
+        liquid_fraction=c.liquid_fraction,
+        cdu_capacity_kw=c.cdu_capacity / 1000,
+        coolant_delta_t=c.coolant_delta_t,
+        air_delta_t=c.air_delta_t,
     )
     server_price = _price_for(p.server, "server", server, spec.candidates)
     if server_price is None:
@@ -299,6 +299,11 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         horizon_years=spec.horizon_years,
         utilization=p.utilization,
         budget=c.budget,
+        staff_fte=p.staff_fte,
+        staff_cost_per_fte=p.staff_cost_per_fte,
+        depreciation_years=p.depreciation_years,
+        residual_percent=p.residual_percent,
+        storage_capex=storage_capex,
     )
     days = max((t.days for t in trainings), default=None)
     run_mwh = fac.facility_kw * days * 24 / 1000 if days is not None else None
@@ -308,6 +313,11 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
     else:
         served = sum(w.inference.decode_tokens_per_s for w in sized if w.inference)
         tpj = served / (fac.facility_kw * 1000) if served else None
+    served = sum(w.inference.decode_tokens_per_s for w in sized if w.inference)
+    cpm = None
+    if served and cost.tco is not None:
+        share = sum(w.gpus for w in sized if w.inference) / gpus
+        cpm = cost_per_million_tokens(cost.tco * share, served, spec.horizon_years, p.utilization)
     if server.generic:
         notes.append(f"{server.name}: {server.source}")
     return CandidatePlan(
@@ -326,6 +336,11 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         run_mwh,
         tpj,
         tuple(notes + list(cost.notes)),
+        plant,
+        cpm,
+        cost.warnings,
+        layout,
+        mgmt,
     )
 
 
@@ -346,7 +361,7 @@ def _assumptions(spec: PlanSpec, cands: list[CandidatePlan]) -> tuple[str, ...]:
             f"rack power limit {DEFAULT_RACK_KW[c.cooling]:g} kW (default for {c.cooling} cooling)"
         )
     for w in spec.workloads:
-        if not isinstance(w, GpuCountWorkload) and w.model.layers is None:
+        if isinstance(w, TrainingWorkload | InferenceWorkload) and w.model.layers is None:
             a = resolve_architecture(w.model)
             out.append(
                 f"{w.name}: architecture derived from {a.parameters:.3g} parameters "
@@ -359,13 +374,37 @@ def _assumptions(spec: PlanSpec, cands: list[CandidatePlan]) -> tuple[str, ...]:
     return tuple(out)
 
 
+def _server(spec: PlanSpec, catalog: Catalog, name: str, index: int) -> Server:
+    """The candidate's server; a PCIe GPU without a catalog system becomes a 1, 2 or 4-GPU pilot
+    server when the workloads need at most 4 GPUs (or the spec sets gpus_per_server)."""
+    c = spec.constraints
+    field = f"candidates[{index}]"
+    server = resolve_candidate(
+        catalog, name, c.generic_host_overhead, field, c.gpus_per_server, c.pilot_host_overhead
+    )
+    gpu = catalog.gpus[server.gpu_key]
+    if not server.generic or c.gpus_per_server or gpu.form_factor not in PILOT_FORM_FACTORS:
+        return server
+    one = resolve_candidate(catalog, name, c.generic_host_overhead, field, 1, 0.0)
+    try:
+        need = sum(
+            size_workload(w, one, catalog, c.memory_headroom, i).gpus
+            for i, w in enumerate(spec.workloads)
+        )
+    except UsageError:
+        return server
+    if need > 4:
+        return server
+    size = 1 << max(0, need - 1).bit_length()  # 1, 2 or 4
+    return resolve_candidate(
+        catalog, name, c.generic_host_overhead, field, size, c.pilot_host_overhead
+    )
+
+
 def plan(spec: PlanSpec, catalog: Catalog | None = None) -> Plan:
     """Plan every candidate; raise when none is feasible, explaining each candidate's problem."""
     catalog = catalog or load_catalog()
-    servers = [
-        resolve_candidate(catalog, name, spec.constraints.generic_host_overhead, f"candidates[{i}]")
-        for i, name in enumerate(spec.candidates)
-    ]
+    servers = [_server(spec, catalog, name, i) for i, name in enumerate(spec.candidates)]
     cands = [_plan_candidate(spec, s, catalog) for s in servers]
     feasible = [c for c in cands if c.feasible]
     if len(cands) == 1 and not feasible:
@@ -374,11 +413,12 @@ def plan(spec: PlanSpec, catalog: Catalog | None = None) -> Plan:
         problems = "; ".join(f"{c.candidate}: {c.problem}" for c in cands)
         raise ImpossibleConstraint(f"no candidate is feasible: {problems}")
 
-    def rank(cp: CandidatePlan) -> tuple[float, float, float]:
+    def rank(cp: CandidatePlan) -> tuple[bool, float, float, float]:
         tco = cp.cost.tco if cp.cost and cp.cost.tco is not None else math.inf
         days = cp.training_days if cp.training_days is not None else math.inf
         kw = cp.facility.facility_kw if cp.facility else math.inf
-        return (tco, days, kw)
+        over = bool(cp.cost and cp.cost.within_budget is False)
+        return (over, tco, days, kw)
 
     chosen = min(feasible, key=rank).candidate
     return Plan(spec.name, spec.horizon_years, chosen, tuple(cands), _assumptions(spec, cands))

@@ -11,6 +11,7 @@ from collections.abc import Callable
 from html import escape
 
 from gpufleet.plan.planner import CandidatePlan, Plan
+from gpufleet.plan.report_sections import elevations_section, plant_section, storage_section
 from gpufleet.svgchart import Fmt, Series, bar_chart, fmt_money, fmt_num, line_chart
 
 __all__ = ["bar_chart_svg", "line_chart_svg", "render_html"]
@@ -246,6 +247,7 @@ def render_html(plan: Plan) -> str:
             "N/A" if c.run_energy_mwh is None else f"{c.run_energy_mwh:,.0f}",
             _money(c.cost.tco if c.cost else None),
             "N/A" if c.tokens_per_joule is None else f"{c.tokens_per_joule:.3f}",
+            "N/A" if c.cost_per_million_tokens is None else f"${c.cost_per_million_tokens:.3f}",
             "ok" if c.feasible else f"infeasible: {c.problem}",
         ]
         for c in plan.candidates
@@ -293,6 +295,17 @@ def render_html(plan: Plan) -> str:
                     f"tokens/s ({i.decode_bound} bound)",
                 ]
             )
+        elif w.hpc:
+            h = w.hpc
+            work.append(
+                [
+                    w.name,
+                    f"hpc ({h.precision})",
+                    str(w.gpus),
+                    f"{h.sustained_tflops:,.0f} TFLOP/s sustained ({h.peak_path} "
+                    f"{h.peak_tflops:g} x {h.efficiency:.0%}); bound by {h.bound}",
+                ]
+            )
         else:
             work.append([w.name, w.kind, str(w.gpus), "given"])
     notes = "".join(f'<li class="note">{escape(n)}</li>' for n in best.notes)
@@ -308,12 +321,25 @@ def render_html(plan: Plan) -> str:
         + _table(["workload", "kind", "GPUs", "sizing"], work)
         + "<h2>Candidates</h2>"
         + _table(
-            ["candidate", "GPUs", "servers", "days", "run MWh", "TCO", "tokens/J", "status"],
+            [
+                "candidate",
+                "GPUs",
+                "servers",
+                "days",
+                "run MWh",
+                "TCO",
+                "tokens/J",
+                "USD/M tokens",
+                "status",
+            ],
             comp_rows,
         )
         + charts
         + _facility_section(best)
+        + plant_section(best)
+        + storage_section(best)
         + _network_section(best)
+        + elevations_section(best)
         + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
         + f"<h2>Assumptions and sources</h2><ul>{assumptions}</ul>"
         + "<p>Formulas and their sources: see docs/plan.md.</p></body></html>"

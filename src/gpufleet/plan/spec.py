@@ -21,6 +21,7 @@ __all__ = [
     "BYTES_PER_VALUE",
     "Constraints",
     "GpuCountWorkload",
+    "HpcWorkload",
     "InferenceWorkload",
     "ModelShape",
     "PlanSpec",
@@ -32,6 +33,7 @@ __all__ = [
 
 # Bytes per value at each numeric precision (IEEE 754 / OCP MX formats: fp8 1 byte, fp4 half).
 BYTES_PER_VALUE: dict[str, float] = {
+    "fp64": 8.0,
     "fp32": 4.0,
     "tf32": 4.0,
     "bf16": 2.0,
@@ -147,6 +149,38 @@ class InferenceWorkload(_Spec):
     tensor_parallel: int | Auto = "auto"
 
 
+class HpcWorkload(_Spec):
+    """HPC or rendering: sized by a sustained FP64/FP32 FLOP rate and the working set in memory.
+
+    Give the rate (``sustained_tflops``, fleet-wide) or the work (``flops`` with ``target_days``),
+    and the working set as ``memory`` (bytes) or ``values`` (numbers held, times 8 bytes at fp64,
+    4 at fp32). ``efficiency`` is sustained / peak (default 0.6, HPL-class dense kernels).
+    """
+
+    kind: Literal["hpc"]
+    name: str = "hpc"
+    precision: Literal["fp64", "fp32"] = "fp64"
+    tensor_cores: bool = True
+    sustained_tflops: float | None = Field(default=None, gt=0)
+    flops: float | None = Field(default=None, gt=0)
+    target_days: float | None = Field(default=None, gt=0)
+    efficiency: float = Field(default=0.60, gt=0, le=1)
+    memory: Size | None = None
+    values: float | None = Field(default=None, gt=0)
+    gpus: int | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _enough(self) -> HpcWorkload:
+        if self.flops is not None and self.target_days is None and self.gpus is None:
+            raise ValueError("flops needs target_days (or gpus) to size a fleet")
+        given = (self.sustained_tflops, self.flops, self.gpus, self.memory, self.values)
+        if all(g is None for g in given):
+            raise ValueError("give sustained_tflops, flops + target_days, memory/values or gpus")
+        if self.memory is not None and self.values is not None:
+            raise ValueError("give memory or values, not both")
+        return self
+
+
 class GpuCountWorkload(_Spec):
     """A plain number of GPUs (capacity someone already sized)."""
 
@@ -156,7 +190,8 @@ class GpuCountWorkload(_Spec):
 
 
 Workload = Annotated[
-    TrainingWorkload | InferenceWorkload | GpuCountWorkload, Field(discriminator="kind")
+    TrainingWorkload | InferenceWorkload | HpcWorkload | GpuCountWorkload,
+    Field(discriminator="kind"),
 ]
 
 
@@ -185,6 +220,18 @@ class Constraints(_Spec):
     switch_radix: int = Field(default=64, ge=4)
     switch_port_gbps: int = Field(default=400, gt=0)
     switch_power: Power = 1500.0
+    gpus_per_server: int | None = Field(default=None, ge=1, le=8)
+    management_nodes_per_su: int = Field(default=0, ge=0, le=64)
+    scalable_unit: int = Field(default=32, ge=1, description="compute nodes per SU")
+    management_node_power: Power = 1000.0
+    pilot_host_overhead: Power = 1000.0
+    ups_runtime: Duration = 300.0
+    ups_battery: Literal["li-ion", "vrla"] = "li-ion"
+    generator_size: Power = 2_000_000.0
+    liquid_fraction: float = Field(default=0.80, ge=0, le=1)
+    cdu_capacity: Power = 1_000_000.0
+    coolant_delta_t: float = Field(default=10.0, gt=0, le=40, description="kelvin")
+    air_delta_t: float = Field(default=12.0, gt=0, le=40, description="kelvin")
     racks_per_row: int = Field(default=12, gt=0)
     rack_width: Length = 0.6
     row_pitch: Length = 2.4
@@ -214,6 +261,17 @@ class Prices(_Spec):
     switch: Money | None = None
     transceiver: Money | None = None
     utilization: float = Field(default=0.80, gt=0, le=1)
+    staff_fte: float = Field(default=0.0, ge=0)
+    staff_cost_per_fte: YearlyPrice | None = None
+    depreciation_years: float | None = Field(default=None, gt=0, le=30)
+    residual_percent: float = Field(default=0.0, ge=0, le=100)
+    pfs_per_tb: Money | None = None
+
+    @model_validator(mode="after")
+    def _staff(self) -> Prices:
+        if self.staff_fte and self.staff_cost_per_fte is None:
+            raise ValueError("staff_fte needs staff_cost_per_fte (e.g. '150000 USD/year')")
+        return self
 
 
 class StorageSpec(_Spec):
@@ -221,6 +279,8 @@ class StorageSpec(_Spec):
 
     checkpoint_time: Duration = 300.0
     dataset_bytes_per_token: float = Field(default=4.0, gt=0)
+    checkpoints_kept: int = Field(default=3, ge=1)
+    dataset: Size | None = None
 
 
 class PlanSpec(_Spec):
@@ -235,7 +295,7 @@ class PlanSpec(_Spec):
     storage: StorageSpec = StorageSpec()
 
 
-_WORKLOAD_TAGS = {"workloads": ("training", "inference", "gpus")}
+_WORKLOAD_TAGS = {"workloads": ("training", "inference", "hpc", "gpus")}
 
 
 def load_spec(source: str | dict[str, Any], name: str = "spec") -> PlanSpec:
