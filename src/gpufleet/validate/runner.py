@@ -83,6 +83,18 @@ def _noop(test: str, component: str, status: Status | None, message: str) -> Non
 GPU_TESTS_L2 = ("pcie_bandwidth", "hbm_bandwidth", "memory", "matmul")
 
 
+def _readiness(engine: str, node: str, backend: GpuBackend) -> TestResult:
+    """Level 1's readiness result: this host's driver, CUDA, container, GPUDirect, network and
+    host checks (`gpufleet.readiness`); skipped on simulated nodes, which are not this host."""
+    if engine == "sim":
+        return TestResult(
+            "readiness", node, Status.SKIP, "simulated node: readiness reads this host, not it"
+        )
+    from gpufleet.readiness.run import nvml_facts, readiness_test_result, run_readiness
+
+    return readiness_test_result(node, run_readiness(nvml=nvml_facts(backend)))
+
+
 def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> ValidationReport:
     """Run the selected tests on every node the engine serves."""
     wall0 = time.monotonic()
@@ -145,6 +157,9 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
                     clock=engine.now,
                 )
             )
+        if "readiness" in wanted:
+            progress("readiness", node, None, "")
+            add([_readiness(engine.name, node, backends[node])])
     for backend in backends.values():
         backend.release()
 

@@ -47,6 +47,7 @@ for _t in (
     TestDef("mig_mode", 1, "gpu", "MIG mode as expected"),
     TestDef("processes", 1, "gpu", "no stray processes on the GPU"),
     TestDef("health_rules", 1, "gpu", "the agent's health rules (gpufleet.health)"),
+    TestDef("readiness", 1, "node", "day-one readiness of the host (gpufleet doctor's checks)"),
     TestDef("pcie_bandwidth", 2, "gpu", "pinned host-to-device and device-to-host bandwidth"),
     TestDef("hbm_bandwidth", 2, "gpu", "device memory copy bandwidth (read + write)"),
     TestDef("memory", 2, "gpu", "write and verify patterns over >= 90 % of free memory"),
