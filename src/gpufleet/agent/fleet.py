@@ -26,6 +26,7 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -60,6 +61,7 @@ class FleetConfig:
     heartbeat_interval_s: float | None = None
     call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
     call_threads: int = 4
+    validate_threads: int = 2  # level-1 validations of nodes waiting in validating
     tick_threads: int = 2
     push_threads: int = 8
     connections: int = 16
@@ -169,12 +171,16 @@ class FleetDriver:
         self.client = httpx.Client(
             transport=self.transport, timeout=cfg.push_timeout_s, limits=limits, verify=cfg.verify
         )
+        self.validations = ThreadPoolExecutor(
+            max(1, cfg.validate_threads), thread_name_prefix="gpufleet-validate"
+        )
         for b in self.backends:
             agent = Agent(
                 b,
                 compact_config(cfg, cfg.state_dir / b.node_name, b.node_name),
                 calls=self.calls,
                 client=self.client,
+                validations=self.validations,
             )
             job_runner = self.jobs.get(b.node_name)
             if job_runner is not None:
@@ -255,6 +261,7 @@ class FleetDriver:
                     break
                 if agent.pusher is not None and agent.pusher.retry_at <= agent.clock():
                     agent.push_once()
+        self.validations.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + close_wait_s
         for agent in self.agents:
             agent.close(wait_s=max(0.0, deadline - time.monotonic()))

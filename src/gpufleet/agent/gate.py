@@ -1,0 +1,315 @@
+"""The agent's side of the gate into service: validation level 1, run by the agent itself.
+
+With ``require_validation`` (the controller's default) a new node, a repaired node and a node
+back from ``lost`` wait in ``validating`` until a validation result passes. The control plane
+says so in each ``Ack`` (``validate_since_s``: the node waits since then); the agent then runs
+level 1 once for that period and posts the result to ``POST /api/v1/validation-results`` with
+its own token, so nodes go ``validating -> in_service`` on their own (a fail keeps the node out:
+the controller sends it to ``repair`` with the failing checks as the reason).
+
+What runs is `gpufleet.validate.runner.run_suite` at level 1 over the agent's own backend, with
+two differences from ``gpufleet validate --level 1`` on the node, both so that the agent's
+sampler is never disturbed:
+
+- the health rules are not re-run over a fresh 3-second window: the agent's current verdict
+  (the same rules over its sampler's window, XID events included) is the ``health_rules``
+  result, so the check costs no wall time and no event is taken from the sampler's stream;
+- the backend it reads is shared with the sampler: event polls answer nothing and the backend
+  is never closed, and every call has the device layer's NVML deadline
+  (`gpufleet.devices.deadline`), so a hung GPU fails its checks within seconds.
+
+Validation runs on an executor thread (one per agent, or a small pool shared by the agents of
+`gpufleet up`), never on the sampling or push thread; a post that fails is retried later.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from concurrent.futures import Executor, ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
+
+import httpx
+
+from gpufleet.devices.backend import GpuBackend
+from gpufleet.devices.types import DeviceInfo, GpuEvent, Sample
+from gpufleet.health.types import Finding, Severity
+
+if TYPE_CHECKING:
+    from gpufleet.validate.results import TestResult, ValidationReport
+
+log = logging.getLogger("gpufleet.agent.gate")
+
+VALIDATION_PATH = "/api/v1/validation-results"
+RETRY_S = 5.0  # after a failed run or post, the next Ack that still asks tries again after this
+POST_TIMEOUT_S = 5.0
+
+
+class SharedBackend:
+    """The agent's backend as validation sees it: reads pass through, event polls answer
+    nothing (the sampler owns the event stream) and closing does nothing (the sampler still
+    uses the library)."""
+
+    def __init__(self, inner: GpuBackend) -> None:
+        self.inner = inner
+        self.node_name = inner.node_name
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+    def device_count(self) -> int:
+        return self.inner.device_count()
+
+    def device_info(self, index: int) -> DeviceInfo:
+        return self.inner.device_info(index)
+
+    def sample_fast(self, index: int) -> Sample:
+        return self.inner.sample_fast(index)
+
+    def sample_slow(self, index: int) -> Sample:
+        return self.inner.sample_slow(index)
+
+    def sample(self, index: int) -> Sample:
+        return self.inner.sample(index)
+
+    def poll_events(self, timeout_ms: int = 0) -> list[GpuEvent]:
+        return []
+
+    def lost_gpus(self) -> frozenset[int]:
+        return self.inner.lost_gpus()
+
+    def problems(self) -> list[str]:
+        return self.inner.problems()
+
+    def close(self) -> None:
+        return None
+
+    def release(self) -> None:
+        return None
+
+
+class AgentEngine:
+    """What `run_suite` needs for level 1 on one node (level 2 and 3 tests are not run here:
+    they need the GPUs to themselves, which is `gpufleet validate` on the node)."""
+
+    name = "agent"
+
+    def __init__(self, backend: GpuBackend, clock: Callable[[], float]) -> None:
+        self._backends: dict[str, GpuBackend] = {backend.node_name: SharedBackend(backend)}
+        self._inner = backend
+        self.now = clock
+
+    def backends(self) -> dict[str, GpuBackend]:
+        return self._backends
+
+    def sleep(self, seconds: float) -> None:  # pragma: no cover - health_rules is not run here
+        time.sleep(seconds)
+
+    def cuda_usable(self, node: str, gpu: int) -> tuple[bool, str]:
+        # The agent holds no CUDA context: a GPU NVML reports lost is unusable; running a
+        # kernel is `gpufleet validate` on the node (the software check of its level 1).
+        if gpu in self._inner.lost_gpus():
+            return False, "GPU is lost"
+        return True, "ok"
+
+    def __getattr__(self, name: str) -> Any:
+        raise AttributeError(f"the agent runs validation level 1 only ({name} is level 2/3)")
+
+
+def health_results(
+    node: str, gpus: Sequence[int], verdict: Severity, findings: Sequence[Finding]
+) -> list[TestResult]:
+    """The agent's current health judgement as ``health_rules`` results: one per GPU (its warn
+    and fail findings), one for the node-wide ones, and a fail when the agent has no verdict
+    yet (nothing sampled: it cannot vouch for the node)."""
+    from gpufleet.validate.results import Status, TestResult
+
+    def status(fs: Sequence[Finding]) -> Status:
+        worst = max((f.severity for f in fs), default=Severity.OK)
+        return (
+            Status.FAIL
+            if worst >= Severity.FAIL
+            else Status.WARN
+            if worst >= Severity.WARN
+            else Status.PASS
+        )
+
+    def result(gpu: int | None, fs: Sequence[Finding]) -> TestResult:
+        return TestResult(
+            "health_rules",
+            node,
+            status(fs),
+            "; ".join(f"{f.code}: {f.message}" for f in fs) or "no findings",
+            gpu=gpu,
+            details={"codes": [f.code for f in fs], "source": "agent"},
+        )
+
+    if verdict == Severity.UNKNOWN:
+        return [
+            TestResult(
+                "health_rules", node, Status.FAIL, "the agent has no health verdict yet"
+            )
+        ]
+    relevant = [f for f in findings if f.severity in (Severity.WARN, Severity.FAIL)]
+    out = [result(g, [f for f in relevant if f.gpu_index == g]) for g in gpus]
+    node_wide = [f for f in relevant if f.gpu_index is None]
+    if node_wide:
+        out.append(result(None, node_wide))
+    return out
+
+
+def run_level1(
+    backend: GpuBackend,
+    clock: Callable[[], float],
+    verdict: Severity,
+    findings: Sequence[Finding],
+) -> ValidationReport:
+    """Validation level 1 of the agent's node (see the module docstring)."""
+    from gpufleet.validate.runner import RunOptions, run_suite
+    from gpufleet.validate.suite import select_tests
+
+    engine = AgentEngine(backend, clock)
+    tests = select_tests(1, skip=["health_rules"])
+    t0 = time.monotonic()
+    report = run_suite(engine, RunOptions(tests=[*tests], level=1))  # type: ignore[arg-type]
+    report.tests.append("health_rules")
+    gpus = sorted({r.gpu for r in report.results if r.gpu is not None})
+    report.results.extend(health_results(backend.node_name, gpus, verdict, findings))
+    report.wall_s = time.monotonic() - t0
+    return report
+
+
+def post_body(report: ValidationReport, node: str) -> dict[str, Any]:
+    """What the agent posts: verdict, a one-line summary naming what failed, the report."""
+    bad = [r for r in report.results if r.status.value in ("fail", "warn")]
+    worst = [r for r in bad if r.status.value == report.status.value] or bad
+    summary = "; ".join(
+        f"{r.test}{'' if r.gpu is None else f' GPU {r.gpu}'}: {r.message}" for r in worst[:5]
+    )
+    return {
+        "node": node,
+        "verdict": report.status.value,
+        "summary": f"level 1 by the agent: {summary or 'all checks pass'}"[:2000],
+        "level": 1,
+        "source": "agent",
+        "report": report.to_dict(),
+    }
+
+
+class ValidationGate:
+    """Runs level 1 when the control plane asks (`wanted`), at most once per ``validating``
+    period, off the caller's thread, and posts the result."""
+
+    def __init__(
+        self,
+        backend: GpuBackend,
+        controller: str,
+        token: str,
+        *,
+        health: Callable[[], tuple[Severity, Sequence[Finding]]],
+        client: httpx.Client | None = None,
+        executor: Executor | None = None,
+        clock: Callable[[], float] = time.time,
+        retry_s: float = RETRY_S,
+    ) -> None:
+        self.backend = backend
+        self.url = controller.rstrip("/") + VALIDATION_PATH
+        self._headers = {"Authorization": f"Bearer {token}", "User-Agent": "gpufleet-agent"}
+        self.health = health
+        self.clock = clock
+        self.retry_s = retry_s
+        self._client = client
+        self._own_client = client is None
+        self._executor = executor
+        self._own_executor = executor is None
+        self._lock = threading.Lock()
+        self._running = False
+        self._done_for: float | None = None  # the validating period already answered
+        self._retry_at = 0.0
+        self.runs = 0
+        self.posted = 0
+        self.failures = 0
+        self.last_verdict: str | None = None
+
+    def wanted(self, since_s: float | None) -> bool:
+        """The control plane's ``validate_since_s``: start a run unless this period was
+        answered, one runs, or a failed attempt waits; returns whether one started."""
+        if since_s is None:
+            return False
+        with self._lock:
+            if self._running or since_s == self._done_for:
+                return False
+            if time.monotonic() < self._retry_at:
+                return False
+            self._running = True
+            if self._executor is None:
+                self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpufleet-validate")
+            executor = self._executor
+        try:
+            executor.submit(self._run, since_s)
+        except RuntimeError:  # the executor shut down (the agent is stopping)
+            with self._lock:
+                self._running = False
+            return False
+        return True
+
+    def _run(self, since_s: float) -> None:
+        ok = False
+        retry_s = self.retry_s
+        try:
+            verdict, findings = self.health()
+            if verdict == Severity.UNKNOWN:  # nothing judged yet: ask again at the next Ack
+                retry_s = 0.0
+                return
+            report = run_level1(self.backend, self.clock, verdict, findings)
+            self.runs += 1
+            body = post_body(report, self.backend.node_name)
+            self.last_verdict = body["verdict"]
+            log.info(
+                "validation level 1: %s in %.2f s (%s)",
+                body["verdict"],
+                report.wall_s,
+                body["summary"],
+            )
+            ok = self._post(body)
+        except Exception:
+            log.exception("validation level 1 failed to run")
+        finally:
+            with self._lock:
+                self._running = False
+                if ok:
+                    self._done_for = since_s
+                else:
+                    self.failures += int(retry_s > 0)
+                    self._retry_at = time.monotonic() + retry_s
+
+    def _post(self, body: dict[str, Any]) -> bool:
+        from gpufleet.jsonable import to_jsonable
+
+        if self._client is None:
+            self._client = httpx.Client(timeout=POST_TIMEOUT_S)
+        try:
+            resp = self._client.post(
+                self.url, json=to_jsonable(body), headers=self._headers, timeout=POST_TIMEOUT_S
+            )
+        except (httpx.HTTPError, RuntimeError) as exc:  # RuntimeError: client closed (stopping)
+            log.warning("posting the validation result failed: %s", exc)
+            return False
+        if resp.status_code != 200:
+            log.warning(
+                "the control plane refused the validation result: HTTP %d %s",
+                resp.status_code,
+                resp.text[:200],
+            )
+            # 409: the node left validating meanwhile; nothing to retry for this period
+            return resp.status_code == 409
+        self.posted += 1
+        return True
+
+    def close(self) -> None:
+        if self._own_executor and self._executor is not None:
+            self._executor.shutdown(wait=False, cancel_futures=True)
+        if self._own_client and self._client is not None:
+            self._client.close()
