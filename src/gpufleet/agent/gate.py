@@ -9,16 +9,19 @@ the controller sends it to ``repair`` with the failing checks as the reason).
 
 What runs is `gpufleet.validate.runner.run_suite` at level 1 over the agent's own backend, with
 two differences from ``gpufleet validate --level 1`` on the node, both so that the agent's
-sampler is never disturbed:
+sampler is never disturbed and a node's work does not send it to repair:
 
 - the health rules are not re-run over a fresh 3-second window: the agent's current verdict
   (the same rules over its sampler's window, XID events included) is the ``health_rules``
   result, so the check costs no wall time and no event is taken from the sampler's stream;
+- processes already on a GPU are a warning, not a fail (`_processes_warn`);
 - the backend it reads is shared with the sampler: event polls answer nothing and the backend
   is never closed, and every call has the device layer's NVML deadline
   (`gpufleet.devices.deadline`), so a hung GPU fails its checks within seconds.
 
-Validation runs on an executor thread (one per agent, or a small pool shared by the agents of
+The agent starts a run only after a slow sampling round (device info re-read) has been judged,
+so a repaired GPU is not judged on identity read before the repair. Validation runs on an
+executor thread (one per agent, or a small pool shared by the agents of
 `gpufleet up`), never on the sampling or push thread; a post that fails is retried later.
 """
 
@@ -175,10 +178,25 @@ def run_level1(
     t0 = time.monotonic()
     report = run_suite(engine, RunOptions(tests=[*tests], level=1))  # type: ignore[arg-type]
     report.tests.append("health_rules")
+    report.results[:] = [_processes_warn(r) for r in report.results]
     gpus = sorted({r.gpu for r in report.results if r.gpu is not None})
     report.results.extend(health_results(backend.node_name, gpus, verdict, findings))
     report.wall_s = time.monotonic() - t0
     return report
+
+
+def _processes_warn(r: TestResult) -> TestResult:
+    """Processes already on a GPU are a warning at the gate, not a fail: they say nothing
+    about the hardware (repair is for hardware), and a node back from ``lost`` re-validates
+    with its own jobs still running. `gpufleet validate` on the node still fails them (its
+    level 2 and 3 tests need the GPUs to themselves)."""
+    from dataclasses import replace
+
+    from gpufleet.validate.results import Status
+
+    if r.test != "processes" or r.status is not Status.FAIL:
+        return r
+    return replace(r, status=Status.WARN, message=f"{r.message} (a warning at the gate)")
 
 
 def post_body(report: ValidationReport, node: str) -> dict[str, Any]:
@@ -232,6 +250,15 @@ class ValidationGate:
         self.posted = 0
         self.failures = 0
         self.last_verdict: str | None = None
+
+    def due(self, since_s: float | None) -> bool:
+        """Would `wanted` start a run for this ``validate_since_s`` now?"""
+        if since_s is None:
+            return False
+        with self._lock:
+            return not (
+                self._running or since_s == self._done_for or time.monotonic() < self._retry_at
+            )
 
     def wanted(self, since_s: float | None) -> bool:
         """The control plane's ``validate_since_s``: start a run unless this period was

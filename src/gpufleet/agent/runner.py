@@ -155,6 +155,7 @@ class Agent:
         self._devices_sent = -1
         self.pusher: Pusher | None = None
         self.gate: ValidationGate | None = None  # level 1 when the control plane asks
+        self._validate_for: float | None = None  # asked; waits for a fresh slow round
         self.state: AgentState | None = None
         self.jobs: AgentJobs | None = None  # set by enable_jobs (issue 7)
         self.push_soon = threading.Event()  # a copy started or stopped: report it now
@@ -255,6 +256,10 @@ class Agent:
         outcome = self.evaluate(build_input(s.node, inputs))
         with self._health_lock:
             self.health = outcome
+        since = self._validate_for
+        if since is not None and result.slow and self.gate is not None:
+            self._validate_for = None
+            self.gate.wanted(since)  # judged on device info read this round
 
     def _hung(self, index: int, info: Any, stalled: bool, now: float) -> tuple[GpuEvent, ...]:
         """An ``nvml_timeout`` event while GPU ``index``'s NVML call has hung past the device
@@ -410,8 +415,13 @@ class Agent:
             with self._acks_lock:
                 for a in ack.acks:
                     self._pending_acks[(a.code, a.component)] = a
-        if self.gate is not None and ack.validate_since_s is not None:
-            self.gate.wanted(ack.validate_since_s)  # runs on its executor, not this thread
+        since = ack.validate_since_s
+        if self.gate is not None and since is not None and self._validate_for != since:
+            if self.gate.due(since):
+                # the sampling thread starts it after a slow round re-read the device info
+                with self.sampler.lock:
+                    self.sampler.last_slow_s = None
+                self._validate_for = since
         if self.jobs is not None and self.jobs.apply(ack.commands):
             self.push_soon.set()  # report the started or stopped copies now
 
