@@ -445,6 +445,7 @@ def _up(
         ADMIN_TOKEN_FILE,
         DEFAULT_SIM,
         admin_token,
+        StateWatcher,
         build_service,
         node_agent_tokens,
         serve,
@@ -515,7 +516,12 @@ def _up(
             console.print(
                 f"  token file:  {info['admin_token_file']} (use --token-file)", highlight=False
             )
-            console.print("Ctrl-C stops.", highlight=False)
+            console.print("Ctrl-C stops. Node states as they change:", highlight=False)
+            watcher.start()  # new nodes: validating -> in_service once their agent validated
+
+    watcher = StateWatcher(
+        service, lambda line: console.print(line, highlight=False, soft_wrap=True)
+    )
 
     def last_push() -> None:  # on SIGINT/SIGTERM, while the server still answers
         agents.stop(flush=True, close_wait_s=0.5)
@@ -525,6 +531,7 @@ def _up(
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
+        watcher.stop()
         agents.stop(flush=False, close_wait_s=0.5)  # (done already after a stop signal)
         service.stop()
         if not json_out:
