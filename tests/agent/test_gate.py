@@ -11,6 +11,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
+
 from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.devices.sim import Fault, FaultKind, SimFleet, parse_fleet_spec
 from gpufleet.testing.testbed import Controller, free_port, wait_for
@@ -139,3 +141,72 @@ def test_a_hung_gpu_is_a_fail_finding_that_drains_its_node(tmp_path: Path) -> No
         err = stop(proc) if proc is not None else ""
         ctl.stop()
     assert "Traceback" not in err, err[-3000:]
+
+
+FAULTY = """\
+seed: 5
+nodes:
+  - {name: val, model: h100-sxm, gpus: 4, count: 1}
+faults:
+  - {node: val, gpu: 2, kind: ecc_disabled}
+"""
+
+
+def test_gpufleet_validate_posts_any_level_to_the_controller(tmp_path: Path) -> None:
+    """`gpufleet validate --controller URL --token-file F` posts each node's verdict: a level-1
+    fail sends a validating node to repair naming the check, a later level-2 pass (no fault)
+    puts it in service."""
+    import json
+    import subprocess
+
+    from tests.integration.processes import GPUFLEET, env_for
+
+    ctl = Controller(tmp_path / "data", scheduler="none").start()
+    try:
+        agent_auth = {"Authorization": f"Bearer {ctl.token('agent', node='val')}"}
+        body = {
+            "schema_version": 1,
+            "node": "val",
+            "agent_id": "agent-val",
+            "seq": 1,
+            "sent_at_s": time.time(),
+            "heartbeat_interval_s": 60.0,
+            "health": 0,
+            "samples": [],
+            "findings": [],
+        }
+        r = httpx.post(f"{ctl.url}/api/v1/ingest", json=body, headers=agent_auth, timeout=10)
+        assert r.status_code == 200, r.text
+        assert r.json()["validate_since_s"] is not None  # the Ack asks the agent to validate
+        assert (_node(ctl, "val").get("node") or {}).get("state") == "validating"
+        token_file = tmp_path / "op.token"
+        token_file.write_text(ctl.token("operator") + "\n")
+        token_file.chmod(0o600)
+
+        def validate(spec: str, level: int) -> tuple[int, dict[str, Any]]:
+            path = tmp_path / f"fleet-{level}.yaml"
+            path.write_text(spec)
+            args = ["validate", "--sim", str(path), "--level", str(level), "--json"]
+            args += ["--controller", ctl.url, "--token-file", str(token_file)]
+            out = subprocess.run(
+                [*GPUFLEET, *args],
+                capture_output=True,
+                text=True,
+                env=env_for(tmp_path),
+                timeout=120,
+            )
+            assert "Traceback" not in out.stderr, out.stderr
+            return out.returncode, json.loads(out.stdout)
+
+        rc, doc = validate(FAULTY, 1)
+        assert rc == 2
+        assert doc["posted"][0]["node"] == "val" and doc["posted"][0]["verdict"] == "fail"
+        node = _node(ctl, "val")["node"]
+        assert node["state"] == "repair"
+        assert node["state_reason"].startswith("validation result: fail (level 1: ecc GPU 2")
+        rc, doc = validate(FAULTY.split("faults:")[0], 2)
+        assert rc in (0, 1), doc["posted"]
+        assert (_node(ctl, "val").get("node") or {}).get("state") == "in_service"
+        assert _states(ctl, "val") == ["validating", "repair", "validating", "in_service"]
+    finally:
+        ctl.stop()

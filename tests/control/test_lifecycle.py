@@ -261,9 +261,7 @@ def test_validation_gates_service_by_default(tmp_path: object, clock: ManualCloc
         assert states(svc) == {"a": "validating"}
         agent = Principal(None, "agent-a", Role.AGENT, node="a")
         why = "level 1 by the agent: ecc GPU 3: ECC is disabled"
-        actions.post_validation(
-            svc.store, {"node": "a", "verdict": "fail", "summary": why}, agent
-        )
+        actions.post_validation(svc.store, {"node": "a", "verdict": "fail", "summary": why}, agent)
         assert states(svc) == {"a": "repair"}
         assert svc.store.nodes["a"].state_reason == f"validation result: fail ({why})"
         push(svc, batch("a", 4, devices=False))

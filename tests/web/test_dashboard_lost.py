@@ -69,8 +69,7 @@ def _ghost_batch(seq: int) -> dict[str, Any]:
     }
     if seq == 1:
         body["devices"] = [
-            {"index": g, "uuid": f"GPU-ghost-{g}", "info": {"model": "h100-sxm"}}
-            for g in range(2)
+            {"index": g, "uuid": f"GPU-ghost-{g}", "info": {"model": "h100-sxm"}} for g in range(2)
         ]
     return body
 

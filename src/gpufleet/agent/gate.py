@@ -151,9 +151,7 @@ def health_results(
 
     if verdict == Severity.UNKNOWN:
         return [
-            TestResult(
-                "health_rules", node, Status.FAIL, "the agent has no health verdict yet"
-            )
+            TestResult("health_rules", node, Status.FAIL, "the agent has no health verdict yet")
         ]
     relevant = [f for f in findings if f.severity in (Severity.WARN, Severity.FAIL)]
     out = [result(g, [f for f in relevant if f.gpu_index == g]) for g in gpus]
@@ -176,7 +174,7 @@ def run_level1(
     engine = AgentEngine(backend, clock)
     tests = select_tests(1, skip=["health_rules"])
     t0 = time.monotonic()
-    report = run_suite(engine, RunOptions(tests=[*tests], level=1))  # type: ignore[arg-type]
+    report = run_suite(engine, RunOptions(tests=[*tests], level=1))
     report.tests.append("health_rules")
     report.results[:] = [_processes_warn(r) for r in report.results]
     gpus = sorted({r.gpu for r in report.results if r.gpu is not None})

@@ -416,12 +416,17 @@ class Agent:
                 for a in ack.acks:
                     self._pending_acks[(a.code, a.component)] = a
         since = ack.validate_since_s
-        if self.gate is not None and since is not None and self._validate_for != since:
-            if self.gate.due(since):
-                # the sampling thread starts it after a slow round re-read the device info
-                with self.sampler.lock:
-                    self.sampler.last_slow_s = None
-                self._validate_for = since
+        gate = self.gate
+        if (
+            gate is not None
+            and since is not None
+            and self._validate_for != since
+            and gate.due(since)
+        ):
+            # the sampling thread starts it after a slow round re-read the device info
+            with self.sampler.lock:
+                self.sampler.last_slow_s = None
+            self._validate_for = since
         if self.jobs is not None and self.jobs.apply(ack.commands):
             self.push_soon.set()  # report the started or stopped copies now
 

@@ -444,8 +444,8 @@ def _up(
     from gpufleet.control.up import (
         ADMIN_TOKEN_FILE,
         DEFAULT_SIM,
-        admin_token,
         StateWatcher,
+        admin_token,
         build_service,
         node_agent_tokens,
         serve,
