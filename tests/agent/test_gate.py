@@ -210,3 +210,27 @@ def test_gpufleet_validate_posts_any_level_to_the_controller(tmp_path: Path) -> 
         assert _states(ctl, "val") == ["validating", "repair", "validating", "in_service"]
     finally:
         ctl.stop()
+
+
+def test_level_1_leaves_the_samplers_events_and_library_alone() -> None:
+    """The agent's level 1 reads the backend its sampler uses: it must not take the node's
+    events (an XID would never reach the health rules) nor shut NVML down, and it judges the
+    health rules from the agent's own verdict."""
+    from gpufleet.agent.gate import run_level1
+    from gpufleet.devices.sim import ManualClock
+    from gpufleet.health.types import Severity
+
+    clock = ManualClock(1000.0)
+    fleet = SimFleet(parse_fleet_spec("1x2xh100-sxm"), clock=clock)
+    backend = fleet.node("sim-00").backend()
+    backend.poll_events(0)  # registered for events, as the sampler's first poll does
+    fleet.inject(Fault(FaultKind.XID, node="sim-00", gpu=1, params={"xid": 79}))
+    clock.advance(1.0)
+    report = run_level1(backend, clock, Severity.OK, ())
+    assert report.status.value == "pass", [r.message for r in report.failures()]
+    assert {r.test for r in report.results} >= {"software", "ecc", "health_rules"}
+    events = backend.poll_events(0)  # still there for the sampler
+    assert [(e.gpu_index, e.xid) for e in events if e.kind == "xid"] == [(1, 79)]
+    assert backend.device_count() == 2  # the library is still initialised
+    unknown = run_level1(backend, clock, Severity.UNKNOWN, ())
+    assert [r.status.value for r in unknown.results if r.test == "health_rules"] == ["fail"]

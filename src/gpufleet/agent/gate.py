@@ -242,6 +242,7 @@ class ValidationGate:
         self._own_executor = executor is None
         self._lock = threading.Lock()
         self._running = False
+        self._closed = False
         self._done_for: float | None = None  # the validating period already answered
         self._retry_at = 0.0
         self.runs = 0
@@ -299,8 +300,11 @@ class ValidationGate:
                 body["summary"],
             )
             ok = self._post(body)
-        except Exception:
-            log.exception("validation level 1 failed to run")
+        except Exception as exc:
+            if self._closed:  # the agent stopped (and released NVML) while it ran
+                log.info("validation level 1 abandoned: the agent is stopping (%s)", exc)
+            else:
+                log.exception("validation level 1 failed to run")
         finally:
             with self._lock:
                 self._running = False
@@ -334,6 +338,7 @@ class ValidationGate:
         return True
 
     def close(self) -> None:
+        self._closed = True
         if self._own_executor and self._executor is not None:
             self._executor.shutdown(wait=False, cancel_futures=True)
         if self._own_client and self._client is not None:
