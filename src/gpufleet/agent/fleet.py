@@ -26,13 +26,13 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from gpufleet.agent.gate import DaemonExecutor
 from gpufleet.agent.jobs import DEFAULT_LEASE_S, AgentJobs
 from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.devices.backend import GpuBackend
@@ -171,9 +171,7 @@ class FleetDriver:
         self.client = httpx.Client(
             transport=self.transport, timeout=cfg.push_timeout_s, limits=limits, verify=cfg.verify
         )
-        self.validations = ThreadPoolExecutor(
-            max(1, cfg.validate_threads), thread_name_prefix="gpufleet-validate"
-        )
+        self.validations = DaemonExecutor(cfg.validate_threads)
         for b in self.backends:
             agent = Agent(
                 b,

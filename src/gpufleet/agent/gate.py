@@ -28,11 +28,12 @@ executor thread (one per agent, or a small pool shared by the agents of
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Executor, ThreadPoolExecutor
-from typing import TYPE_CHECKING, Any
+from concurrent.futures import Executor, Future
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeVar
 
 import httpx
 
@@ -48,6 +49,63 @@ log = logging.getLogger("gpufleet.agent.gate")
 VALIDATION_PATH = "/api/v1/validation-results"
 RETRY_S = 5.0  # after a failed run or post, the next Ack that still asks tries again after this
 POST_TIMEOUT_S = 5.0
+
+
+P = ParamSpec("P")
+T = TypeVar("T")
+
+
+class DaemonExecutor(Executor):
+    """A few daemon threads running submitted calls: a validation waiting out an NVML deadline
+    never holds the process at exit (`ThreadPoolExecutor` joins its workers then)."""
+
+    def __init__(self, threads: int = 1, name: str = "gpufleet-validate") -> None:
+        self._q: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._stopped = False
+        self._threads = [
+            threading.Thread(target=self._work, name=f"{name}-{i}", daemon=True)
+            for i in range(max(1, threads))
+        ]
+        for t in self._threads:
+            t.start()
+
+    def submit(self, fn: Callable[P, T], /, *args: P.args, **kwargs: P.kwargs) -> Future[T]:
+        if self._stopped:
+            raise RuntimeError("the executor is shut down")
+        fut: Future[T] = Future()
+        self._q.put((fut, lambda: fn(*args, **kwargs)))
+        return fut
+
+    def _work(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            fut, call = item
+            if not fut.set_running_or_notify_cancel():
+                continue
+            try:
+                fut.set_result(call())
+            except BaseException as exc:  # handed to the future, never raised on this thread
+                fut.set_exception(exc)
+
+    def shutdown(self, wait: bool = True, *, cancel_futures: bool = False) -> None:
+        self._stopped = True
+        if cancel_futures:
+            while True:
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if item is not None:
+                    item[0].cancel()
+        for _ in self._threads:
+            self._q.put(None)
+        if wait:
+            for t in self._threads:
+                t.join()
 
 
 class SharedBackend:
@@ -271,7 +329,7 @@ class ValidationGate:
                 return False
             self._running = True
             if self._executor is None:
-                self._executor = ThreadPoolExecutor(1, thread_name_prefix="gpufleet-validate")
+                self._executor = DaemonExecutor(1)
             executor = self._executor
         try:
             executor.submit(self._run, since_s)
