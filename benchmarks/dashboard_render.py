@@ -124,10 +124,15 @@ class Controller:
         from gpufleet.control.api import create_app
         from gpufleet.control.auth import Principal, Role
         from gpufleet.control.ingest import parse_batch
+        from gpufleet.control.remediation import RemediationPolicy
         from gpufleet.control.service import ControlService, ServiceConfig
         from gpufleet.control.store import IngestItem
 
-        self.svc = ControlService(ServiceConfig(data_dir=root / f"d{nodes}", max_pending=5000))
+        # hand-built batches, no agent to validate: nodes go in service without the gate
+        policy = RemediationPolicy(require_validation=False)
+        self.svc = ControlService(
+            ServiceConfig(data_dir=root / f"d{nodes}", max_pending=5000, policy=policy)
+        )
         self.svc.ingest.start()
         store = self.svc.store
         rng = random.Random(7)

@@ -18,6 +18,7 @@ from typing import Any
 
 import pytest
 
+from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.devices.sim import ManualClock
 
@@ -114,7 +115,11 @@ def make_service(tmp_path: Path, clock: ManualClock) -> Iterator[Callable[..., C
     made: list[ControlService] = []
 
     def make(**kw: Any) -> ControlService:
+        """A service; these tests push hand-built batches and no agent validates, so the gate
+        into service (``require_validation``, on by default) is off unless the test's policy
+        sets it (`ungated`)."""
         kw.setdefault("data_dir", tmp_path / "data")
+        kw["policy"] = ungated(kw.get("policy"))
         svc = ControlService(ServiceConfig(**kw), clock=clock)
         svc.ingest.start()
         made.append(svc)
@@ -124,6 +129,14 @@ def make_service(tmp_path: Path, clock: ManualClock) -> Iterator[Callable[..., C
     for s in made:
         s.ingest.stop()
         s.engine.dispose()
+
+
+def ungated(policy: RemediationPolicy | None) -> RemediationPolicy:
+    """``policy`` (else the default) with ``require_validation`` false unless it was given."""
+    policy = policy or RemediationPolicy()
+    if "require_validation" in policy.model_fields_set:
+        return policy
+    return policy.model_copy(update={"require_validation": False})
 
 
 def batch(

@@ -128,6 +128,15 @@ def test_up_end_to_end(tmp_path: Path) -> None:
     rest = proc.stdout.read()
     assert rc == 0, rest
     assert "Traceback" not in rest
+    # the nodes went validating -> in_service on their own (their agents ran level 1), and
+    # `up` said so as it happened
+    printed = "".join(lines) + rest
+    for node in ("sim-00", "sim-01", "sim-02"):
+        assert f"{node}: new -> validating" in printed, printed
+        assert re.search(
+            rf"{node}: validating -> in_service \(validation result: (pass|warn) \(level 1 by",
+            printed,
+        ), printed
 
 
 def test_up_rejects_a_bad_policy_file_naming_the_field(tmp_path: Path) -> None:

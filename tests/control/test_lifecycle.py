@@ -219,13 +219,14 @@ def test_restart_gives_grace(tmp_path: object, clock: ManualClock) -> None:
     from pathlib import Path
 
     data = Path(str(tmp_path)) / "d"
-    svc = ControlService(ServiceConfig(data_dir=data), clock=clock)
+    policy = RemediationPolicy(require_validation=False)  # about grace, not the gate
+    svc = ControlService(ServiceConfig(data_dir=data, policy=policy), clock=clock)
     svc.ingest.start()
     push(svc, batch("a", 1))
     svc.ingest.stop()
     svc.engine.dispose()
     clock.advance(60.0)  # controller down for a minute, then restarted
-    svc2 = ControlService(ServiceConfig(data_dir=data), clock=clock)
+    svc2 = ControlService(ServiceConfig(data_dir=data, policy=policy), clock=clock)
     svc2.ingest.start()
     try:
         svc2.tick()
@@ -242,3 +243,41 @@ def test_restart_gives_grace(tmp_path: object, clock: ManualClock) -> None:
     finally:
         svc2.ingest.stop()
         svc2.engine.dispose()
+
+
+def test_validation_gates_service_by_default(tmp_path: object, clock: ManualClock) -> None:
+    """Issue 14 item 9: with the controller's default policy a new node waits in validating
+    however healthy its reports, a failing level 1 sends it to repair with the failing checks
+    as the reason, and only a pass puts it (back) in service."""
+    from pathlib import Path
+
+    svc = ControlService(ServiceConfig(data_dir=Path(str(tmp_path)) / "d"), clock=clock)
+    svc.ingest.start()
+    try:
+        assert svc.store.policy.require_validation is True
+        for seq in range(1, 4):
+            push(svc, batch("a", seq, devices=seq == 1))
+            clock.advance(2.0)
+        assert states(svc) == {"a": "validating"}
+        agent = Principal(None, "agent-a", Role.AGENT, node="a")
+        why = "level 1 by the agent: ecc GPU 3: ECC is disabled"
+        actions.post_validation(svc.store, {"node": "a", "verdict": "fail", "summary": why}, agent)
+        assert states(svc) == {"a": "repair"}
+        assert svc.store.nodes["a"].state_reason == f"validation result: fail ({why})"
+        push(svc, batch("a", 4, devices=False))
+        assert states(svc) == {"a": "repair"}  # healthy reports do not end a repair
+        actions.node_action(svc.store, "a", Action.VALIDATE, OP, "GPU 3 replaced")
+        push(svc, batch("a", 5, devices=False))
+        assert states(svc) == {"a": "validating"}
+        actions.post_validation(svc.store, {"node": "a", "verdict": "pass"}, agent)
+        assert states(svc) == {"a": "in_service"}
+        assert [h[:2] for h in history(svc, "a")] == [
+            (None, "registering"),
+            ("registering", "validating"),
+            ("validating", "repair"),
+            ("repair", "validating"),
+            ("validating", "in_service"),
+        ]
+    finally:
+        svc.ingest.stop()
+        svc.engine.dispose()

@@ -19,7 +19,6 @@ def test_real_agent_registers_pushes_and_a_dbe_drains(tmp_path: Path) -> None:
         token = ctl.token("agent", node="sim-00")
         fleet = SimFleet(parse_fleet_spec("1x4xh200"))
         node = fleet.node("sim-00")
-        node.gpus[1].run(Load(util=0.5))
         cfg = AgentConfig(
             fast_interval_s=0.2,
             push_interval_s=0.3,
@@ -40,9 +39,14 @@ def test_real_agent_registers_pushes_and_a_dbe_drains(tmp_path: Path) -> None:
             assert isinstance(node_doc, dict)
             return doc if node_doc.get("state") == "in_service" else None
 
+        # in service on its own: the agent ran validation level 1 and posted it (issue 14)
         doc = wait_for(registered, 15, "sim-00 in service")
         devices = doc["devices"]
         assert isinstance(devices, list) and len(devices) == 4
+        node_doc = doc["node"]
+        assert isinstance(node_doc, dict)
+        assert node_doc["state_reason"].startswith("validation result: pass (level 1 by the agent")
+        node.gpus[1].run(Load(util=0.5))  # work arrives once the node is in service
 
         def util_seen() -> bool:
             r = ctl.call("GET", "/api/v1/nodes/sim-00/gpus/1/series?resolution=raw")

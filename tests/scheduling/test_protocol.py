@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.devices.sim import ManualClock
 from gpufleet.errors import GpufleetError, UsageError
@@ -74,10 +75,14 @@ def _jobs_batch(node: str, seq: int, copies: list[dict[str, object]] | None = No
     )
 
 
+# these tests push hand-built batches: no agent validates, so the gate into service is off
+UNGATED = RemediationPolicy(require_validation=False)
+
+
 @pytest.fixture
 def service(tmp_path: Path) -> Iterator[ControlService]:
     svc = ControlService(
-        ServiceConfig(data_dir=tmp_path / "data", tick_s=60.0),
+        ServiceConfig(data_dir=tmp_path / "data", tick_s=60.0, policy=UNGATED),
         clock=ManualClock(T0),
         scheduler=EmbeddedBackend(tick_s=60.0),  # ticked by hand below
     )
@@ -143,7 +148,7 @@ def test_a_drain_the_scheduler_refused_never_completes_and_is_sent_again(
     monkeypatch.setattr(scheduling, "RETRY_DRAIN_S", 0.0)
     flaky = _FlakyDrain()
     svc = ControlService(
-        ServiceConfig(data_dir=tmp_path / "data", tick_s=60.0, min_drain_s=0.0),
+        ServiceConfig(data_dir=tmp_path / "data", tick_s=60.0, min_drain_s=0.0, policy=UNGATED),
         clock=ManualClock(T0),
         scheduler=flaky,
     )

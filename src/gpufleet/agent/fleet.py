@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from gpufleet.agent.gate import DaemonExecutor
 from gpufleet.agent.jobs import DEFAULT_LEASE_S, AgentJobs
 from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.devices.backend import GpuBackend
@@ -60,6 +61,7 @@ class FleetConfig:
     heartbeat_interval_s: float | None = None
     call_timeout_s: float = DEFAULT_CALL_TIMEOUT_S
     call_threads: int = 4
+    validate_threads: int = 2  # level-1 validations of nodes waiting in validating
     tick_threads: int = 2
     push_threads: int = 8
     connections: int = 16
@@ -169,12 +171,14 @@ class FleetDriver:
         self.client = httpx.Client(
             transport=self.transport, timeout=cfg.push_timeout_s, limits=limits, verify=cfg.verify
         )
+        self.validations = DaemonExecutor(cfg.validate_threads)
         for b in self.backends:
             agent = Agent(
                 b,
                 compact_config(cfg, cfg.state_dir / b.node_name, b.node_name),
                 calls=self.calls,
                 client=self.client,
+                validations=self.validations,
             )
             job_runner = self.jobs.get(b.node_name)
             if job_runner is not None:
@@ -255,6 +259,7 @@ class FleetDriver:
                     break
                 if agent.pusher is not None and agent.pusher.retry_at <= agent.clock():
                     agent.push_once()
+        self.validations.shutdown(wait=False, cancel_futures=True)
         deadline = time.monotonic() + close_wait_s
         for agent in self.agents:
             agent.close(wait_s=max(0.0, deadline - time.monotonic()))

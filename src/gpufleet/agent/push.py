@@ -138,6 +138,11 @@ class Pusher:
         self._owns_client = client is None
         self._client = client or httpx.Client(transport=transport, timeout=timeout_s)
 
+    @property
+    def client(self) -> httpx.Client:
+        """The HTTP client batches go through (the validation gate posts through it too)."""
+        return self._client
+
     def close(self) -> None:
         if self._owns_client:
             self._client.close()

@@ -13,6 +13,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ import httpx
 from prometheus_client.registry import CollectorRegistry
 
 from gpufleet import wire
+from gpufleet.agent.gate import ValidationGate
 from gpufleet.agent.health_seam import (
     GpuInputs,
     HealthEvaluator,
@@ -32,6 +34,8 @@ from gpufleet.agent.jobs import AgentJobs, slots_from_infos
 from gpufleet.agent.push import MAX_BACKOFF_S, Pusher
 from gpufleet.agent.spool import DEFAULT_MAX_BATCHES, DEFAULT_MAX_BYTES, AgentState, Spool
 from gpufleet.devices.backend import GpuBackend
+from gpufleet.devices.deadline import NVML_TIMEOUT_S
+from gpufleet.devices.types import GpuEvent
 from gpufleet.health.types import Finding, Severity
 from gpufleet.telemetry import metrics as M
 from gpufleet.telemetry.exposition import (
@@ -118,9 +122,12 @@ class Agent:
         transport: httpx.BaseTransport | None = None,
         calls: CallPool | None = None,
         client: httpx.Client | None = None,
+        validations: Executor | None = None,
     ) -> None:
         """``calls``: a thread pool shared by many agents for their device calls (else one
-        thread per GPU); ``client``: an HTTP client shared by many agents (else their own)."""
+        thread per GPU); ``client``: an HTTP client shared by many agents (else their own);
+        ``validations``: where level-1 validations run (`gpufleet.agent.gate`; else a thread
+        of this agent's own)."""
         self.config = cfg = config or AgentConfig()
         self.clock = clock
         self.backend = backend
@@ -143,9 +150,12 @@ class Agent:
         self.push_errors = 0
         self._health_lock = threading.Lock()
         self._pending_events: list[wire.WireEvent] = []
+        self._stalled_since: dict[int, float] = {}  # GPU index -> when its call began to hang
         self._cursors: dict[tuple[int, str], int] = {}
         self._devices_sent = -1
         self.pusher: Pusher | None = None
+        self.gate: ValidationGate | None = None  # level 1 when the control plane asks
+        self._validate_for: float | None = None  # asked; waits for a fresh slow round
         self.state: AgentState | None = None
         self.jobs: AgentJobs | None = None  # set by enable_jobs (issue 7)
         self.push_soon = threading.Event()  # a copy started or stopped: report it now
@@ -175,6 +185,15 @@ class Agent:
                 max_backoff_s=min(MAX_BACKOFF_S, cfg.heartbeat_interval_s or cfg.push_interval_s),
             )
             self.pusher.on_ack = self.on_ack
+            self.gate = ValidationGate(
+                backend,
+                cfg.controller,
+                cfg.token or "",
+                health=lambda: (self.health.verdict, self.health.findings),
+                client=self.pusher.client,
+                executor=validations,
+                clock=clock,
+            )
         self._registry: CollectorRegistry | None = None
         self._slots: tuple[int, list[wire.WireSlot]] = (-1, [])
 
@@ -215,7 +234,7 @@ class Agent:
                     index=g.index,
                     info=g.info,
                     samples=s.window(g),
-                    events=tuple(g.new_events),
+                    events=(*g.new_events, *self._hung(g.index, g.info, g.stalled, result.now)),
                     lost=g.lost,
                     stalled=g.stalled,
                 )
@@ -237,6 +256,26 @@ class Agent:
         outcome = self.evaluate(build_input(s.node, inputs))
         with self._health_lock:
             self.health = outcome
+        since = self._validate_for
+        if since is not None and result.slow and self.gate is not None:
+            self._validate_for = None
+            self.gate.wanted(since)  # judged on device info read this round
+
+    def _hung(self, index: int, info: Any, stalled: bool, now: float) -> tuple[GpuEvent, ...]:
+        """An ``nvml_timeout`` event while GPU ``index``'s NVML call has hung past the device
+        layer's deadline (`gpufleet.devices.deadline.NVML_TIMEOUT_S`): the health rule
+        ``gpu_unresponsive`` makes it a fail finding (GPU_NVML_TIMEOUT) that reaches the
+        control plane, which drains the node like any failed GPU. The call began at most one
+        sampler bound (``call_timeout_s``) before the first round that found it busy."""
+        if not stalled:
+            self._stalled_since.pop(index, None)
+            return ()
+        since = self._stalled_since.setdefault(index, now - self.config.call_timeout_s)
+        if now - since < NVML_TIMEOUT_S:
+            return ()
+        detail = f"GPU {index} did not answer NVML within {NVML_TIMEOUT_S:g} s"
+        uuid = info.uuid if info is not None else None
+        return (GpuEvent(index, uuid, "nvml_timeout", now, detail=detail),)
 
     def health_view(self) -> HealthView:
         h = self.health
@@ -376,6 +415,18 @@ class Agent:
             with self._acks_lock:
                 for a in ack.acks:
                     self._pending_acks[(a.code, a.component)] = a
+        since = ack.validate_since_s
+        gate = self.gate
+        if (
+            gate is not None
+            and since is not None
+            and self._validate_for != since
+            and gate.due(since)
+        ):
+            # the sampling thread starts it after a slow round re-read the device info
+            with self.sampler.lock:
+                self.sampler.last_slow_s = None
+            self._validate_for = since
         if self.jobs is not None and self.jobs.apply(ack.commands):
             self.push_soon.set()  # report the started or stopped copies now
 
@@ -478,6 +529,8 @@ class Agent:
     def close(self, wait_s: float = 2.0) -> bool:
         """Stop sampling and release NVML (bounded: False when a hung call kept it
         initialised, see `Sampler.close`), then the HTTP client."""
+        if self.gate is not None:
+            self.gate.close()
         done = self.sampler.close(wait_s=wait_s)
         if self.pusher is not None:
             self.pusher.close()

@@ -537,6 +537,7 @@ def _up(
     from gpufleet.control.up import (
         ADMIN_TOKEN_FILE,
         DEFAULT_SIM,
+        StateWatcher,
         admin_token,
         build_service,
         node_agent_tokens,
@@ -609,7 +610,12 @@ def _up(
             console.print(
                 f"  token file:  {info['admin_token_file']} (use --token-file)", highlight=False
             )
-            console.print("Ctrl-C stops.", highlight=False)
+            console.print("Ctrl-C stops. Node states as they change:", highlight=False)
+            watcher.start()  # new nodes: validating -> in_service once their agent validated
+
+    watcher = StateWatcher(
+        service, lambda line: console.print(line, highlight=False, soft_wrap=True)
+    )
 
     def last_push() -> None:  # on SIGINT/SIGTERM, while the server still answers
         agents.stop(flush=True, close_wait_s=0.5)
@@ -619,6 +625,7 @@ def _up(
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:
+        watcher.stop()
         agents.stop(flush=False, close_wait_s=0.5)  # (done already after a stop signal)
         service.stop()
         lock.close()

@@ -1,7 +1,10 @@
 """`gpufleet validate`: acceptance and burn-in diagnostics, collectives, straggler analysis.
 
 Exit code 0 pass, 1 warn, 2 fail, 3 bad or unusable input (`gpufleet.cli.app.main`). ``--out``
-writes the versioned JSON result, ``--html`` the self-contained report.
+writes the versioned JSON result, ``--html`` the self-contained report. ``--controller URL
+--token-file F`` posts each node's verdict to the control plane (``POST
+/api/v1/validation-results``), where a node waiting in ``validating`` goes in service on a pass
+or warn and to repair on a fail (the gate into service, issue 14).
 """
 
 from __future__ import annotations
@@ -14,8 +17,9 @@ import typer
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from gpufleet.cli.common import JsonOption, SeedOption, SimOption
+from gpufleet.cli.common import JsonOption, SeedOption, SimOption, TokenFileOption, read_token
 from gpufleet.cli.output import console, emit_json
+from gpufleet.cli.process import CaOption
 from gpufleet.errors import UsageError
 from gpufleet.validate.results import Status, ValidationReport
 
@@ -107,6 +111,13 @@ def validate(
     master_addr: str | None = typer.Option(
         None, "--master-addr", help="Real multi-node: rendezvous address (default first host)."
     ),
+    controller: str | None = typer.Option(
+        None,
+        "--controller",
+        help="Post each node's verdict to this control plane (its gate into service).",
+    ),
+    token_file: Path | None = TokenFileOption,
+    ca: Path | None = CaOption,
 ) -> None:
     """Validate GPUs: health, bandwidth, memory, matmuls, stress, collectives, stragglers."""
     from gpufleet.hostlist import expand
@@ -133,6 +144,7 @@ def validate(
         raise typer.Exit(0)
     if nodes and slurm:
         raise UsageError("--nodes and --slurm: give one of them")
+    post = _poster(controller, token_file, ca, level) if controller else None
     host_list = expand(nodes, unique=True) if nodes else _slurm_nodes() if slurm else None
     thr = load_thresholds(config)
     engine: Any
@@ -166,7 +178,7 @@ def validate(
                 master_addr=master_addr,
                 progress=lambda t, c, s, m: st.update(f"{t} {c} {s.value if s else ''}"),
             )
-        _finish(report, out, html, as_json)
+        _finish(report, out, html, as_json, post)
     else:
         from gpufleet.validate.engine_torch import TorchEngine
 
@@ -187,22 +199,106 @@ def validate(
         thresholds=thr,
     )
     report = run_suite(engine, opts) if as_json else _run_with_progress(engine, opts, run_suite)
-    _finish(report, out, html, as_json)
+    _finish(report, out, html, as_json, post)
+
+
+Poster = Any  # Callable[[ValidationReport], list[dict[str, Any]]]
+
+
+def _poster(controller: str, token_file: Path | None, ca: Path | None, level: int) -> Poster:
+    """Checked before anything runs: the token is readable and the URL is one."""
+    from gpufleet.cli.common import http_url
+
+    url = http_url(controller, "--controller")
+    token = read_token(None, token_file)
+    if not token:
+        raise UsageError(
+            "--controller needs --token-file (or GPUFLEET_TOKEN_FILE): an operator token, "
+            "or the node's own agent token"
+        )
+    if ca is not None and not ca.is_file():
+        raise UsageError(f"--ca {ca}: no such file")
+
+    def post(report: ValidationReport) -> list[dict[str, Any]]:
+        from gpufleet.client import Client
+
+        answers = []
+        with Client(url, token, ca=ca) as client:
+            for body in post_bodies(report, level):
+                node = client.request("POST", "/validation-results", json=body)
+                answers.append({"node": body["node"], "verdict": body["verdict"], **_state(node)})
+        return answers
+
+    return post
+
+
+def _state(node: Any) -> dict[str, Any]:
+    return {"state": node.get("state"), "reason": node.get("state_reason")} if node else {}
+
+
+def post_bodies(report: ValidationReport, level: int) -> list[dict[str, Any]]:
+    """One validation result per node of ``report``: its verdict (worst status of its GPUs,
+    itself and its links; a node with only skipped tests warns), a summary naming what
+    failed, and that node's results."""
+    from dataclasses import asdict
+
+    from gpufleet.jsonable import to_jsonable
+    from gpufleet.validate.suite import TESTS
+
+    out = []
+    # the nodes tested: fleet-wide results (collectives across nodes) belong to no one node
+    nodes = {
+        r.node for r in report.results if r.test not in TESTS or TESTS[r.test].scope != "fleet"
+    }
+    for node, status in sorted(report.node_status().items()):
+        if node not in nodes:
+            continue
+        verdict = status.value if status.value in ("pass", "warn", "fail") else "warn"
+        mine = [
+            r for r in report.results if r.node == node or (r.link and node in r.link.split("<->"))
+        ]
+        bad = [r for r in mine if r.status.value == verdict and verdict != "pass"]
+        summary = "; ".join(
+            f"{r.test}{'' if r.gpu is None else f' GPU {r.gpu}'}: {r.message}" for r in bad[:5]
+        )
+        out.append(
+            {
+                "node": node,
+                "verdict": verdict,
+                "summary": f"level {level}: {summary or 'all checks pass'}"[:2000],
+                "level": level,
+                "source": "gpufleet validate",
+                "results": to_jsonable([asdict(r) for r in mine]),
+            }
+        )
+    return out
 
 
 def _finish(
-    report: ValidationReport, out: Path | None, html: Path | None, as_json: bool
+    report: ValidationReport,
+    out: Path | None,
+    html: Path | None,
+    as_json: bool,
+    post: Poster | None = None,
 ) -> NoReturn:
     from gpufleet.validate.report_html import render_html
 
+    posted = post(report) if post is not None else None
     if out:
         report.write_json(out)
     if html:
         html.write_text(render_html(report), encoding="utf-8")
     if as_json:
-        emit_json(report.to_dict())
+        doc = report.to_dict()
+        if posted is not None:
+            doc["posted"] = posted
+        emit_json(doc)
     else:
         _summary(report)
+        for p in posted or []:
+            console.print(
+                f"posted {p['verdict']} for {p['node']}: now {p.get('state')}", highlight=False
+            )
     raise typer.Exit(report.exit_code)
 
 

@@ -112,7 +112,8 @@ async def ingest_body(
     out: dict[str, Any] = {"agent_id": ack.agent_id, "seq": ack.seq, "duplicate": ack.duplicate}
     # the scheduler sees the batch's job report later, on its own thread; the commands it has
     # for this node (from earlier reports) ride on this Ack
-    batch = trusted_jobs_report(batch, who, store.view.nodes.get(batch.node))
+    view = store.view.nodes.get(batch.node)
+    batch = trusted_jobs_report(batch, who, view)
     cmds = store.sched.exchange(batch, store.clock())
     if cmds:  # an Ack without commands is exactly what it was before jobs existed
         out["commands"] = [c.model_dump(mode="json") for c in cmds]
@@ -120,6 +121,8 @@ async def ingest_body(
         out["acks"] = [a.model_dump(mode="json") for a in ack.acks]
     if parsed.dropped:  # samples and events refused one by one, counted by field
         out["dropped"] = parsed.dropped
+    if view is not None and view.state == "validating":  # the agent validates (issue 14)
+        out["validate_since_s"] = view.state_since_s
     return IngestReply(200, orjson.dumps(out))
 
 

@@ -113,7 +113,12 @@ def summary(store: ControlStore, who: Principal, pending: int = 0) -> sc.FleetSu
         nodes=len(nodes),
         gpus=sum(len(n.gpus) for n in nodes),
         by_state={s.value: by_state.get(s.value, 0) for s in NodeState},
-        by_health={w: sum(1 for n in nodes if n.health == k) for k, w in HEALTH_WORDS.items()},
+        # a lost node's last reported health is history: it counts as unknown (as in
+        # the heatmap and the GPU rows)
+        by_health={
+            w: sum(1 for n in nodes if (3 if n.state == NodeState.LOST else n.health) == k)
+            for k, w in HEALTH_WORDS.items()
+        },
         by_model=dict(Counter(n.model or "unknown" for n in nodes)),
         racks=sorted({n.rack for n in nodes if n.rack}),
         findings_active=sum(len(n.findings) for n in nodes),

@@ -73,9 +73,11 @@ class RemediationPolicy(BaseModel):
     )
     dry_run: bool = Field(False, description="Record what would be done; change nothing.")
     require_validation: bool = Field(
-        False,
-        description="New or repaired nodes wait in validating for a posted validation "
-        "result; when false, a node whose agent reports no fail finding goes in service.",
+        True,
+        description="New or repaired nodes wait in validating until a validation result "
+        "passes (their agent runs level 1 by itself and posts it; `gpufleet validate "
+        "--controller` posts any level); when false, a node whose agent reports no fail "
+        "finding goes in service at once.",
     )
 
     def wants_drain(self, code: str, severity: int) -> bool:

@@ -168,3 +168,62 @@ def build_service(
     """The controller with ``scheduler`` (from `gpufleet.schedulers.registry`) plugged in."""
     cfg = ServiceConfig(data_dir=data_dir, db_url=db_url, **kw)  # type: ignore[arg-type]
     return ControlService(cfg, scheduler=scheduler)
+
+
+GROUP_NAMES = 6  # a transition shared by more nodes than this prints as a count
+
+
+class StateWatcher:
+    """Prints node state changes as they happen (`gpufleet up` without ``--json``), so an
+    operator sees new nodes go ``validating -> in_service`` on their own once their agents'
+    validation passes, and why a node stays out. Reads the writer's snapshot only (no
+    database query); nodes that make the same move in one round print as one line."""
+
+    def __init__(
+        self, service: ControlService, emit: Callable[[str], None], every_s: float = 0.5
+    ) -> None:
+        self.service = service
+        self.emit = emit
+        self.every_s = every_s
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seen: dict[str, str] = {}
+
+    def start(self) -> StateWatcher:
+        self._thread = threading.Thread(target=self._run, name="gpufleet-up-states", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=5)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                self.round()
+            except Exception:  # printing must never take `up` down
+                log.exception("state watcher round failed")
+
+    def round(self) -> list[str]:
+        """Print (and return) the lines for what changed since the last round."""
+        moves: dict[tuple[str, str], list[tuple[str, str]]] = {}
+        for name, nv in self.service.store.view.nodes.items():
+            before = self._seen.get(name)
+            if before == nv.state:
+                continue
+            self._seen[name] = nv.state
+            moves.setdefault((before or "new", nv.state), []).append((name, nv.state_reason))
+        lines = []
+        for (before, after), nodes in sorted(moves.items()):
+            nodes.sort()
+            if len(nodes) > GROUP_NAMES:
+                lines.append(f"  {len(nodes)} nodes: {before} -> {after}")
+                continue
+            for name, reason in nodes:
+                why = f" ({reason[:160]})" if reason else ""
+                lines.append(f"  {name}: {before} -> {after}{why}")
+        for line in lines:
+            self.emit(line)
+        return lines

@@ -94,3 +94,7 @@ class Ack(BaseModel):
     # range under the field's name, a sample whose time is outside the window under "t",
     # events under "events" (`gpufleet.wire.limits`); left out of the answer when empty
     dropped: dict[str, int] = Field(default_factory=dict)
+    # the node waits in ``validating`` since this time (control-plane clock): its agent runs
+    # validation level 1 once per such period and posts the result (`gpufleet.agent.gate`);
+    # absent in every other state
+    validate_since_s: float | None = None

@@ -149,7 +149,8 @@ export class Heatmap {
       const i = t.i;
       const name = data.nodes[i];
       const state = data.states[i];
-      const health = data.health[i];
+      // a lost node's last reported health is history: unknown now
+      const health = state === "lost" ? 3 : data.health[i];
       const row = data.values[i];
       const out = OUT_STATES.has(state);
       // tile background + frame: red for fail, amber for warn, the state's colour when out

@@ -1,7 +1,7 @@
 // Node page: state, operator actions, active findings (acknowledge), per-GPU charts over
 // time, GPU table with device info, lifecycle history and validation results.
 import * as api from "./api.js";
-import { $, html, raw, setHtml, words, sentence, num, bytes, ts, ago, stateBadge, healthBadge, sevBadge } from "./util.js";
+import { $, html, raw, setHtml, words, sentence, num, bytes, ts, ago, stateBadge, healthBadge, nodeHealthBadge, isStale, sevBadge } from "./util.js";
 import { lineChart, gpuColor } from "./chart.js";
 import { confirmAction } from "./dialog.js";
 
@@ -64,9 +64,11 @@ function findingsHtml(ctx, list, now) {
   </tbody></table>`;
 }
 
-function gpuTableHtml(detail) {
+function gpuTableHtml(detail, now) {
   const info = new Map(detail.devices.map((d) => [d.index, d.info]));
-  const newest = Math.max(...detail.node.gpu_latest.map((g) => g.t ?? 0));
+  // a lost node's samples are history: every row is stale, aged against now
+  const lost = isStale(detail.node);
+  const newest = lost ? (now ?? Date.now() / 1000) : Math.max(...detail.node.gpu_latest.map((g) => g.t ?? 0));
   return html`<table class="grid" id="gpu-table"><thead><tr><th>GPU</th><th>health</th><th class="num">util</th><th class="num">power / limit</th><th class="num">temp</th><th class="num">SM clock</th><th class="num">mem used</th><th class="num">ECC DBE</th><th>PCIe</th><th>PCI bus</th><th>UUID</th><th>serial</th></tr></thead><tbody>
   ${detail.node.gpu_latest.map((g) => {
     const m = g.metrics || {};
@@ -74,9 +76,9 @@ function gpuTableHtml(detail) {
     const down = d.pcie_gen_current < d.pcie_gen_max || d.pcie_width_current < d.pcie_width_max;
     const hot = m.gpu_temp_c !== null && d.slowdown_temp_c && m.gpu_temp_c >= d.slowdown_temp_c - 5;
     // a GPU whose newest sample is well behind its node's newest is not answering (lost GPU)
-    const stale = g.t !== null && newest - g.t > STALE_S;
+    const stale = (lost && g.t !== null) || (g.t !== null && newest - g.t > STALE_S);
     return html`<tr class="row-h${Math.min(g.health, 2)} ${stale ? "stale" : ""}" data-gpu="${g.index}">
-      <td><span class="swatch" style="background:${gpuColor(g.index)}"></span>${g.index}</td><td>${healthBadge(g.health)}${stale ? html` <span class="badge stale-b" title="newest sample ${ts(g.t)}">no data ${Math.round(newest - g.t)}s</span>` : ""}</td>
+      <td><span class="swatch" style="background:${gpuColor(g.index)}"></span>${g.index}</td><td>${healthBadge(g.health)}${stale ? html` <span class="badge stale-b" title="newest sample ${ts(g.t)}: its figures are not current">no data ${ago(g.t, newest).replace(/ ago$/, "")}</span>` : ""}</td>
       <td class="num">${num(m.gpu_util_pct)} %</td>
       <td class="num">${num(m.power_w)} / ${num(g.power_limit_w)} W</td>
       <td class="num ${hot ? "bad" : ""}">${num(m.gpu_temp_c)} °C</td>
@@ -147,7 +149,7 @@ async function load(el, ctx, name, full) {
   const n = detail.node;
   const now = ctx.summary ? ctx.summary.now_s : undefined;
   setHtml($("#node-head", el), html`
-    <div class="title"><h1>${n.name}</h1> ${stateBadge(n.state)} ${healthBadge(n.health)} ${n.cordoned ? html`<span class="badge cordon">cordoned</span>` : ""}</div>
+    <div class="title"><h1>${n.name}</h1> ${stateBadge(n.state)} ${nodeHealthBadge(n, now)} ${n.cordoned ? html`<span class="badge cordon">cordoned</span>` : ""}</div>
     <div class="facts"><span>rack <b>${n.rack ?? "—"}</b></span><span>model <b>${n.model ?? "—"}</b></span><span>GPUs <b>${n.gpus}</b></span>
     ${n.tenant ? html`<span>tenant <b>${n.tenant}</b></span>` : ""}<span>last seen <b title="${ts(n.last_seen_s)}">${ago(n.last_seen_s, now)}</b></span>
     <span>${words(n.state)} since <b title="${ts(n.state_since_s)}">${ago(n.state_since_s, now)}</b></span></div>
@@ -155,7 +157,7 @@ async function load(el, ctx, name, full) {
   wireActions(el, ctx, n.name);
   setHtml($("#findings", el), findingsHtml(ctx, detail.findings, now));
   wireAcks(el, ctx, n.name);
-  setHtml($("#gpus", el), gpuTableHtml(detail));
+  setHtml($("#gpus", el), gpuTableHtml(detail, now));
   if (full) {
     setHtml($("#device", el), deviceHtml(detail));
   }

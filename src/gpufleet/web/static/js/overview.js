@@ -1,7 +1,7 @@
 // Fleet overview: counts by lifecycle state and health, the heatmap with its metric picker
 // and filters, and the list of nodes that need attention.
 import * as api from "./api.js";
-import { $, html, setHtml, words, ago, stateBadge, healthBadge, STATES, HEALTH } from "./util.js";
+import { $, html, setHtml, words, ago, stateBadge, nodeHealthBadge, shownHealth, attentionReason, STATES, HEALTH } from "./util.js";
 import { Heatmap, METRICS, legendHtml } from "./heatmap.js";
 
 const ATTENTION_MAX = 200;
@@ -41,17 +41,22 @@ function controlsHtml(s) {
   </div>`;
 }
 
-function attentionHtml(nodes, now) {
+function attentionHtml(nodes, now, worst) {
   const bad = nodes.filter((n) => n.state !== "in_service" || n.health !== 0 || n.cordoned);
-  bad.sort((a, b) => b.health - a.health || a.state.localeCompare(b.state) || a.name.localeCompare(b.name));
+  // a lost node counts by what is known now (unknown), right after the failing ones
+  const rank = (n) => [2, 0, 1, 3][shownHealth(n)] ?? 0; // fail, unknown, warn, ok
+  bad.sort((a, b) => rank(a) - rank(b) || a.state.localeCompare(b.state) || a.name.localeCompare(b.name));
   if (!bad.length) return html`<p class="muted">Every node shown is in service and healthy.</p>`;
-  const rows = bad.slice(0, ATTENTION_MAX).map((n) => html`
-    <tr data-node="${n.name}" class="row-h${n.health}">
+  const rows = bad.slice(0, ATTENTION_MAX).map((n) => {
+    const why = attentionReason(n, now, worst.get(n.name));
+    return html`
+    <tr data-node="${n.name}" class="row-h${shownHealth(n)}">
       <td><a href="#/node/${encodeURIComponent(n.name)}">${n.name}</a></td>
       <td>${stateBadge(n.state)}${n.cordoned ? html` <span class="badge cordon">cordoned</span>` : ""}</td>
-      <td>${healthBadge(n.health)}</td><td class="num">${n.findings_active}</td>
-      <td>${n.rack ?? ""}</td><td class="reason" title="${n.reason || n.state_reason}">${n.reason || n.state_reason}</td>
-      <td class="muted nowrap">${ago(n.state_since_s, now)}</td></tr>`);
+      <td>${nodeHealthBadge(n, now)}</td><td class="num">${n.findings_active}</td>
+      <td>${n.rack ?? ""}</td><td class="reason" title="${why}">${why}</td>
+      <td class="muted nowrap">${ago(n.state_since_s, now)}</td></tr>`;
+  });
   const more = bad.length > ATTENTION_MAX ? html`<p class="muted">and ${bad.length - ATTENTION_MAX} more: see <a href="#/nodes">Nodes</a>.</p>` : "";
   return html`<table class="grid" id="attention-table"><thead><tr><th>node</th><th>state</th><th>health</th><th class="num">findings</th><th>rack</th><th>reason</th><th>since</th></tr></thead><tbody>${rows}</tbody></table>${more}`;
 }
@@ -59,18 +64,25 @@ function attentionHtml(nodes, now) {
 async function load(el, ctx) {
   const q = { metric: filters.metric, rack: filters.rack, model: filters.model, state: filters.state };
   // the summary is fetched with the heatmap so counts and tiles tell the same story
-  const [data, nodes, summary] = await Promise.all([
+  const [data, nodes, summary, findings] = await Promise.all([
     api.get("/heatmap", q),
     api.get("/nodes", { rack: filters.rack, model: filters.model, state: filters.state, gpus: "false", limit: 5000 }),
     api.get("/summary"),
+    api.get("/findings", { active: "true", limit: 2000 }).catch(() => []),
   ]);
+  // each node's worst active finding (newest first among equals): the attention list's reason
+  const worst = new Map();
+  for (const f of findings) {
+    const w = worst.get(f.node);
+    if (!w || f.severity > w.severity || (f.severity === w.severity && f.last_seen_s > w.last_seen_s)) worst.set(f.node, f);
+  }
   ctx.setSummary(summary);
   renderCounts(el, ctx);
   lastData = data;
   lastExtra = Object.fromEntries(nodes.nodes.map((n) => [n.name, n]));
   hm.draw(data, filters.metric, lastExtra);
   $("#hm-caption", el).textContent = `${data.nodes.length} nodes × ${data.values.reduce((a, r) => a + r.length, 0)} GPUs shown · ${METRICS[filters.metric].label.toLowerCase()}`;
-  setHtml($("#attention", el), attentionHtml(nodes.nodes, ctx.summary ? ctx.summary.now_s : undefined));
+  setHtml($("#attention", el), attentionHtml(nodes.nodes, ctx.summary ? ctx.summary.now_s : undefined, worst));
   if (window.__gpufleetFirstRender === undefined) {
     window.__gpufleetFirstRender = performance.now();
     performance.mark("gpufleet:first-render");

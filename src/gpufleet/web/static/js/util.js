@@ -89,3 +89,49 @@ export function healthBadge(h) {
 export function sevBadge(s) {
   return html`<span class="badge sev-${s}">${SEVERITY[s] ?? s}</span>`;
 }
+
+/** Whether a node's reported figures are not current: the controller declared it lost (no
+ * heartbeat for its threshold), so its last health and samples are history, not now. */
+export function isStale(n) {
+  return n.state === "lost";
+}
+
+/** Age of a node's newest data: "5m", or "never". */
+export function dataAge(n, now_s) {
+  return n.last_seen_s === null || n.last_seen_s === undefined ? "never" : ago(n.last_seen_s, now_s).replace(/ ago$/, "");
+}
+
+/** The health pill for a node: "unknown" plus the age of its data while its figures are not
+ * current (the last reported health only in the tooltip), else its health. */
+export function nodeHealthBadge(n, now_s) {
+  if (!isStale(n)) return healthBadge(n.health);
+  const last = HEALTH[n.health] ?? n.health;
+  return html`${healthBadge(3)} <span class="badge stale-b" data-stale-age="${dataAge(n, now_s)}" title="no data since ${ts(n.last_seen_s)}; the last report said ${last}">data ${dataAge(n, now_s)} old</span>`;
+}
+
+/** The health to sort and colour by: 3 (unknown) for a node whose figures are not current. */
+export function shownHealth(n) {
+  return isStale(n) ? 3 : n.health;
+}
+
+/** Why a node needs attention, in one line: its worst active finding while it is in service
+ * or validating (its state reason says how it got there, not what is wrong now), how long it
+ * has been silent when lost, the drain reason when out of service. ``worst``: the node's worst
+ * active finding, or undefined. */
+export function attentionReason(n, now_s, worst) {
+  const finding = worst ? `${worst.code}: ${worst.message}` : ""; // the message names the GPU
+  const more = n.findings_active > 1 ? ` (+${n.findings_active - 1} more finding${n.findings_active > 2 ? "s" : ""})` : "";
+  if (n.state === "lost") return `no data for ${dataAge(n, now_s)}: ${n.state_reason}`;
+  if (n.reason && n.reason !== n.state_reason) return finding ? `${n.reason}: ${finding}` : n.reason; // e.g. drain blocked by the circuit breaker
+  if (n.state === "in_service") {
+    if (finding) return finding + more;
+    if (n.cordoned) return "cordoned: no new work is placed here";
+    if (n.health !== 0) return `health ${HEALTH[n.health] ?? n.health} reported by the agent`;
+    return n.state_reason;
+  }
+  if (n.state === "validating") {
+    const wait = `waiting for a passing validation (${n.state_reason})`;
+    return finding ? `${finding}${more}; ${wait}` : wait;
+  }
+  return n.state_reason || words(n.state);
+}
