@@ -84,6 +84,9 @@ class AgentConfig:
     recent: int = DEFAULT_RECENT
     heartbeat_interval_s: float | None = None  # announced in each batch; default: push interval
     seq_block: int = 1  # sequence numbers reserved per state-file write (`AgentState`)
+    # what the host's readiness checks found at start (`gpufleet.readiness`: driver module,
+    # fabric manager, peermem, InfiniBand ports...), sent with every batch as node findings
+    host_findings: tuple[Finding, ...] = ()
 
 
 def finding_to_wire(f: Finding) -> wire.WireFinding:
@@ -382,9 +385,9 @@ class Agent:
             heartbeat_interval_s=self.config.heartbeat_interval_s or self.config.push_interval_s,
             devices=devices,
             samples=samples,
-            findings=[finding_to_wire(f) for f in h.findings],
+            findings=[finding_to_wire(f) for f in (*h.findings, *self.config.host_findings)],
             events=events,
-            health=int(h.verdict),
+            health=max([int(h.verdict), *(int(f.severity) for f in self.config.host_findings)]),
             jobs=self.jobs.report() if self.jobs is not None else None,
         )
 

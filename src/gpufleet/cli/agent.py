@@ -129,6 +129,7 @@ def register(app: typer.Typer) -> None:
             controller=controller,
             token=token,
             state_dir=state_dir,
+            host_findings=() if sim else _readiness(backend),
         )
         client = httpx.Client(timeout=5.0, verify=verify) if controller else None
         agent = Agent(backend, cfg, client=client)
@@ -193,3 +194,14 @@ def _agent_jobs(
         lease_s=lease_s,
         on_contact=local.renew_lease,
     )
+
+
+def _readiness(backend: Any) -> tuple[Any, ...]:
+    """This host's readiness checks (`gpufleet doctor`'s) as findings, once at start; a real
+    node only (a simulated one is not this host)."""
+    from gpufleet.readiness.run import nvml_facts, readiness_findings
+
+    found = readiness_findings(nvml=nvml_facts(backend))
+    for f in found:
+        logging.getLogger("gpufleet.agent").warning("readiness: %s: %s", f.code, f.message)
+    return tuple(found)
