@@ -131,7 +131,7 @@ def test_up_end_to_end(tmp_path: Path) -> None:
     # the nodes went validating -> in_service on their own (their agents ran level 1), and
     # `up` said so as it happened
     printed = "".join(lines) + rest
-    for node in ("sim-00", "sim-01", "sim-02"):
+    for node in ("e-00", "e-01", "w"):
         assert f"{node}: new -> validating" in printed, printed
         assert re.search(
             rf"{node}: validating -> in_service \(validation result: (pass|warn) \(level 1 by",
