@@ -75,6 +75,10 @@ def test_without_evidence_everything_is_open_with_the_plans_numbers(plan: dict[s
     assert f"{f['racks']} racks" in power and f"{f['rack_load_kw']:,.1f} kW" in power
     cables = [i for i in c.sections[2].items if i.key.startswith("cabling.cable_")]
     assert len(cables) == len(chosen(plan)["fabric"]["cables"])
+    # the planner's UPS and generators, not "the plan gives no UPS figure"
+    plant = chosen(plan)["plant"]
+    ups = next(i.text for i in c.sections[0].items if i.key == "site.ups")
+    assert f"{plant['ups_kva']:,.0f} kVA" in ups and "no UPS figure" not in ups
     md = to_markdown(c)
     assert md.count("- [ ] ") == len(states(c)) and "- [x]" not in md
     assert "## Sign-off" in md and "Acceptance (owner)" in md

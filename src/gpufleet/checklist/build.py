@@ -73,8 +73,28 @@ def _site(cand: Doc) -> Section:
         f"rack, {f.get('pdus', '?')} PDUs, {f.get('redundancy', '?')} feeds; IT load "
         f"{_num(f.get('it_kw'), 1)} kW, facility {_num(f.get('facility_kw'), 1)} kW",
     )
-    ups = {k: v for k, v in f.items() if k.startswith(("ups", "generator"))}
-    if ups:
+    plant = _obj(cand, "plant")  # the planner's UPS, generators and cooling plant
+    if plant.get("ups_kva") is not None:
+        s.add(
+            "ups",
+            f"UPS: {plant.get('ups_systems', '?')} system(s), {_num(plant.get('ups_kva'), 0)} kVA "
+            f"for {_num(plant.get('ups_load_kw'), 1)} kW ({_num(plant.get('ups_installed_kva'), 0)}"
+            f" kVA installed), {_num((plant.get('ups_runtime_s') or 0) / 60, 0)} min on "
+            f"{plant.get('ups_battery', '?')} batteries ({_num(plant.get('battery_kwh'), 0)} kWh)",
+        )
+        if plant.get("generators"):
+            s.add(
+                "generator",
+                f"Generators: {plant['generators']} x {_num(plant.get('generator_unit_kw'), 0)} "
+                f"kW for {_num(plant.get('generator_kva'), 0)} kVA",
+            )
+        if plant.get("cdus"):
+            s.add(
+                "cdu",
+                f"Liquid cooling: {plant['cdus']} CDU(s) for {_num(plant.get('liquid_kw'), 1)} kW, "
+                f"{_num(plant.get('coolant_l_per_min'), 0)} L/min of coolant",
+            )
+    elif ups := {k: v for k, v in f.items() if k.startswith(("ups", "generator"))}:
         shown = ", ".join(f"{k} {v}" for k, v in sorted(ups.items()))
         s.add("ups", f"UPS and generator: {shown}")
     else:
