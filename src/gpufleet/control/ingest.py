@@ -25,6 +25,7 @@ from pydantic import ValidationError
 
 from gpufleet.control.ingest_parse import parse_fast
 from gpufleet.control.sample_screen import has_readings, screen_groups
+from gpufleet.control.auth import Principal
 from gpufleet.control.store import ControlStore, IngestItem
 from gpufleet.control.telemetry_store import FIELD_INDEX, FIELDS, NF, SampleGroup, clean_matrix
 from gpufleet.wire import MAX_BATCH_BYTES, Ack, Batch, WireSamples
@@ -169,6 +170,27 @@ def parse_batch(raw: bytes, now_s: float | None = None) -> Parsed:
         has_readings(arrays) or batch.findings or batch.events or batch.devices or batch.jobs
     )
     return Parsed(batch, arrays, dropped, unusable)
+
+
+def queue_item(parsed: Parsed, principal: Principal, received_s: float) -> IngestItem:
+    """The unit of work for the writer, holding the samples as arrays only: the batch's own
+    sample blocks (a few hundred small lists and dicts) are left out, so they are freed as soon
+    as the request has parsed them instead of living on, with every batch in flight, until the
+    group commit (where the garbage collector would have to walk them again and again)."""
+    samples = parsed.batch.samples
+    if not samples:
+        return IngestItem(parsed.batch, principal, received_s, parsed.arrays, 0)
+    gpus: dict[int, str] = {}
+    for ws in samples:
+        gpus.setdefault(ws.gpu_index, ws.gpu_uuid)
+    return IngestItem(
+        parsed.batch.model_copy(update={"samples": []}),
+        principal,
+        received_s,
+        parsed.arrays,
+        sum(len(ws.t) for ws in samples),
+        tuple(gpus.items()),
+    )
 
 
 class IngestQueue:
