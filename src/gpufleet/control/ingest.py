@@ -23,9 +23,9 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import ValidationError
 
+from gpufleet.control.auth import Principal
 from gpufleet.control.ingest_parse import parse_fast
 from gpufleet.control.sample_screen import has_readings, screen_groups
-from gpufleet.control.auth import Principal
 from gpufleet.control.store import ControlStore, IngestItem
 from gpufleet.control.telemetry_store import FIELD_INDEX, FIELDS, NF, SampleGroup, clean_matrix
 from gpufleet.wire import MAX_BATCH_BYTES, Ack, Batch, WireSamples
