@@ -124,7 +124,7 @@ async def _admit(
     try:
         service.ingest.check_capacity("")
         parsed = await _parse(body, content_encoding, received)
-        batch = parsed.batch
+        batch = parsed.head  # the batch without its sample blocks (they are arrays now)
         nc = store.view.nodes.get(batch.node)
         if not who.may_push_for(batch.node, nc.tenant if nc else None, nc is not None):
             if who.node is not None and who.node != batch.node:
