@@ -174,8 +174,9 @@ def _huge_number(obj: Any) -> bool:
 
 def parse_fast_parts(raw: bytes) -> tuple[Batch, list[Block], bool] | None:
     """The validated batch without its samples, its sample blocks as sent (checked) and
-    whether the body had a ``samples`` member at all, or None: the model has to decide. The ingest path turns the blocks straight into arrays,
-    without a model object per block (`gpufleet.control.ingest.parse_batch`)."""
+    whether the body had a ``samples`` member at all, or None: the model has to decide. The
+    ingest path turns the blocks straight into arrays, without a model object per block
+    (`gpufleet.control.ingest.parse_batch`)."""
     if not _FINITE:
         return None
     try:
