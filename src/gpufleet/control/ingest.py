@@ -88,10 +88,6 @@ class Parsed:
             return self.head
         return self.head.model_copy(update={"samples": [wire_samples(b) for b in self.blocks]})
 
-    @property
-    def sample_count(self) -> int:
-        return sum(len(b[2]) for b in self.blocks)
-
 
 @dataclass
 class _Group:
@@ -218,16 +214,11 @@ def queue_item(parsed: Parsed, principal: Principal, received_s: float) -> Inges
     as the request has parsed them instead of living on, with every batch in flight, until the
     group commit (where the garbage collector would have to walk them again and again)."""
     gpus: dict[int, str] = {}
-    for uuid, gpu, _, _ in parsed.blocks:
+    count = 0
+    for uuid, gpu, t, _ in parsed.blocks:
         gpus.setdefault(gpu, uuid)
-    return IngestItem(
-        parsed.head,
-        principal,
-        received_s,
-        parsed.arrays,
-        parsed.sample_count,
-        tuple(gpus.items()),
-    )
+        count += len(t)
+    return IngestItem(parsed.head, principal, received_s, parsed.arrays, count, tuple(gpus.items()))
 
 
 class IngestQueue:
