@@ -163,6 +163,10 @@ class IngestItem:
     principal: Principal
     received_s: float
     arrays: list[SampleGroup] | None = None  # samples as arrays (`ingest.parse_batch`)
+    # set when ``batch.samples`` was left out once ``arrays`` held them (`ingest.queue_item`):
+    # the number of samples sent, and (GPU index, UUID) of the blocks' GPUs in first-seen order
+    sample_count: int | None = None
+    block_gpus: tuple[tuple[int, str], ...] = ()
 
 
 def agent_ack(

@@ -15,6 +15,7 @@ import zlib
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from itertools import chain
 from operator import itemgetter
 from typing import Any
@@ -23,7 +24,8 @@ import numpy as np
 import numpy.typing as npt
 from pydantic import ValidationError
 
-from gpufleet.control.ingest_parse import parse_fast
+from gpufleet.control.auth import Principal
+from gpufleet.control.ingest_parse import Block, parse_fast_parts, wire_samples
 from gpufleet.control.sample_screen import has_readings, screen_groups
 from gpufleet.control.store import ControlStore, IngestItem
 from gpufleet.control.telemetry_store import FIELD_INDEX, FIELDS, NF, SampleGroup, clean_matrix
@@ -69,12 +71,22 @@ def decode_body(body: bytes, content_encoding: str | None) -> bytes:
 class Parsed:
     """A validated batch and its samples as arrays (groups of GPUs with equal sample counts);
     screened (`sample_screen`): ``dropped`` counts what was left out by field, ``unusable``
-    says that something was and nothing is left to store but the heartbeat."""
+    says that something was and nothing is left to store but the heartbeat.
 
-    batch: Batch
+    ``head`` is the batch without its sample blocks (``blocks``: as sent, checked), which the
+    ingest path needs only as arrays; ``batch`` builds the whole `Batch` when asked."""
+
+    head: Batch
+    blocks: list[Block]
     arrays: list[SampleGroup]
     dropped: dict[str, int] = field(default_factory=dict)
     unusable: bool = False
+
+    @cached_property
+    def batch(self) -> Batch:
+        if not self.blocks:
+            return self.head
+        return self.head.model_copy(update={"samples": [wire_samples(b) for b in self.blocks]})
 
 
 @dataclass
@@ -112,25 +124,30 @@ _kept = _KeptLayout()
 
 
 def sample_arrays(samples: list[WireSamples], *, clean: bool = True) -> list[SampleGroup]:
-    """Validated samples as arrays for the telemetry store: one numpy conversion per group of
-    GPUs with the same sample count and field names (a GPU seen twice starts a new group);
-    metrics the store does not keep are dropped. ``clean=False`` leaves readings as sent (for
-    screening)."""
+    """Validated samples as arrays for the telemetry store (see `block_arrays`)."""
+    return block_arrays([(s.gpu_uuid, s.gpu_index, s.t, s.fields) for s in samples], clean=clean)
+
+
+def block_arrays(blocks: list[Block], *, clean: bool = True) -> list[SampleGroup]:
+    """Checked sample blocks as arrays for the telemetry store: one numpy conversion per group
+    of GPUs with the same sample count and field names (a GPU seen twice starts a new group);
+    metrics the store does not keep are dropped, a JSON integer becomes the float it is, as in
+    the model. ``clean=False`` leaves readings as sent (for screening)."""
     groups: dict[tuple[int, tuple[str, ...]], list[_Group]] = {}
-    for s in samples:
-        k = len(s.t)
+    for _, gpu, t, fields in blocks:
+        k = len(t)
         if k == 0:
             continue
-        names = tuple(s.fields)
+        names = tuple(fields)
         pick, rows = _kept.of(names)
         runs = groups.setdefault((k, names), [])
-        if not runs or s.gpu_index in runs[-1].gpus:
+        if not runs or gpu in runs[-1].gpus:
             runs.append(_Group(rows))
         grp = runs[-1]
-        grp.gpus.append(s.gpu_index)
-        grp.ts.append(s.t)
+        grp.gpus.append(gpu)
+        grp.ts.append(t)
         if pick is not None:
-            grp.flat.extend(chain.from_iterable(pick(s.fields)))
+            grp.flat.extend(chain.from_iterable(pick(fields)))
     arrays = []
     for (k, _), runs in groups.items():
         for grp in runs:
@@ -150,25 +167,58 @@ def parse_batch(raw: bytes, now_s: float | None = None) -> Parsed:
     accepts or refuses with 422 naming the first problem's field path and message. With
     ``now_s`` (the controller's clock), samples and events outside their window or range are
     dropped and counted."""
-    batch = parse_fast(raw)
-    if batch is None:
+    parts = parse_fast_parts(raw)
+    whole: Batch | None = None
+    if parts is None:
         try:
-            batch = Batch.model_validate_json(raw)
+            whole = Batch.model_validate_json(raw)
         except ValidationError as exc:
             raise IngestRejected(422, reason(exc)) from exc
+        head = whole.model_copy(update={"samples": []})
+        blocks: list[Block] = [(s.gpu_uuid, s.gpu_index, s.t, s.fields) for s in whole.samples]
+    else:
+        head, blocks, _ = parts
     if b"\\u0000" in raw:  # also inside free-form mappings (evidence, device info)
         raise IngestRejected(422, "strings must not contain NUL characters")
     if now_s is None:
-        return Parsed(batch, sample_arrays(batch.samples))
-    arrays, dropped = screen_groups(sample_arrays(batch.samples, clean=False), now_s)
-    if batch.events:
-        events = screen_events(batch.events, now_s, dropped)
-        if len(events) < len(batch.events):
-            batch = batch.model_copy(update={"events": events})
+        return _parsed(head, blocks, block_arrays(blocks), whole)
+    arrays, dropped = screen_groups(block_arrays(blocks, clean=False), now_s)
+    if head.events:
+        events = screen_events(head.events, now_s, dropped)
+        if len(events) < len(head.events):
+            head = head.model_copy(update={"events": events})
+            whole = None
     unusable = bool(dropped) and not (
-        has_readings(arrays) or batch.findings or batch.events or batch.devices or batch.jobs
+        has_readings(arrays) or head.findings or head.events or head.devices or head.jobs
     )
-    return Parsed(batch, arrays, dropped, unusable)
+    return _parsed(head, blocks, arrays, whole, dropped, unusable)
+
+
+def _parsed(
+    head: Batch,
+    blocks: list[Block],
+    arrays: list[SampleGroup],
+    whole: Batch | None,
+    dropped: dict[str, int] | None = None,
+    unusable: bool = False,
+) -> Parsed:
+    p = Parsed(head, blocks, arrays, dropped or {}, unusable)
+    if whole is not None:  # the model's own batch (the slow path): no need to build it again
+        p.__dict__["batch"] = whole
+    return p
+
+
+def queue_item(parsed: Parsed, principal: Principal, received_s: float) -> IngestItem:
+    """The unit of work for the writer, holding the samples as arrays only: the batch's own
+    sample blocks (a few hundred small lists and dicts) are left out, so they are freed as soon
+    as the request has parsed them instead of living on, with every batch in flight, until the
+    group commit (where the garbage collector would have to walk them again and again)."""
+    gpus: dict[int, str] = {}
+    count = 0
+    for uuid, gpu, t, _ in parsed.blocks:
+        gpus.setdefault(gpu, uuid)
+        count += len(t)
+    return IngestItem(parsed.head, principal, received_s, parsed.arrays, count, tuple(gpus.items()))
 
 
 class IngestQueue:

@@ -26,7 +26,13 @@ from gpufleet.control.bodylimits import (
     header,
     read_capped,
 )
-from gpufleet.control.ingest import IngestRejected, Parsed, decode_body, parse_batch
+from gpufleet.control.ingest import (
+    IngestRejected,
+    Parsed,
+    decode_body,
+    parse_batch,
+    queue_item,
+)
 from gpufleet.control.job_slots import trusted_jobs_report
 from gpufleet.control.store import IngestItem
 
@@ -86,11 +92,42 @@ async def ingest_body(
 ) -> IngestReply:
     """The ingest answer for a body pushed with ``who``'s token (checked already)."""
     store = service.store
+    admitted = await _admit(service, who, content_encoding, body)
+    if isinstance(admitted, IngestReply):
+        return admitted
+    item, dropped = admitted
+    t0 = time.perf_counter()
+    ack = await service.ingest.submit(item)
+    service.ingest.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
+    out: dict[str, Any] = {"agent_id": ack.agent_id, "seq": ack.seq, "duplicate": ack.duplicate}
+    # the scheduler sees the batch's job report later, on its own thread; the commands it has
+    # for this node (from earlier reports) ride on this Ack
+    batch = item.batch
+    view = store.view.nodes.get(batch.node)
+    batch = trusted_jobs_report(batch, who, view)
+    cmds = store.sched.exchange(batch, store.clock())
+    if cmds:  # an Ack without commands is exactly what it was before jobs existed
+        out["commands"] = [c.model_dump(mode="json") for c in cmds]
+    if ack.acks:  # findings acknowledged on the control plane that the agent still reports
+        out["acks"] = [a.model_dump(mode="json") for a in ack.acks]
+    if dropped:  # samples and events refused one by one, counted by field
+        out["dropped"] = dropped
+    if view is not None and view.state == "validating":  # the agent validates (issue 14)
+        out["validate_since_s"] = view.state_since_s
+    return IngestReply(200, orjson.dumps(out))
+
+
+async def _admit(
+    service: ControlService, who: Principal, content_encoding: str | None, body: bytes
+) -> tuple[IngestItem, dict[str, int]] | IngestReply:
+    """The batch as the writer takes it (its samples as arrays only: `queue_item`) and the
+    counts of what screening left out, or the refusal."""
+    store = service.store
     received = store.clock()
     try:
         service.ingest.check_capacity("")
         parsed = await _parse(body, content_encoding, received)
-        batch = parsed.batch
+        batch = parsed.head  # the batch without its sample blocks (they are arrays now)
         nc = store.view.nodes.get(batch.node)
         if not who.may_push_for(batch.node, nc.tenant if nc else None, nc is not None):
             if who.node is not None and who.node != batch.node:
@@ -106,24 +143,7 @@ async def ingest_body(
     except IngestRejected as exc:
         retry = (("Retry-After", str(exc.retry_after_s)),) if exc.retry_after_s else ()
         return _problem(exc.status, exc.reason, retry)
-    t0 = time.perf_counter()
-    ack = await service.ingest.submit(IngestItem(batch, who, received, parsed.arrays))
-    service.ingest.latencies_ms.append((time.perf_counter() - t0) * 1000.0)
-    out: dict[str, Any] = {"agent_id": ack.agent_id, "seq": ack.seq, "duplicate": ack.duplicate}
-    # the scheduler sees the batch's job report later, on its own thread; the commands it has
-    # for this node (from earlier reports) ride on this Ack
-    view = store.view.nodes.get(batch.node)
-    batch = trusted_jobs_report(batch, who, view)
-    cmds = store.sched.exchange(batch, store.clock())
-    if cmds:  # an Ack without commands is exactly what it was before jobs existed
-        out["commands"] = [c.model_dump(mode="json") for c in cmds]
-    if ack.acks:  # findings acknowledged on the control plane that the agent still reports
-        out["acks"] = [a.model_dump(mode="json") for a in ack.acks]
-    if parsed.dropped:  # samples and events refused one by one, counted by field
-        out["dropped"] = parsed.dropped
-    if view is not None and view.state == "validating":  # the agent validates (issue 14)
-        out["validate_since_s"] = view.state_since_s
-    return IngestReply(200, orjson.dumps(out))
+    return queue_item(parsed, who, received), parsed.dropped
 
 
 OFF_LOOP_BYTES = 32 * 1024  # bodies past this (gzip: a quarter of it) are parsed off the loop

@@ -41,7 +41,6 @@ _NAME = re.compile(FIELD_NAME_PATTERN.removeprefix("^").removesuffix("$"))
 # magnitude a float outside the samples may be such an integer: the model decides.
 _HUGE = 2.0**63
 _LAYOUTS_MAX = 4096
-_ABSENT: Any = object()
 
 
 def _orjson_is_finite() -> bool:
@@ -120,8 +119,11 @@ def _floats(values: list[Any]) -> list[Any]:
     return [v if v is None else float(v) for v in values]
 
 
-def _block(it: Any) -> WireSamples | None:
-    """One sample block if it certainly passes `WireSamples`, else None."""
+Block = tuple[str, int, list[Any], dict[str, Any]]  # gpu_uuid, gpu_index, t, fields as sent
+
+
+def _block(it: Any) -> Block | None:
+    """One sample block, as sent, if it certainly passes `WireSamples`, else None."""
     if type(it) is not dict or it.keys() != SAMPLE_KEYS:
         return None
     uuid, gpu, t, fields = it["gpu_uuid"], it["gpu_index"], it["t"], it["fields"]
@@ -134,18 +136,21 @@ def _block(it: Any) -> WireSamples | None:
     if not _layouts.ok(tuple(fields)):
         return None
     cols = fields.values()
-    k = len(t)
-    if cols and (set(map(type, cols)) != _LIST or set(map(len, cols)) != {k}):
+    if cols and (set(map(type, cols)) != _LIST or set(map(len, cols)) != {len(t)}):
         return None
-    times = set(map(type, t))
-    if not times <= _NUMBERS:
+    if not set(map(type, t)) <= _NUMBERS:
         return None
-    kinds = set(map(type, chain.from_iterable(cols)))
-    if not kinds <= _READINGS:
+    if not set(map(type, chain.from_iterable(cols))) <= _READINGS:
         return None
-    if int in times:  # the model reads a JSON integer as the float it is
+    return uuid, gpu, t, fields
+
+
+def wire_samples(block: Block) -> WireSamples:
+    """A checked block as the model holds it (a JSON integer read as the float it is)."""
+    uuid, gpu, t, fields = block
+    if int in set(map(type, t)):
         t = [float(v) for v in t]
-    if int in kinds:
+    if int in set(map(type, chain.from_iterable(fields.values()))):
         fields = {n: _floats(c) for n, c in fields.items()}
     return _construct(uuid, gpu, t, fields)
 
@@ -167,8 +172,11 @@ def _huge_number(obj: Any) -> bool:
     return False
 
 
-def parse_fast(raw: bytes) -> Batch | None:
-    """The validated batch, or None: the model has to decide."""
+def parse_fast_parts(raw: bytes) -> tuple[Batch, list[Block], bool] | None:
+    """The validated batch without its samples, its sample blocks as sent (checked) and
+    whether the body had a ``samples`` member at all, or None: the model has to decide. The
+    ingest path turns the blocks straight into arrays, without a model object per block
+    (`gpufleet.control.ingest.parse_batch`)."""
     if not _FINITE:
         return None
     try:
@@ -177,21 +185,31 @@ def parse_fast(raw: bytes) -> Batch | None:
         return None
     if type(obj) is not dict:
         return None
-    items = obj.pop("samples", _ABSENT)
-    if items is not _ABSENT and (type(items) is not list or len(items) > MAX_SAMPLE_BLOCKS):
+    present = "samples" in obj
+    items = obj.pop("samples", [])
+    if type(items) is not list or len(items) > MAX_SAMPLE_BLOCKS:
         return None
-    samples: list[WireSamples] = []
-    for it in items if items is not _ABSENT else ():
-        ws = _block(it)
-        if ws is None:
+    blocks: list[Block] = []
+    for it in items:
+        b = _block(it)
+        if b is None:
             return None
-        samples.append(ws)
+        blocks.append(b)
     if _huge_number(obj):
         return None
     try:  # the rest of the batch (small) through the model, as JSON like the slow path
-        rest = Batch.model_validate_json(orjson.dumps(obj))
+        head = Batch.model_validate_json(orjson.dumps(obj))
     except (ValidationError, orjson.JSONEncodeError):
         return None
-    if items is _ABSENT:
-        return rest
-    return rest.model_copy(update={"samples": samples})
+    return head, blocks, present
+
+
+def parse_fast(raw: bytes) -> Batch | None:
+    """The validated batch, or None: the model has to decide."""
+    parts = parse_fast_parts(raw)
+    if parts is None:
+        return None
+    head, blocks, present = parts
+    if not present:
+        return head
+    return head.model_copy(update={"samples": [wire_samples(b) for b in blocks]})

@@ -11,6 +11,7 @@ replayed batch never counts twice.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import insert, select, tuple_, update
@@ -34,8 +35,22 @@ KEY_CHUNK = 300  # (node, agent_id, seq) keys per lookup: under SQLite's 999 bou
 def _ack(agent_id: str, seq: int, duplicate: bool, acks: list[WireAck]) -> Ack:
     # every field given: pydantic inspects a default factory's signature on each construct
     return Ack.model_construct(
-        agent_id=agent_id, seq=seq, duplicate=duplicate, commands=[], acks=acks
+        agent_id=agent_id, seq=seq, duplicate=duplicate, commands=[], acks=acks, dropped={}
     )
+
+
+def _sample_count(item: IngestItem) -> int:
+    if item.sample_count is not None:
+        return item.sample_count
+    return sum(len(ws.t) for ws in item.batch.samples)
+
+
+def _block_gpus(item: IngestItem) -> Iterable[tuple[int, str]]:
+    """(index, UUID) of the GPUs the batch's sample blocks name (a GPU first seen there is
+    registered with its UUID)."""
+    if item.sample_count is not None:
+        return item.block_gpus
+    return ((ws.gpu_index, ws.gpu_uuid) for ws in item.batch.samples)
 
 
 def node_acks(nc: NodeCache | None) -> list[WireAck]:
@@ -80,7 +95,7 @@ def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
                         "node": b.node,
                         "received_s": item.received_s,
                         "sent_at_s": b.sent_at_s,
-                        "samples": sum(len(ws.t) for ws in b.samples),
+                        "samples": _sample_count(item),
                         "findings": len(b.findings),
                         "events": len(b.events),
                         "buffered": b.buffered,
@@ -164,9 +179,9 @@ def _apply_one(
     if b.devices is not None:
         for d in b.devices:
             _upsert_gpu(store, s, nc, d.index, d.uuid, d.info, now)
-    for ws in b.samples:
-        if ws.gpu_index not in nc.gpus:
-            _upsert_gpu(store, s, nc, ws.gpu_index, ws.gpu_uuid, {"uuid": ws.gpu_uuid}, now)
+    for index, uuid in _block_gpus(item):
+        if index not in nc.gpus:
+            _upsert_gpu(store, s, nc, index, uuid, {"uuid": uuid}, now)
     changed = (
         b.health != nc.health
         or b.agent_id != nc.agent_id
