@@ -35,6 +35,7 @@ from gpufleet.agent.push import MAX_BACKOFF_S, Pusher
 from gpufleet.agent.spool import DEFAULT_MAX_BATCHES, DEFAULT_MAX_BYTES, AgentState, Spool
 from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.deadline import NVML_TIMEOUT_S
+from gpufleet.devices.host import HostTopology
 from gpufleet.devices.types import GpuEvent
 from gpufleet.health.types import Finding, Severity
 from gpufleet.telemetry import metrics as M
@@ -87,6 +88,9 @@ class AgentConfig:
     # what the host's readiness checks found at start (`gpufleet.readiness`: driver module,
     # fabric manager, peermem, InfiniBand ports...), sent with every batch as node findings
     host_findings: tuple[Finding, ...] = ()
+    # this host's CPUs and memory (`gpufleet.devices.host.read_host`), sent with the devices;
+    # None on simulated nodes (they are not this host)
+    host: HostTopology | None = None
 
 
 def finding_to_wire(f: Finding) -> wire.WireFinding:
@@ -377,6 +381,7 @@ class Agent:
             events, self._pending_events = self._pending_events, []
         h = self.health
         assert self.state is not None
+        host = self.config.host
         return wire.Batch(
             node=s.node,
             agent_id=self.state.agent_id,
@@ -384,6 +389,7 @@ class Agent:
             sent_at_s=self.clock(),
             heartbeat_interval_s=self.config.heartbeat_interval_s or self.config.push_interval_s,
             devices=devices,
+            host=wire.WireHost(**vars(host)) if host is not None and devices is not None else None,
             samples=samples,
             findings=[finding_to_wire(f) for f in (*h.findings, *self.config.host_findings)],
             events=events,

@@ -13,6 +13,7 @@ import typer
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption, read_token
 from gpufleet.cli.output import console, emit_json
 from gpufleet.cli.process import CaOption, TlsCertOption, TlsKeyOption
+from gpufleet.devices.host import read_host
 from gpufleet.errors import UsageError
 
 EXECUTORS = ("auto", "process", "sim")
@@ -130,6 +131,7 @@ def register(app: typer.Typer) -> None:
             token=token,
             state_dir=state_dir,
             host_findings=() if sim else _readiness(backend),
+            host=None if sim else read_host(),
         )
         client = httpx.Client(timeout=5.0, verify=verify) if controller else None
         agent = Agent(backend, cfg, client=client)

@@ -11,7 +11,7 @@ from typing import Any
 
 import typer
 
-from gpufleet.cli.common import JsonOption, SeedOption, SimOption, http_url
+from gpufleet.cli.common import JsonOption, SeedOption, SimOption, http_url, read_token
 from gpufleet.cli.output import console, emit_json
 from gpufleet.errors import ConfigError, UsageError
 
@@ -61,6 +61,39 @@ def _inventory_files(files: list[Path]) -> dict[str, Any]:
     return {"nodes": nodes}
 
 
+PAGE = 5000  # the nodes API's largest page
+
+
+def _controller_inventory(url: str, token_file: Path | None) -> dict[str, Any]:
+    """The controller's nodes in `gpufleet inventory --json`'s shape: each node's GPUs (model,
+    driver) and the CPU topology and memory its agent reported (``host``)."""
+    from gpufleet.client import Client
+
+    http_url(url, "--inventory-from")
+    token = read_token(None, token_file, "--inventory-token-file")
+    if not token:
+        raise UsageError("--inventory-from needs --inventory-token-file (or GPUFLEET_TOKEN_FILE)")
+    nodes: list[dict[str, Any]] = []
+    with Client(url, token, timeout_s=10.0) as client:
+        listed: list[Any] = []
+        while True:  # pages of the API's largest size
+            page = client.nodes(limit=PAGE, offset=len(listed))
+            listed.extend(page)
+            if len(page) < PAGE:
+                break
+        for n in listed:
+            detail = client.node(n.name)
+            gpus = [
+                {
+                    "model": d.get("model"),
+                    "driver_version": (d.get("info") or {}).get("driver_version"),
+                }
+                for d in detail.get("devices") or []
+            ]
+            nodes.append({"name": n.name, "gpus": gpus, "host": detail.get("host")})
+    return {"nodes": nodes}
+
+
 def config_slurm(
     plan: Path | None = typer.Option(None, "--plan", help="A plan from `gpufleet plan --json`."),
     inventory: bool = typer.Option(
@@ -70,6 +103,20 @@ def config_slurm(
         None,
         "--inventory-file",
         help="`gpufleet inventory --json` output (repeat: one per node); implies --inventory.",
+    ),
+    inventory_from: str | None = typer.Option(
+        None,
+        "--inventory-from",
+        help="A controller's URL: its nodes' GPUs and the CPU topology and memory their agents "
+        "reported (token: --inventory-token-file or GPUFLEET_TOKEN_FILE); implies --inventory.",
+        metavar="URL",
+    ),
+    inventory_token_file: Path | None = typer.Option(
+        None,
+        "--inventory-token-file",
+        envvar="GPUFLEET_TOKEN_FILE",
+        help="Token (viewer or above) for --inventory-from, read here.",
+        metavar="FILE",
     ),
     sim: str | None = SimOption,
     seed: int = SeedOption,
@@ -112,13 +159,14 @@ def config_slurm(
     from gpufleet.schedulers.slurm import config_gen as cg
     from gpufleet.schedulers.slurm.local_drain import parse_max_drained
 
-    use_inventory = inventory or bool(inventory_files) or sim is not None
+    use_inventory = inventory or bool(inventory_files) or sim is not None or bool(inventory_from)
     if (plan is None) == (not use_inventory):
         raise UsageError(
-            "give exactly one of --plan PLAN.json or --inventory [--sim SPEC | --inventory-file F]"
+            "give exactly one of --plan PLAN.json or --inventory [--sim SPEC | --inventory-file F"
+            " | --inventory-from URL]"
         )
-    if sim is not None and inventory_files:
-        raise UsageError("give --sim or --inventory-file, not both")
+    if sum(map(bool, (sim is not None, inventory_files, inventory_from))) > 1:
+        raise UsageError("give one of --sim, --inventory-file and --inventory-from")
     if controller is not None:
         http_url(controller, "--controller")
         if not token_file:
@@ -135,6 +183,9 @@ def config_slurm(
     elif inventory_files:
         source = ", ".join(map(str, inventory_files))
         cluster = cg.from_inventory(_inventory_files(inventory_files), source=source)
+    elif inventory_from:
+        doc = _controller_inventory(inventory_from, inventory_token_file)
+        cluster = cg.from_inventory(doc, source=inventory_from)
     else:
         cluster = cg.from_inventory(_inventory_doc(sim, seed), source="inventory")
     files = {

@@ -179,6 +179,8 @@ def _apply_one(
     if b.devices is not None:
         for d in b.devices:
             _upsert_gpu(store, s, nc, d.index, d.uuid, d.info, now)
+    if b.host is not None:  # sent with the devices: rare, so its own statement
+        s.execute(update(Node).where(Node.id == nc.id).values(host=b.host.model_dump()))
     for index, uuid in _block_gpus(item):
         if index not in nc.gpus:
             _upsert_gpu(store, s, nc, index, uuid, {"uuid": uuid}, now)

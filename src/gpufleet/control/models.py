@@ -79,6 +79,8 @@ class Node(Base):
     last_seen_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     registered_s: Mapped[float] = mapped_column(Float)
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    # CPUs and memory as the agent read them (`gpufleet.wire.WireHost`); None until reported
+    host: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
 
 
 class Gpu(Base):

@@ -19,6 +19,7 @@ from gpufleet.control.models import (
     EventRow,
     FindingRow,
     Gpu,
+    Node,
     Rollup,
     Transition,
     ValidationResultRow,
@@ -234,12 +235,14 @@ def node_detail(store: ControlStore, nc: NodeView, history: int = 100) -> sc.Nod
                 .limit(20)
             )
         ]
+        host = s.scalar(select(Node.host).where(Node.id == nc.id))
     return sc.NodeDetail(
         node=node_out(store, nc),
         devices=devices,
         findings=findings,
         transitions=transitions,
         validations=validations,
+        host=host,
     )
 
 

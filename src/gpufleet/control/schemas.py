@@ -102,6 +102,7 @@ class NodeDetail(_Out):
     findings: list[FindingOut]
     transitions: list[TransitionOut]
     validations: list[ValidationOut]
+    host: dict[str, Any] | None = None  # CPUs and memory as the agent reported them
 
 
 class RemediationState(_Out):

@@ -28,7 +28,7 @@ from gpufleet.wire.limits import (
     MAX_SAMPLES_PER_BLOCK,
     SCHEMA_VERSION,
 )
-from gpufleet.wire.telemetry import WireDevice, WireEvent, WireSamples
+from gpufleet.wire.telemetry import WireDevice, WireEvent, WireHost, WireSamples
 
 __all__ = [
     "AGENT_MAX_BACKOFF_S",
@@ -48,6 +48,7 @@ __all__ = [
     "WireDevice",
     "WireEvent",
     "WireFinding",
+    "WireHost",
     "WireJobCopy",
     "WireJobs",
     "WireSamples",

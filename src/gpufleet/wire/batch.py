@@ -51,7 +51,7 @@ from gpufleet.wire.limits import (
     NodeName,
     NoNul,
 )
-from gpufleet.wire.telemetry import WireDevice, WireEvent, WireSamples
+from gpufleet.wire.telemetry import WireDevice, WireEvent, WireHost, WireSamples
 
 
 class Batch(BaseModel):
@@ -67,6 +67,7 @@ class Batch(BaseModel):
     heartbeat_interval_s: float = Field(2.0, gt=0, le=MAX_HEARTBEAT_S)
     # on the first batch and whenever they change
     devices: list[WireDevice] | None = Field(None, max_length=MAX_GPUS_PER_NODE)
+    host: WireHost | None = None  # CPUs and memory, with ``devices`` (additive, v1)
     samples: list[WireSamples] = Field(default_factory=list, max_length=MAX_SAMPLE_BLOCKS)
     findings: list[WireFinding] = Field(default_factory=list, max_length=MAX_FINDINGS)
     events: list[WireEvent] = Field(default_factory=list, max_length=MAX_EVENTS)

@@ -40,6 +40,21 @@ class WireDevice(BaseModel):
     info: dict[str, Any]
 
 
+class WireHost(BaseModel):
+    """The node's CPUs and memory as Slurm's ``NodeName`` line counts them
+    (`gpufleet.devices.host.HostTopology`); ``None``: could not be read."""
+
+    model_config = WIRE_CONFIG
+
+    cpus: int | None = Field(None, ge=1, le=1 << 20)
+    boards: int | None = Field(None, ge=1, le=1024)
+    sockets_per_board: int | None = Field(None, ge=1, le=1024)
+    cores_per_socket: int | None = Field(None, ge=1, le=1 << 16)
+    threads_per_core: int | None = Field(None, ge=1, le=64)
+    memory_mb: int | None = Field(None, ge=1, le=1 << 40)
+    cpu_model: str | None = Field(None, max_length=256)
+
+
 class WireSamples(BaseModel):
     """Samples of one GPU, columnar: ``fields[name][i]`` was read at ``t[i]`` (null: no reading).
 
