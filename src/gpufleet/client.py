@@ -22,6 +22,7 @@ from urllib.parse import quote
 import httpx
 
 from gpufleet.errors import GpufleetError, UsageError
+from gpufleet.replicas import UNAVAILABLE, Replicas
 from gpufleet.tls import client_verify
 from gpufleet.wire.views import FindingOut, JobOut, NodeOut
 
@@ -98,9 +99,9 @@ class Client:
             raise UsageError(f"controller URL {url!r}: expected http://HOST:PORT or https://...")
         if not token:
             raise UsageError("a controller token is needed (--token or GPUFLEET_TOKEN)")
-        self.url = url.rstrip("/")
+        # ``URL1,URL2``: the control plane's replicas; requests fail over between them
+        self.replicas = Replicas(url, "controller URL")
         self._http = httpx.Client(
-            base_url=self.url + "/api/v1",
             headers={"Authorization": f"Bearer {token}"},
             timeout=timeout_s,
             transport=transport,
@@ -132,10 +133,7 @@ class Client:
     ) -> Any:
         """One call under ``/api/v1`` (``path`` like ``/nodes``); the decoded JSON answer."""
         query = {k: v for k, v in (params or {}).items() if v is not None}
-        try:
-            r = self._http.request(method, path, json=json, params=query)
-        except httpx.HTTPError as exc:
-            raise ControllerUnreachable(f"control plane {self.url}: {exc}") from exc
+        r = self._send(method, path, json, query)
         if r.status_code >= 400:
             try:
                 body = r.json()
@@ -146,6 +144,40 @@ class Client:
         if r.status_code == 204 or not r.content:
             return None
         return r.json()
+
+    @property
+    def url(self) -> str:
+        """The replica that answered last."""
+        return self.replicas.base
+
+    def _send(self, method: str, path: str, json: Any, query: Mapping[str, Any]) -> httpx.Response:
+        """The request to the replica that answered last, then to the others while one cannot
+        be reached or answers 502/503/504 (`gpufleet.replicas`). Only requests that cannot
+        have taken effect move on: a replica that could not be reached, or one that said it
+        cannot serve."""
+        failure: Exception | None = None
+        last: httpx.Response | None = None
+        for i in self.replicas.order():
+            base = self.replicas.urls[i]
+            try:
+                r = self._http.request(method, f"{base}/api/v1{path}", json=json, params=query)
+            except (httpx.ConnectError, httpx.ConnectTimeout) as exc:  # never reached it
+                failure = exc
+                continue
+            except httpx.HTTPError as exc:
+                if method != "GET":  # it may have acted: never send it twice
+                    raise ControllerUnreachable(f"control plane {base}: {exc}") from exc
+                failure = exc
+                continue
+            if r.status_code in UNAVAILABLE and len(self.replicas.urls) > 1:
+                last = r
+                continue
+            self.replicas.answered(i)
+            return r
+        if last is not None:
+            return last
+        urls = ", ".join(self.replicas.urls)
+        raise ControllerUnreachable(f"control plane {urls}: {failure}") from failure
 
     # -- fleet ----------------------------------------------------------------------------------
     def health(self) -> dict[str, str]:

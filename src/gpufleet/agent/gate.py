@@ -281,7 +281,7 @@ class ValidationGate:
     def __init__(
         self,
         backend: GpuBackend,
-        controller: str,
+        controller: str | Callable[[], str],
         token: str,
         *,
         health: Callable[[], tuple[Severity, Sequence[Finding]]],
@@ -291,7 +291,8 @@ class ValidationGate:
         retry_s: float = RETRY_S,
     ) -> None:
         self.backend = backend
-        self.url = controller.rstrip("/") + VALIDATION_PATH
+        # a callable: the replica the agent's pushes reach (``--controller URL1,URL2``)
+        self._base = controller if callable(controller) else (lambda: controller)
         self._headers = {"Authorization": f"Bearer {token}", "User-Agent": "gpufleet-agent"}
         self.health = health
         self.clock = clock
@@ -373,6 +374,11 @@ class ValidationGate:
                 else:
                     self.failures += int(retry_s > 0)
                     self._retry_at = time.monotonic() + retry_s
+
+    @property
+    def url(self) -> str:
+        """Where results go: the validation endpoint of the replica pushes reach."""
+        return self._base().rstrip("/") + VALIDATION_PATH
 
     def _post(self, body: dict[str, Any]) -> bool:
         from gpufleet.jsonable import to_jsonable

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 import httpx
 
 from gpufleet.agent.spool import AgentState, Spool
+from gpufleet.replicas import UNAVAILABLE, Replicas
 from gpufleet.wire import AGENT_MAX_BACKOFF_S, AGENT_PUSH_TIMEOUT_S, Ack, Batch
 
 log = logging.getLogger("gpufleet.agent.push")
@@ -119,7 +120,7 @@ class Pusher:
     ) -> None:
         """``client``: an HTTP client shared by many agents in one process (not closed here);
         else the pusher makes its own over ``transport``."""
-        self.url = controller.rstrip("/") + INGEST_PATH
+        self.replicas = Replicas(controller)  # ``URL1,URL2``: fail over between replicas
         self.state = state
         self.spool = spool
         self.clock = clock
@@ -137,6 +138,16 @@ class Pusher:
         }
         self._owns_client = client is None
         self._client = client or httpx.Client(transport=transport, timeout=timeout_s)
+
+    @property
+    def url(self) -> str:
+        """The ingest URL of the replica that answered last."""
+        return self.replicas.base + INGEST_PATH
+
+    @property
+    def base_url(self) -> str:
+        """The replica that answered last (the validation gate posts there too)."""
+        return self.replicas.base
 
     @property
     def client(self) -> httpx.Client:
@@ -193,12 +204,32 @@ class Pusher:
         return done
 
     # ----- one request -----------------------------------------------------------------------
+    def _post(self, body: bytes) -> httpx.Response:
+        """POST to the replica that answered last, then to the others in turn while one cannot
+        be reached or answers 502/503/504; the last failure when none answers."""
+        failure: _Retry | None = None
+        for i in self.replicas.order():
+            url = self.replicas.urls[i] + INGEST_PATH
+            try:
+                resp = self._client.post(url, content=body, headers=self._headers)
+            except httpx.HTTPError as exc:
+                failure = _Retry(f"{url}: {type(exc).__name__}: {exc}")
+                continue
+            if resp.status_code in UNAVAILABLE and len(self.replicas.urls) > 1:
+                failure = _Retry(f"{url}: HTTP {resp.status_code}")
+                continue
+            if i != self.replicas.active:
+                log.warning(
+                    "control plane replica %s answers; pushing there", self.replicas.urls[i]
+                )
+            self.replicas.answered(i)
+            return resp
+        assert failure is not None  # the loop returns unless every replica failed
+        raise failure
+
     def _send(self, seq: int, body: bytes) -> None:
         self.stats.sent += 1
-        try:
-            resp = self._client.post(self.url, content=body, headers=self._headers)
-        except httpx.HTTPError as exc:
-            raise _Retry(f"{type(exc).__name__}: {exc}") from exc
+        resp = self._post(body)
         code = resp.status_code
         if code == 200:
             try:

@@ -194,7 +194,7 @@ class Agent:
             self.pusher.on_ack = self.on_ack
             self.gate = ValidationGate(
                 backend,
-                cfg.controller,
+                lambda: self.pusher.base_url if self.pusher else cfg.controller or "",
                 cfg.token or "",
                 health=lambda: (self.health.verdict, self.health.findings),
                 client=self.pusher.client,

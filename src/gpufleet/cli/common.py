@@ -33,7 +33,12 @@ def host_port(value: str, option: str) -> str:
 
 
 def http_url(value: str, option: str) -> str:
-    """Check an ``http(s)://HOST[:PORT]`` option value; returns it unchanged."""
+    """Check an ``http(s)://HOST[:PORT]`` option value (or a comma-separated list of them: the
+    control plane's replicas, `gpufleet.replicas`); returns it unchanged."""
+    if "," in value:
+        for one in value.split(","):
+            http_url(one.strip(), option)
+        return value
     from urllib.parse import urlsplit
 
     parts = urlsplit(value)
