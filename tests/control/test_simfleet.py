@@ -124,8 +124,10 @@ def _pushes_and_drains(tmp_path: Path, port: int, token: str, svc: ControlServic
     assert out["batches_acked"] >= 12 * 3 and out["errors"] == 0
     states = {n: c.state for n, c in svc.store.nodes.items()}
     assert len(states) == 12 and sum(len(c.gpus) for c in svc.store.nodes.values()) == 48
-    assert states["sim-02"] == "draining", states
+    # out of service either way: drained from service by the agent's fail finding, or sent
+    # to repair by its own level-1 validation when the GPU fell off before it entered service
+    assert states["sim-02"] in ("draining", "repair"), states
     # the agent's health rules: the lost GPU (GPU_LOST) or its XID 79, whichever came first
     reason = svc.store.nodes["sim-02"].state_reason
-    assert "GPU_LOST" in reason or "XID_79" in reason, reason
+    assert any(w in reason for w in ("GPU_LOST", "XID_79", "lost")), reason
     assert sum(1 for s in states.values() if s == "in_service") == 11
