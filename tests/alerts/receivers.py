@@ -126,7 +126,7 @@ class SmtpReceiver:
             await writer.drain()
 
         await reply("220 test-smtp ready")
-        sender, rcpts = "", []
+        sender, rcpts = "", list[str]()
         while True:
             line = (await reader.readline()).decode().rstrip("\r\n")
             if not line:

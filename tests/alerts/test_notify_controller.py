@@ -12,6 +12,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import httpx
+
 from gpufleet.testing.procs import AgentProcess, create_tokens
 from gpufleet.testing.testbed import free_port, wait_for
 from tests.alerts.receivers import WebhookReceiver
@@ -39,8 +41,10 @@ def test_controller_process_sends_signed_node_events_once(tmp_path: Path) -> Non
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")}
     log = (tmp_path / "controller.log").open("wb")
     ctl = subprocess.Popen(
-        [sys.executable, "-m", "gpufleet", "controller", "--data-dir", str(data)]
-        + ["--port", str(port), "--policy", str(policy), "--notify", str(notify)],
+        [
+            *(sys.executable, "-m", "gpufleet", "controller", "--data-dir", str(data)),
+            *("--port", str(port), "--policy", str(policy), "--notify", str(notify)),
+        ],
         stdout=log,
         stderr=subprocess.STDOUT,
         env=env,
@@ -54,8 +58,6 @@ def test_controller_process_sends_signed_node_events_once(tmp_path: Path) -> Non
         faults=[{"kind": "fallen_off_bus", "gpu": 1, "at_s": 0.0}],
     )
     try:
-        import httpx
-
         wait_for(
             lambda: httpx.get(f"{url}/api/v1/health", timeout=2).status_code == 200,
             60,

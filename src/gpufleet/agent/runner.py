@@ -212,7 +212,8 @@ class Agent:
                 extra=self.extra_metrics,
                 # a GPU lost before the agent (re)started keeps the labels it had (issue 18)
                 identities=IdentityMemory(
-                    None if self.config.state_dir is None
+                    None
+                    if self.config.state_dir is None
                     else self.config.state_dir / "gpu-identities.json"
                 ),
             )
