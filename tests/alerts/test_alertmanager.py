@@ -205,3 +205,25 @@ def test_real_alertmanager_delivers_by_route_and_inhibits_gpu_alerts(
     finally:
         proc.terminate()
         proc.wait(timeout=10)
+
+
+def test_bad_options_are_usage_errors_naming_the_option() -> None:
+    from gpufleet.errors import GpufleetError
+
+    cases = [
+        (["--webhook", "ops.example/hook"], "--webhook"),
+        (["--webhook", "http://o/h", "--tenant", "acme"], "NAME=URL"),
+        (["--webhook", "http://o/h", "--tenant", "a cme=http://t/h"], "NAME=URL"),
+        (["--webhook", "http://o/h", "--tenant", "acme=t/h"], "--tenant"),
+        (["--webhook", "http://o/h", "--tenant", "a=http://x", "--tenant", "a=http://y"], "twice"),
+        (["--webhook", "http://o/h", "--group-wait", "soon"], "--group-wait"),
+    ]
+    for args, needle in cases:
+        res = runner.invoke(app, ["config", "alertmanager", *args])
+        assert isinstance(res.exception, GpufleetError), (args, res.output)
+        assert res.exception.exit_code == 2 and needle in str(res.exception), args
+    js = runner.invoke(app, ["config", "alertmanager", "--webhook", "http://o/h", "--json"])
+    assert js.exit_code == 0, js.output
+    doc = json.loads(js.output)
+    assert [r["name"] for r in doc["receivers"]] == ["ops"]
+    assert doc["inhibit_rules"][0]["equal"] == ["instance"]

@@ -235,3 +235,20 @@ def test_config_errors_name_the_field_and_never_the_secret(tmp_path: Path) -> No
         with pytest.raises(ConfigError) as err:
             load_notify(cfg)
         assert str(cfg) in str(err.value) and needle in str(err.value), (text, str(err.value))
+
+
+def test_controller_refuses_a_bad_notify_file_before_it_starts(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.app import app
+    from gpufleet.errors import GpufleetError
+
+    bad = tmp_path / "notify.yaml"
+    bad.write_text("webhooks:\n  - url: https://h/x\n    secret_file: /nonexistent/s\n")
+    res = CliRunner().invoke(
+        app, ["controller", "--data-dir", str(tmp_path / "d"), "--notify", str(bad)]
+    )
+    assert isinstance(res.exception, GpufleetError), res.output
+    assert res.exception.exit_code == 2
+    assert f"{bad}: webhooks.0" in str(res.exception) and "/nonexistent/s" in str(res.exception)
+    assert not (tmp_path / "d").exists()  # nothing was created or started
