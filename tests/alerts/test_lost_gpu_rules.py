@@ -8,6 +8,7 @@ fails when the exposition drops the series or changes its labels across the rest
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 from pathlib import Path
@@ -100,6 +101,11 @@ def test_lost_at_start_gpu_exports_the_labels_it_had(tmp_path: Path) -> None:
     # with what is known of it, and no UUID, model or PCI address made up
     fresh = lost_series(tmp_path / "other.json", lost_at_start=True)
     assert fresh["1"] == {"gpu": "1", "device": "nvidia1", "Hostname": "node-a", "value": "1"}
+    # a remembered identity another GPU now answers to (indices shifted) is not used
+    shifted = tmp_path / "shifted.json"
+    gpu0 = {k: v for k, v in before["0"].items() if k != "value"}
+    shifted.write_text(json.dumps({"1": gpu0}), encoding="utf-8")
+    assert lost_series(shifted, lost_at_start=True)["1"] == fresh["1"]
 
 
 def test_gpu_lost_alert_fires_and_stays_firing_across_an_agent_restart(tmp_path: Path) -> None:

@@ -166,14 +166,17 @@ class AgentCollector(Collector):
         with s.lock:
             rows = []
             identified: list[tuple[int, dict[str, str]]] = []
+            live_uuids = {g.info.uuid for g in s.gpus if g.info is not None}
             for gpu in s.gpus:
                 labels = gpu_labels(gpu, self.hostname)
                 if labels is not None:
                     identified.append((gpu.index, labels))
                 elif gpu.lost:  # lost before identified: still a lost series (issue 18)
-                    labels = self.identities.recall(gpu.index, self.hostname) or lost_labels(
-                        gpu.index, self.hostname
-                    )
+                    labels = self.identities.recall(gpu.index, self.hostname)
+                    # indices shift when a GPU leaves the bus for good: a remembered identity
+                    # that another GPU now answers to is not this GPU's
+                    if labels is None or labels.get("UUID") in live_uuids:
+                        labels = lost_labels(gpu.index, self.hostname)
                 else:
                     continue
                 fast = gpu.fast.latest()
