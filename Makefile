@@ -16,8 +16,9 @@ install: $(BIN)/python
 	$(BIN)/pip install -q -e '.[all]'
 
 # Debian packages the tests drive for real: Slurm + munge (scheduler tests), Prometheus and
-# promtool (exporter tests), PostgreSQL (storage tests), Chromium (dashboard tests).
-SYSDEPS ?= slurmctld slurmd slurm-client munge prometheus postgresql chromium
+# promtool (exporter tests), Alertmanager and amtool (alert routing tests), PostgreSQL (storage
+# tests), Chromium (dashboard tests).
+SYSDEPS ?= slurmctld slurmd slurm-client munge prometheus prometheus-alertmanager postgresql chromium
 sysdeps:
 	./scripts/install-sysdeps.sh $(SYSDEPS)
 

@@ -58,7 +58,7 @@ def test_prometheus_config_and_rules_pass_promtool(tmp_path: Path) -> None:
         [promtool, "check", "rules", str(rules)], capture_output=True, text=True, timeout=30
     )
     assert out.returncode == 0, out.stdout + out.stderr
-    assert "SUCCESS: 7 rules found" in out.stdout
+    assert "SUCCESS: 11 rules found" in out.stdout
 
 
 def test_bad_urls_targets_and_paths_are_usage_errors(tmp_path: Path) -> None:

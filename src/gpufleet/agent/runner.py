@@ -43,6 +43,7 @@ from gpufleet.telemetry.exposition import (
     AgentCollector,
     ExtraMetric,
     HealthView,
+    IdentityMemory,
     make_registry,
     render_text,
 )
@@ -213,6 +214,12 @@ class Agent:
                 hostname=self.hostname,
                 health=self.health_view,
                 extra=self.extra_metrics,
+                # a GPU lost before the agent (re)started keeps the labels it had (issue 18)
+                identities=IdentityMemory(
+                    None
+                    if self.config.state_dir is None
+                    else self.config.state_dir / "gpu-identities.json"
+                ),
             )
             self._registry = make_registry(collector)
         return self._registry

@@ -12,6 +12,7 @@ import typer
 CONFIG_MODULES = (
     "gpufleet.cli.config_agent",
     "gpufleet.cli.config_prometheus",
+    "gpufleet.cli.config_alertmanager",
     "gpufleet.cli.config_slurm",
     "gpufleet.cli.config_kubernetes",
 )
@@ -20,7 +21,7 @@ CONFIG_MODULES = (
 def register(app: typer.Typer) -> None:
     """Attach the `gpufleet config` group and every generator in it."""
     config_app = typer.Typer(
-        help="Generate configuration (systemd, Prometheus, Slurm, Kubernetes).",
+        help="Generate configuration (systemd, Prometheus, Alertmanager, Slurm, Kubernetes).",
         no_args_is_help=True,
     )
     for name in CONFIG_MODULES:

@@ -13,12 +13,25 @@ from gpufleet.errors import ConfigError, UsageError
 
 # Alert rules over the agents' metrics. Thresholds: XID codes and actions come from the catalog
 # at runtime on the agent; these rules alert on the agent's verdicts and a few raw signals.
-ALERT_RULES: list[dict[str, object]] = [
+# Every alert carries ``scope`` (node or gpu) and keeps the scrape's ``instance``: the
+# Alertmanager config (`gpufleet config alertmanager`) inhibits a node's GPU alerts while a
+# critical node alert fires for the same instance, and routes by ``severity`` and ``tenant``
+# (a target label, see docs/alerts.md).
+GPU_KEY = "instance, Hostname, gpu, UUID"
+NODE_KEY = "instance, Hostname"
+# How long GpufleetGpuLost keeps firing once its series is gone: an agent restart (or a scrape
+# that failed) leaves a gap, and the restarted agent exports the lost GPU again under the same
+# labels (`gpufleet.telemetry.exposition.IdentityMemory`), so the alert never resolves between.
+# ``keep_firing_for`` exists since Prometheus 2.42 (prometheus.io/docs/prometheus/latest/
+# configuration/alerting_rules/).
+LOST_KEEP_FIRING = "10m"
+
+GPU_RULES: list[dict[str, object]] = [
     {
         "alert": "GpufleetGpuFailed",
-        "expr": "max by (Hostname, gpu, UUID) (gpufleet_gpu_health_status) == 2",
+        "expr": f"max by ({GPU_KEY}) (gpufleet_gpu_health_status) == 2",
         "for": "1m",
-        "labels": {"severity": "critical"},
+        "labels": {"severity": "critical", "scope": "gpu"},
         "annotations": {
             "summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} failed its health checks",
             "description": "curl http://{{ $labels.instance }}/health for the findings.",
@@ -26,39 +39,33 @@ ALERT_RULES: list[dict[str, object]] = [
     },
     {
         "alert": "GpufleetGpuWarning",
-        "expr": "max by (Hostname, gpu, UUID) (gpufleet_gpu_health_status) == 1",
+        "expr": f"max by ({GPU_KEY}) (gpufleet_gpu_health_status) == 1",
         "for": "10m",
-        "labels": {"severity": "warning"},
+        "labels": {"severity": "warning", "scope": "gpu"},
         "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} warns"},
     },
     {
         "alert": "GpufleetXidErrors",
         "expr": "increase(gpufleet_xid_errors_total[10m]) > 0",
-        "labels": {"severity": "warning"},
+        "labels": {"severity": "warning", "scope": "gpu"},
         "annotations": {
             "summary": "XID {{ $labels.xid }} on GPU {{ $labels.gpu }} of {{ $labels.Hostname }}"
         },
     },
     {
         "alert": "GpufleetGpuLost",
-        "expr": "gpufleet_gpu_lost == 1",
-        "labels": {"severity": "critical"},
+        "expr": f"max by ({GPU_KEY}) (gpufleet_gpu_lost) == 1",
+        "keep_firing_for": LOST_KEEP_FIRING,
+        "labels": {"severity": "critical", "scope": "gpu"},
         "annotations": {
             "summary": "GPU {{ $labels.gpu }} fell off the bus on {{ $labels.Hostname }}"
         },
     },
     {
-        "alert": "GpufleetAgentDown",
-        "expr": 'up{job="gpufleet-agent"} == 0',
-        "for": "2m",
-        "labels": {"severity": "critical"},
-        "annotations": {"summary": "gpufleet agent {{ $labels.instance }} is not answering"},
-    },
-    {
         "alert": "GpuHotAndThrottled",
         "expr": 'gpufleet_clock_event_reason_active{reason="hw_thermal"} == 1',
         "for": "5m",
-        "labels": {"severity": "warning"},
+        "labels": {"severity": "warning", "scope": "gpu"},
         "annotations": {
             "summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }}: HW thermal slowdown"
         },
@@ -66,12 +73,62 @@ ALERT_RULES: list[dict[str, object]] = [
     {
         "alert": "GpuRowRemapFailure",
         "expr": "DCGM_FI_DEV_ROW_REMAP_FAILURE == 1",
-        "labels": {"severity": "critical"},
+        "labels": {"severity": "critical", "scope": "gpu"},
         "annotations": {
             "summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }}: row remapping failed"
         },
     },
 ]
+
+NODE_RULES: list[dict[str, object]] = [
+    {
+        "alert": "GpufleetAgentDown",
+        "expr": 'up{job="gpufleet-agent"} == 0',
+        "for": "2m",
+        "labels": {"severity": "critical", "scope": "node"},
+        "annotations": {"summary": "gpufleet agent {{ $labels.instance }} is not answering"},
+    },
+    {
+        "alert": "GpufleetNodeFailed",
+        "expr": f"max by ({NODE_KEY}) (gpufleet_node_health_status) == 2",
+        "for": "1m",
+        "labels": {"severity": "critical", "scope": "node"},
+        "annotations": {
+            "summary": "node {{ $labels.Hostname }} failed its health checks",
+            "description": "Its GPU alerts are held back while this fires; curl "
+            "http://{{ $labels.instance }}/health for the findings of every GPU.",
+        },
+    },
+    {
+        "alert": "GpufleetNodeWarning",
+        "expr": f"max by ({NODE_KEY}) (gpufleet_node_health_status) == 1",
+        "for": "10m",
+        "labels": {"severity": "warning", "scope": "node"},
+        "annotations": {"summary": "node {{ $labels.Hostname }} warns"},
+    },
+    {
+        "alert": "GpufleetNodeHealthUnknown",
+        "expr": f"max by ({NODE_KEY}) (gpufleet_node_health_status) == 3",
+        "for": "10m",
+        "labels": {"severity": "warning", "scope": "node"},
+        "annotations": {
+            "summary": "node {{ $labels.Hostname }}: the agent cannot judge its health",
+            "description": "The agent runs but has no verdict (NVML calls hang or fail).",
+        },
+    },
+    {
+        "alert": "GpufleetNodeGpusLost",
+        "expr": f"sum by ({NODE_KEY}) (gpufleet_gpu_lost) >= 2",
+        "keep_firing_for": LOST_KEEP_FIRING,
+        "labels": {"severity": "critical", "scope": "node"},
+        "annotations": {
+            "summary": "{{ $value }} GPUs fell off the bus on {{ $labels.Hostname }}",
+            "description": "Several GPUs at once: suspect the baseboard, PCIe switch or power.",
+        },
+    },
+]
+
+ALERT_RULES: list[dict[str, object]] = [*NODE_RULES, *GPU_RULES]
 
 
 def scrape_config(
@@ -94,7 +151,13 @@ def scrape_config(
 
 
 def rules_doc() -> dict[str, object]:
-    return {"groups": [{"name": "gpufleet", "rules": ALERT_RULES}]}
+    """The alert rules file: node rules and GPU rules, one group each."""
+    return {
+        "groups": [
+            {"name": "gpufleet-node", "rules": NODE_RULES},
+            {"name": "gpufleet-gpu", "rules": GPU_RULES},
+        ]
+    }
 
 
 def register_config(config_app: typer.Typer) -> None:

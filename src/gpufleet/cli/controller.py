@@ -58,6 +58,12 @@ MaxNodesOption = typer.Option(
     min=0,
     help="Nodes one agent token not bound to a node may push for (0: no limit).",
 )
+NotifyOption = typer.Option(
+    None,
+    "--notify",
+    help="Notifications YAML: webhooks (HMAC-signed, or Slack) and email on node state "
+    "changes, circuit breaker, failed validations (docs/alerts.md).",
+)
 
 
 def _open_store(data_dir: Path | None, db_url: str | None) -> ControlStore:
@@ -110,6 +116,7 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
         port: int = typer.Option(8080, "--port", help="TCP port."),
         policy: Path | None = typer.Option(None, "--policy", help="Remediation policy YAML."),
+        notify: Path | None = NotifyOption,
         scheduler: str = SchedulerOption,
         slurm_conf: str | None = SlurmConfOption,
         kubeconfig: str | None = KubeconfigOption,
@@ -123,7 +130,7 @@ def register(app: typer.Typer) -> None:
         if ctx.invoked_subcommand is None:
             tls = _tls(tls_cert, tls_key)
             backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-            _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes)
+            _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes, notify)
 
     @ctl.command("serve")
     def serve_cmd(
@@ -132,6 +139,7 @@ def register(app: typer.Typer) -> None:
         host: str = typer.Option("127.0.0.1", "--host"),
         port: int = typer.Option(8080, "--port"),
         policy: Path | None = typer.Option(None, "--policy", help="Remediation policy YAML."),
+        notify: Path | None = NotifyOption,
         scheduler: str = SchedulerOption,
         slurm_conf: str | None = SlurmConfOption,
         kubeconfig: str | None = KubeconfigOption,
@@ -143,7 +151,7 @@ def register(app: typer.Typer) -> None:
         """Serve the control plane."""
         tls = _tls(tls_cert, tls_key)
         backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-        _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes)
+        _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes, notify)
 
     @ctl.command("migrate")
     def migrate_cmd(
@@ -482,11 +490,15 @@ def _serve(
     scheduler: SchedulerBackend,
     tls: TlsFiles | None = None,
     max_nodes: int = DEFAULT_MAX_NODES_PER_TOKEN,
+    notify: Path | None = None,
 ) -> None:
     from gpufleet.cli.process import private_state
+    from gpufleet.control.notify import attach, build_notifier, database_id
+    from gpufleet.control.notify_config import load_notify
     from gpufleet.control.remediation import load_policy
     from gpufleet.control.up import build_service, serve
 
+    notifier = build_notifier(load_notify(notify), str(notify)) if notify else None
     private_state(None if _db_url(db_url) else _data_dir(data_dir))
     lock = _controller_lock(data_dir, db_url)
     service = build_service(
@@ -496,6 +508,8 @@ def _serve(
         policy=load_policy(policy),
         max_nodes_per_token=max_nodes,
     )
+    if notifier is not None:  # issue 18: webhooks and email on node and breaker events
+        attach(service.store.sessions, notifier.start(), database_id(service.url))
     service.start()
     url = f"{'https' if tls else 'http'}://{host}:{port}"
 
@@ -515,6 +529,8 @@ def _serve(
         pass
     finally:
         service.stop()
+        if notifier is not None:
+            notifier.stop()
         lock.close()
 
 

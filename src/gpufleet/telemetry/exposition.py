@@ -9,9 +9,14 @@ which appends ``_total`` to every counter family.
 
 from __future__ import annotations
 
+import json
+import logging
 import math
+import os
+import threading
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import numpy as np
 from prometheus_client.metrics_core import Metric
@@ -22,6 +27,7 @@ from gpufleet.telemetry import metrics as M
 from gpufleet.telemetry.sampler import GpuState, Sampler
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+log = logging.getLogger("gpufleet.telemetry.exposition")
 
 _REASON_LABELS = {bit: word.lower().replace(" ", "_") for bit, word in CLOCK_REASON_WORDS.items()}
 
@@ -64,6 +70,70 @@ def gpu_labels(gpu: GpuState, hostname: str) -> dict[str, str] | None:
     return labels
 
 
+def lost_labels(index: int, hostname: str) -> dict[str, str]:
+    """The labels of a GPU lost before it was ever identified (no UUID, PCI address or model
+    can be read from it): the index, the device node and the host; unknown labels are absent."""
+    return {"gpu": str(index), "device": f"nvidia{index}", M.HOST_LABEL: hostname}
+
+
+class IdentityMemory:
+    """The label set of every GPU the agent identified, kept in a 0600 JSON file in the
+    agent's state directory, so that a GPU already lost when the agent starts exports its
+    ``gpufleet_gpu_lost`` series under the same labels as before the restart (the alert keeps
+    its identity, and the restart does not resolve it). ``path=None``: in memory only."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path
+        self._lock = threading.Lock()
+        self._known: dict[int, dict[str, str]] = self._load()
+
+    def _load(self) -> dict[int, dict[str, str]]:
+        if self.path is None:
+            return {}
+        try:
+            raw = json.loads(self.path.read_text(encoding="utf-8"))
+        except FileNotFoundError:
+            return {}
+        except (OSError, ValueError) as exc:  # a damaged file only loses the memory
+            log.warning("%s: GPU identities not read: %s", self.path, exc)
+            return {}
+        out: dict[int, dict[str, str]] = {}
+        if isinstance(raw, dict):
+            for key, labels in raw.items():
+                if key.isdigit() and isinstance(labels, dict):
+                    out[int(key)] = {str(k): str(v) for k, v in labels.items()}
+        return out
+
+    def recall(self, index: int, hostname: str) -> dict[str, str] | None:
+        """The labels GPU ``index`` had when last identified (host label set to ``hostname``)."""
+        with self._lock:
+            known = self._known.get(index)
+        if known is None:
+            return None
+        return {k: (hostname if k == M.HOST_LABEL else v) for k, v in known.items()}
+
+    def remember(self, index: int, labels: dict[str, str]) -> None:
+        """Keep ``labels`` for GPU ``index``; the file is written only when they changed."""
+        with self._lock:
+            if self._known.get(index) == labels:
+                return
+            self._known[index] = dict(labels)
+            data = {str(k): v for k, v in sorted(self._known.items())}
+        if self.path is not None:
+            self._write(data)
+
+    def _write(self, data: dict[str, dict[str, str]]) -> None:
+        assert self.path is not None
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        try:
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                json.dump(data, f, sort_keys=True)
+            os.replace(tmp, self.path)
+        except OSError as exc:  # the series still export; only the memory is lost
+            log.warning("%s: GPU identities not written: %s", self.path, exc)
+
+
 def _value(raw: float, metric: M.MetricDef) -> float:
     v = raw * metric.scale
     return float(math.floor(v)) if metric.floor else v
@@ -79,20 +149,35 @@ class AgentCollector(Collector):
         hostname: str | None = None,
         health: Callable[[], HealthView] | None = None,
         extra: Callable[[], Iterable[ExtraMetric]] | None = None,
+        identities: IdentityMemory | None = None,
     ) -> None:
+        """``identities``: where the labels of identified GPUs are remembered, so that a GPU
+        lost before it was identified (already lost at start) still exports its lost series
+        under the labels it had (else the index, device and host only)."""
         self.sampler = sampler
         self.hostname = hostname or sampler.node
         self._health = health or HealthView
         self._extra = extra
+        self.identities = identities or IdentityMemory()
 
     def collect(self) -> Iterator[Metric]:
         s = self.sampler
         health = self._health()
         with s.lock:
             rows = []
+            identified: list[tuple[int, dict[str, str]]] = []
+            live_uuids = {g.info.uuid for g in s.gpus if g.info is not None}
             for gpu in s.gpus:
                 labels = gpu_labels(gpu, self.hostname)
-                if labels is None:
+                if labels is not None:
+                    identified.append((gpu.index, labels))
+                elif gpu.lost:  # lost before identified: still a lost series (issue 18)
+                    labels = self.identities.recall(gpu.index, self.hostname)
+                    # indices shift when a GPU leaves the bus for good: a remembered identity
+                    # that another GPU now answers to is not this GPU's
+                    if labels is None or labels.get("UUID") in live_uuids:
+                        labels = lost_labels(gpu.index, self.hostname)
+                else:
                     continue
                 fast = gpu.fast.latest()
                 slow = gpu.slow.latest()
@@ -122,6 +207,8 @@ class AgentCollector(Collector):
             duration_sum = s.duration_sum_s
             ticks = s.ticks
             depth = sum(len(g.fast) + len(g.slow) for g in s.gpus)
+        for index, labels in identified:
+            self.identities.remember(index, labels)
 
         for metric in M.DCGM_METRICS:
             fam = Metric(metric.name, metric.help, metric.kind)
