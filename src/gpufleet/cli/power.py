@@ -192,9 +192,29 @@ def _print_rows(rows: list[dict[str, Any]], verb: str, as_json: bool, dry_run: b
         console.print(f"{r['node']} GPU {r['gpu']}: {verb} {r['to_w']:g} W (was {was})")
 
 
+def rack_cmd(
+    system: str = typer.Option(..., "--system", help="A catalog system, e.g. dgx-h100."),
+    rack_kw: float = typer.Option(..., "--rack-kw", help="Rack power budget (kW)."),
+    cap: float = typer.Option(..., "--cap", help="Per-GPU power limit (W)."),
+    workload: str = typer.Option("matmul-bf16", "--workload", help="matmul-bf16 or hbm."),
+    as_json: bool = JsonOption,
+) -> None:
+    """Power-capped rack scenario: servers per rack and throughput under a per-GPU cap."""
+    from dataclasses import asdict
+
+    from gpufleet.plan.powercap import capped_scenario
+
+    s = capped_scenario(system, rack_kw, cap, workload)
+    if as_json:
+        emit_json(asdict(s))
+        return
+    console.print(s.sentence())
+
+
 def register(app: typer.Typer) -> None:
     """Attach `gpufleet power`."""
     power_app.command("sweep")(sweep_cmd)
     power_app.command("apply")(apply_cmd)
     power_app.command("restore")(restore_cmd)
+    power_app.command("rack")(rack_cmd)
     app.add_typer(power_app, name="power")
