@@ -86,3 +86,21 @@ def test_cli_sweep_current_leaves_the_limit_alone() -> None:
     assert doc["points"][0]["limit_w"] == before and doc["restored"] is True
     assert backend.power_limit_w(0) == before
     backend.close()
+
+
+def test_cli_builtin_matmul_sweep_at_current_limit() -> None:
+    """The built-in load generator (PyTorch) measured at the limit in force."""
+    pytest.importorskip("torch")
+    backend, _lib = _backend()
+    before = backend.power_limit_w(0)
+    env = {**os.environ, "PYTHONPATH": str(SRC), "NO_COLOR": "1"}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpufleet", "power", "sweep", "--limits", "CURRENT", "--gpus", "0",
+         "--seconds", "8", "--workload", "matmul-bf16", "--json"],
+        capture_output=True, text=True, env=env, timeout=180, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    point = json.loads(done.stdout)["points"][0]
+    assert point["unit"] == "TFLOP/s" and point["throughput"] > 10
+    assert backend.power_limit_w(0) == before
+    backend.close()

@@ -270,3 +270,17 @@ def test_command_workload_rate_is_parsed() -> None:
     cmd = f'{sys.executable} -c "{code}"'
     res = CommandRunner(cmd, r"rate: ([0-9.]+)", "it/s").run([0], 5)
     assert res.work[0] / res.seconds == pytest.approx(13.0)
+
+
+def test_loadgen_without_a_gpu_is_a_clear_error() -> None:
+    from tests.conftest import real_gpu_available
+
+    if real_gpu_available():
+        pytest.skip("a GPU is present: the load generator would run")
+    env = {**os.environ, "PYTHONPATH": str(SRC), "CUDA_VISIBLE_DEVICES": ""}
+    done = subprocess.run(
+        [sys.executable, "-m", "gpufleet.energy.loadgen", "hbm", "--seconds", "1"],
+        capture_output=True, text=True, env=env, timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 2
+    assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr

@@ -50,20 +50,24 @@ def _runner(
 ) -> Any:
     from gpufleet.energy.workloads import BUILTIN, CommandRunner, SimRunner
 
+    command = workload
     if workload in BUILTIN:
-        if node is None:
-            raise UsageError(
-                f"--workload {workload} runs on the simulator (--sim); on real GPUs give a "
-                "COMMAND that prints its rate, with --rate-regex"
-            )
-        return SimRunner(node, backend, clock, workload)
+        if node is not None:
+            return SimRunner(node, backend, clock, workload)
+        import sys
+
+        from gpufleet.energy import loadgen
+
+        # real GPUs: our own load generator, run as a command (it needs PyTorch)
+        command = f"{sys.executable} -m gpufleet.energy.loadgen {workload} --seconds 86400"
+        rate_regex, unit = loadgen.RATE_REGEX, loadgen.UNITS[workload]
     if rate_regex is None:
         raise UsageError("--workload COMMAND needs --rate-regex 'PATTERN (number group)'")
 
     def sample_power(g: int) -> float | None:
         return backend.sample_fast(g).power_w  # type: ignore[no-any-return]
 
-    return CommandRunner(workload, rate_regex, unit, sample_power)
+    return CommandRunner(command, rate_regex, unit, sample_power)
 
 
 def sweep_cmd(
@@ -72,7 +76,7 @@ def sweep_cmd(
     ),
     gpus: str | None = typer.Option(None, "--gpus", help="GPU indexes, e.g. 0,1 (default all)."),
     workload: str = typer.Option(
-        "matmul-bf16", "--workload", help="matmul-bf16, hbm (simulator) or a COMMAND."
+        "matmul-bf16", "--workload", help="matmul-bf16, hbm (PyTorch on real GPUs) or a COMMAND."
     ),
     rate_regex: str | None = typer.Option(
         None, "--rate-regex", help="Regex whose first group is the rate a COMMAND prints."
