@@ -284,3 +284,23 @@ def test_loadgen_without_a_gpu_is_a_clear_error() -> None:
     )  # fmt: skip
     assert done.returncode == 2
     assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
+
+
+def test_cli_sweep_text_shows_the_curve_and_the_recommendation() -> None:
+    res = gpufleet(
+        "power", "sweep", "--sim", "1x1xh200", "--limits", "700,500,300", "--seconds", "5"
+    )
+    assert res.returncode == 0, res.stderr
+    assert "recommended: 700 W" in res.stdout  # 500 W is over 5 % slower for a bf16 matmul
+    assert "energy-delay optimum" in res.stdout and "original limits restored" in res.stdout
+
+
+def test_counter_energy_matches_integrated_power_within_one_percent() -> None:
+    node, backend, clock = _node("1x1xh100-sxm")
+    runner = SimRunner(node, backend, clock, "matmul-bf16")
+    runner.run([0], 2)  # settle
+    before = backend.total_energy_mj(0)
+    res = runner.run([0], 60)
+    after = backend.total_energy_mj(0)
+    counter_j = (after - before) / 1000
+    assert counter_j == pytest.approx(res.power_j[0], rel=0.01)
