@@ -38,6 +38,7 @@ COMMAND_MODULES = (
     "gpufleet.cli.mig",
     "gpufleet.cli.config",
     "gpufleet.cli.maintenance",
+    "gpufleet.cli.power",
 )
 
 

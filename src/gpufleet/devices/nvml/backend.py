@@ -539,6 +539,55 @@ class NvmlBackend(GpmReadings):
             events.append(GpuEvent(idx, None, "gpu_lost", now, detail="NVML_ERROR_GPU_IS_LOST"))
         return events
 
+    # ----- power limits and energy (the power advisor) ---------------------------------------
+    def power_limit_w(self, index: int) -> float | None:
+        """The power limit in force (W), None when NVML does not say."""
+        v = self._dev("nvmlDeviceGetPowerManagementLimit", index)
+        return None if v is None else float(v) / 1000.0
+
+    def power_limit_constraints_w(self, index: int) -> tuple[float, float] | None:
+        """(min, max) settable power limit in W, None when NVML does not say."""
+        v = self._dev("nvmlDeviceGetPowerManagementLimitConstraints", index)
+        return None if v is None else (float(v[0]) / 1000.0, float(v[1]) / 1000.0)
+
+    def default_power_limit_w(self, index: int) -> float | None:
+        """The board's default power limit in W, None when NVML does not say."""
+        v = self._dev("nvmlDeviceGetPowerManagementDefaultLimit", index)
+        return None if v is None else float(v) / 1000.0
+
+    def total_energy_mj(self, index: int) -> int | None:
+        """NVML's total energy counter (mJ since the driver loaded), None where unsupported."""
+        v = self._dev("nvmlDeviceGetTotalEnergyConsumption", index)
+        return None if v is None else int(v)
+
+    def set_power_limit_w(self, index: int, watts: float) -> None:
+        """Set the power limit through NVML; a clear DeviceError when refused (no permission,
+        out of range), never a silent no-op."""
+        self._ensure_init()
+        handle = self._handle(index)
+        self.nvml_calls += 1
+        try:
+            self._lib.nvmlDeviceSetPowerManagementLimit(handle, round(watts * 1000))
+        except self._lib.NVMLError as exc:
+            code = int(exc.value)
+            if code == self._lib.NVML_ERROR_NO_PERMISSION:
+                raise DeviceError(
+                    f"GPU {index} on {self.node_name}: setting the power limit needs root "
+                    f"(NVML_ERROR_NO_PERMISSION)",
+                    hint="run as root, or with sudo",
+                ) from exc
+            if code == self._lib.NVML_ERROR_INVALID_ARGUMENT:
+                lim = self.power_limit_constraints_w(index)
+                span = f" (allowed {lim[0]:.0f}-{lim[1]:.0f} W)" if lim else ""
+                raise DeviceError(
+                    f"GPU {index} on {self.node_name}: {watts:.0f} W is not a valid power "
+                    f"limit{span}"
+                ) from exc
+            raise DeviceError(
+                f"GPU {index} on {self.node_name}: setting the power limit failed: {exc} "
+                f"({error_name(code)})"
+            ) from exc
+
     def close(self) -> None:
         with self._lock:
             if self._initialised:

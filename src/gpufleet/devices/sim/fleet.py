@@ -34,6 +34,8 @@ class SimNode:
     rack: str | None = None
     driver_version: str = DEFAULT_DRIVER
     cuda_driver_version: int = DEFAULT_CUDA
+    # whether NVML's set calls succeed (root or a granted capability); False: NoPermission
+    power_admin: bool = True
     nvml: SimNvml = field(init=False)
 
     def __post_init__(self) -> None:
@@ -84,7 +86,12 @@ class SimFleet:
             for i in range(ns.gpus)
         ]
         return SimNode(
-            name=ns.name, gpus=gpus, clock=self.clock, rack=ns.rack, driver_version=driver
+            name=ns.name,
+            gpus=gpus,
+            clock=self.clock,
+            rack=ns.rack,
+            driver_version=driver,
+            power_admin=ns.power_admin,
         )
 
     def node(self, name: str) -> SimNode:

@@ -40,6 +40,7 @@ class Load:
     pcie_rx_bytes_per_s: float = 0.0
     nvlink_bytes_per_s: float = 0.0  # each way, spread over the active links
     kind: str = "bf16_matmul"
+    static: float = 0.0  # share of its power that does not follow the SM clock (catalog.power)
 
 
 def gpm_shares(load: Load) -> tuple[float, float]:
@@ -307,7 +308,7 @@ class SimGpu:
             reasons |= R.HW_POWER_BRAKE_SLOWDOWN | R.HW_SLOWDOWN
         if load is not None and load.util > 0:
             clock, power_target, capped = ph.steady_clock_and_power(
-                p, limit, load.util, load.intensity, clock_cap
+                p, limit, load.util, load.intensity, clock_cap, load.static
             )
             if capped:
                 reasons |= R.SW_POWER_CAP

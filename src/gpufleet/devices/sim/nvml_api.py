@@ -84,6 +84,7 @@ class SimNvml:
         self._lock = threading.Lock()
         self._missing = set(missing_functions)
         self.calls = 0  # how many NVML calls were made (benchmarks, tests)
+        self.set_limit_calls = 0  # nvmlDeviceSetPowerManagementLimit calls (tests)
         for name in self._missing:  # an older driver: the symbol is absent from libnvidia-ml
             setattr(self, name, _function_not_found)
 
@@ -265,6 +266,19 @@ class SimNvml:
         lo = m.power_limit_min_w if m.power_limit_min_w is not None else 0.5 * m.max_power_w
         hi = m.power_limit_max_w if m.power_limit_max_w is not None else m.max_power_w
         return [int(lo * 1000), int(hi * 1000)]
+
+    def nvmlDeviceSetPowerManagementLimit(self, h: SimHandle, limit_mw: int) -> None:
+        """As the driver: NoPermission without root (``SimNode.power_admin``), InvalidArgument
+        outside the constraints (checked first, as nvidia-smi -pl reports a bad value first)."""
+        gpu = self._gpu(h)
+        self.set_limit_calls += 1
+        lo, hi = self.nvmlDeviceGetPowerManagementLimitConstraints(h)
+        if not lo <= int(limit_mw) <= hi:
+            raise _err(pynvml.NVML_ERROR_INVALID_ARGUMENT)
+        if not self._node.power_admin:
+            raise _err(pynvml.NVML_ERROR_NO_PERMISSION)
+        with gpu.lock:
+            gpu.power_limit_w = int(limit_mw) / 1000.0
 
     def nvmlDeviceGetPowerManagementDefaultLimit(self, h: SimHandle) -> int:
         return int(self._gpu(h).model.max_power_w * 1000)

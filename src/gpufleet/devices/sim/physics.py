@@ -7,12 +7,13 @@ Calibration (``tests/fixtures/nvidia-h200/load_trace.json``, driver 580.159.04):
 - after the load: clocks stay at max and power ~122 W for a while (the driver lingers), the GPU
   cools 62 -> 43 C within a second, then slowly towards idle.
 
-Model: dynamic power grows with the square of the SM clock (P = idle + D * u * i * (f/fmax)^2,
-u utilization, i the workload's intensity relative to a bf16 matmul). D is set so that a bf16
-matmul at the power limit runs at 1470/1980 of the max clock, as measured (the catalog's
-performance model holds that ratio: ``gpufleet.catalog.performance.capped_clock_ratio``).
-When the demand at fmax exceeds the limit, the clock falls until power equals the limit
-(reason SW power cap).
+Model (shared with the power advisor: ``gpufleet.catalog.power``): a load's power has a static
+part (HBM, L2, NVLink: does not follow the SM clock) and a dynamic part growing with the square
+of the SM clock, P = idle + u * i * span * (s + (1 - s) * (f / f0)^2) (u utilization, i the
+workload's intensity relative to a bf16 matmul, s its static share, span max power - idle, f0
+the clock a bf16 matmul runs at under the default limit: 1470/1980 of the max clock, as measured;
+``gpufleet.catalog.performance.capped_clock_ratio``). When the demand at fmax exceeds the limit,
+the clock falls until power equals the limit (reason SW power cap).
 Power follows a first-order lag (tau 0.25 s); GPU temperature two lags (75 % fast, tau 0.7 s;
 25 % slow, tau 5 s) towards 35 C + R (P - idle); memory temperature one lag (tau 10 s).
 """
@@ -45,7 +46,7 @@ class PhysicsParams:
 
     idle_w: float
     max_sm_clock_mhz: float
-    dyn_full_w: float  # dynamic power of a bf16 matmul at full util and max clock
+    dyn_full_w: float  # power above idle of a bf16 matmul at full util and max clock (s = 0)
     r_c_per_w: float  # GPU temperature rise per watt above idle
     r_mem_c_per_w: float
     linger_w: float
@@ -80,18 +81,28 @@ class PhysicsState:
 
 
 def steady_clock_and_power(
-    p: PhysicsParams, limit_w: float, util: float, intensity: float, clock_cap_mhz: float | None
+    p: PhysicsParams,
+    limit_w: float,
+    util: float,
+    intensity: float,
+    clock_cap_mhz: float | None,
+    static: float = 0.0,
 ) -> tuple[float, float, bool]:
-    """Clock and power the GPU settles at for a load; True when the power cap holds it."""
+    """Clock and power the GPU settles at for a load; True when the power cap holds it.
+
+    ``static``: the share of the load's power at f0 that does not follow the SM clock
+    (``gpufleet.catalog.power`` profiles; 0 is the purely dynamic model)."""
     fmax = p.max_sm_clock_mhz if clock_cap_mhz is None else min(p.max_sm_clock_mhz, clock_cap_mhz)
-    demand_dyn = p.dyn_full_w * util * intensity
-    if demand_dyn <= 0:
+    r0 = perf.capped_clock_ratio()
+    at_r0 = p.dyn_full_w * r0**2 * util * intensity  # the load's power above idle at f0
+    if at_r0 <= 0:
         return fmax, p.idle_w, False
-    full = p.idle_w + demand_dyn * (fmax / p.max_sm_clock_mhz) ** 2
+    full = p.idle_w + at_r0 * (static + (1.0 - static) * (fmax / p.max_sm_clock_mhz / r0) ** 2)
     if full <= limit_w:
         return fmax, full, False
     held = limit_w * CAP_HOLD_RATIO
-    ratio = math.sqrt(max(held - p.idle_w, 0.0) / demand_dyn)
+    x = ((held - p.idle_w) / at_r0 - static) / (1.0 - static)
+    ratio = r0 * math.sqrt(max(x, 0.0))
     clock = max(IDLE_SM_CLOCK_MHZ, min(fmax, p.max_sm_clock_mhz * ratio))
     return clock, held, True
 

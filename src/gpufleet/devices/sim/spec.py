@@ -52,6 +52,7 @@ class NodeEntry(_FileModel):
     vbios_version: str | None = None
     mig_enabled: Annotated[bool, Field(strict=True)] = False
     mig_layout: list[str] = Field(default_factory=list)
+    power_admin: Annotated[bool, Field(strict=True)] = True  # False: set calls get NoPermission
 
 
 class FaultEntry(_FileModel):
@@ -128,6 +129,7 @@ class NodeSpec:
     vbios_version: str | None = None
     mig_enabled: bool = False
     mig_layout: tuple[str, ...] = ()  # GPU-instance profiles, e.g. ("3g.71gb", "4g.71gb")
+    power_admin: bool = True  # whether NVML set calls succeed (as root); False: NoPermission
 
 
 @dataclass(frozen=True)
@@ -241,6 +243,7 @@ def parse_fleet_yaml(text: str, source: str = "<fleet>") -> FleetSpec:
                     vbios_version=item.vbios_version,
                     mig_enabled=item.mig_enabled or bool(item.mig_layout),
                     mig_layout=tuple(item.mig_layout),
+                    power_admin=item.power_admin,
                 )
             )
     names = [n.name for n in nodes]
