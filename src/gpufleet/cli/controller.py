@@ -58,6 +58,13 @@ MaxNodesOption = typer.Option(
     min=0,
     help="Nodes one agent token not bound to a node may push for (0: no limit).",
 )
+PrometheusOption = typer.Option(
+    None,
+    "--prometheus-url",
+    envvar="GPUFLEET_PROMETHEUS_URL",
+    help="Read the series API and the dashboard's charts from this Prometheus "
+    "(http://HOST:9090) instead of the controller's memory.",
+)
 
 
 def _open_store(data_dir: Path | None, db_url: str | None) -> ControlStore:
@@ -116,6 +123,7 @@ def register(app: typer.Typer) -> None:
         tls_cert: Path | None = TlsCertOption,
         tls_key: Path | None = TlsKeyOption,
         max_nodes: int = MaxNodesOption,
+        prometheus_url: str | None = PrometheusOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane (the default when no subcommand is given)."""
@@ -123,7 +131,18 @@ def register(app: typer.Typer) -> None:
         if ctx.invoked_subcommand is None:
             tls = _tls(tls_cert, tls_key)
             backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-            _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes)
+            _serve(
+                data_dir,
+                db_url,
+                host,
+                port,
+                policy,
+                json_out,
+                backend,
+                tls,
+                max_nodes,
+                prometheus_url,
+            )
 
     @ctl.command("serve")
     def serve_cmd(
@@ -138,12 +157,15 @@ def register(app: typer.Typer) -> None:
         tls_cert: Path | None = TlsCertOption,
         tls_key: Path | None = TlsKeyOption,
         max_nodes: int = MaxNodesOption,
+        prometheus_url: str | None = PrometheusOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane."""
         tls = _tls(tls_cert, tls_key)
         backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-        _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes)
+        _serve(
+            data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes, prometheus_url
+        )
 
     @ctl.command("migrate")
     def migrate_cmd(
@@ -482,10 +504,14 @@ def _serve(
     scheduler: SchedulerBackend,
     tls: TlsFiles | None = None,
     max_nodes: int = DEFAULT_MAX_NODES_PER_TOKEN,
+    prometheus_url: str | None = None,
 ) -> None:
     from gpufleet.cli.process import private_state
     from gpufleet.control.remediation import load_policy
+    from gpufleet.control.series_source import check_url
     from gpufleet.control.up import build_service, serve
+
+    prometheus_url = check_url(prometheus_url) if prometheus_url else None
 
     private_state(None if _db_url(db_url) else _data_dir(data_dir))
     lock = _controller_lock(data_dir, db_url)
@@ -496,6 +522,7 @@ def _serve(
         policy=load_policy(policy),
         max_nodes_per_token=max_nodes,
     )
+    service.config.prometheus_url = prometheus_url  # read when the API is built (serve)
     service.start()
     url = f"{'https' if tls else 'http'}://{host}:{port}"
 
