@@ -308,7 +308,9 @@ def _raw_fields(
         by_key[key].append(series)
     if not by_key:
         return {}
-    best = max(by_key.values(), key=lambda ss: sum(len(s.get("values", [])) for s in ss))
+    _count, _key, best = max(
+        (sum(len(s.get("values", [])) for s in ss), key, ss) for key, ss in by_key.items()
+    )
     out: dict[str, dict[float, float]] = defaultdict(dict)
     for s in best:
         name = s.get("metric", {}).get("__name__", "")
