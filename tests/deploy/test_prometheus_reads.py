@@ -104,6 +104,7 @@ def _controller(
         args += ["--prometheus-url", prometheus]
     proc, ready = start([*args, "--json"], home)
     assert ready["url"] == url
+    assert ready["series"] == ("prometheus" if prometheus else "memory")
     return proc
 
 

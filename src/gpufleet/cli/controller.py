@@ -528,7 +528,14 @@ def _serve(
 
     def ready() -> None:
         if json_out:
-            emit_json({"url": url, "api": f"{url}/api/v1", "database": service.url.split("@")[-1]})
+            emit_json(
+                {
+                    "url": url,
+                    "api": f"{url}/api/v1",
+                    "database": service.url.split("@")[-1],
+                    "series": "prometheus" if prometheus_url else "memory",
+                }
+            )
         else:
             console.print(  # one line: logs and scripts grep for the URL
                 f"gpufleet controller listening on {url} (API {url}/api/v1/docs)",
