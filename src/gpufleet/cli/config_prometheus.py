@@ -1,4 +1,6 @@
-"""`gpufleet config prometheus`: a scrape config for the node agents and example alert rules."""
+"""`gpufleet config prometheus`: a scrape config for the node agents (static targets, or
+discovered from the controller's node list by HTTP or file service discovery) and example
+alert rules."""
 
 from __future__ import annotations
 
