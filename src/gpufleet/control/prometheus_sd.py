@@ -9,7 +9,8 @@ own ``Hostname`` label already.
 
 Each node is one group: its agent at ``NODE:PORT`` (``PORT`` 9400 by default, the agent's and
 dcgm-exporter's port), or at the address in the node's ``metrics_address`` label
-(``PATCH /api/v1/nodes/NAME``, ``Client.set_node(labels=...)``) when its name does not resolve to the agent.
+(``PATCH /api/v1/nodes/NAME``, ``Client.set_node(labels=...)``) when its name does not
+resolve to the agent.
 """
 
 from __future__ import annotations
