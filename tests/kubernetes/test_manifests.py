@@ -150,7 +150,12 @@ def test_cli_config_kubernetes(tmp_path: Any) -> None:
     assert r.exit_code == 0, r.output
     doc = json.loads(r.stdout)
     kinds = [o["kind"] for o in doc["objects"]]
-    assert kinds.count("ConfigMap") == 2 and "DaemonSet" in kinds
+    operator_cms = [
+        o
+        for o in doc["objects"]
+        if o["kind"] == "ConfigMap" and o["metadata"]["namespace"] == "gpu-operator"
+    ]
+    assert len(operator_cms) == 2 and "DaemonSet" in kinds
     assert (tmp_path / "k8s" / "gpu-operator-values.yaml").exists()
     loaded = list(yaml.safe_load_all((tmp_path / "k8s" / "gpufleet.yaml").read_text()))
     assert loaded == doc["objects"]

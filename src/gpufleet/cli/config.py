@@ -11,6 +11,7 @@ import typer
 
 CONFIG_MODULES = (
     "gpufleet.cli.config_agent",
+    "gpufleet.cli.config_controller",
     "gpufleet.cli.config_prometheus",
     "gpufleet.cli.config_alertmanager",
     "gpufleet.cli.config_slurm",

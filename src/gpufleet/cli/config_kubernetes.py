@@ -1,5 +1,6 @@
-"""`gpufleet config kubernetes`: agent DaemonSet, RBAC, Service, ServiceMonitor, ConfigMaps and
-GPU Operator Helm values."""
+"""`gpufleet config kubernetes`: agent DaemonSet, RBAC, Service, ServiceMonitor, ConfigMaps, the
+control plane (Deployment, Service, PodDisruptionBudget, database Secret, policy ConfigMap) and
+GPU Operator Helm values. Every namespace an object lives in is created first."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ from typing import Any
 import typer
 import yaml
 
-from gpufleet.cli.common import JsonOption
-from gpufleet.cli.output import console, emit_json
+from gpufleet.cli.common import JsonOption, http_url
+from gpufleet.cli.output import console, emit_json, err_console
 from gpufleet.errors import ConfigError, ParseError, UsageError
 from gpufleet.yamldoc import read_text_file, read_yaml
 
@@ -20,6 +21,58 @@ def _load_yaml(path: Path) -> dict[str, Any]:
     if not isinstance(doc, dict) or doc.get("version") != "v1" or "mig-configs" not in doc:
         raise ParseError(str(path), "version/mig-configs", "not a mig-parted config (version: v1)")
     return doc
+
+
+def _db_url(path: Path) -> str:
+    text = read_text_file(path, "--db-url-file").strip()
+    url = text.splitlines()[0].strip() if text else ""
+    if not url.startswith(("postgresql://", "postgresql+psycopg://")):
+        raise UsageError(f"--db-url-file {path}: expected one line postgresql://USER:PASS@HOST/DB")
+    return url
+
+
+def _policy_yaml(path: Path | None) -> str:
+    """The policy file's text once it validates (the controller would refuse it at start),
+    else the defaults written out."""
+    from gpufleet.control.remediation import RemediationPolicy, load_policy
+
+    if path is None:
+        return yaml.safe_dump(RemediationPolicy().model_dump(mode="json"), sort_keys=False)
+    load_policy(path)
+    return read_text_file(path, "--policy")
+
+
+def _image_of(objs: list[dict[str, Any]]) -> str:
+    """The agents' image: the controller runs the same one."""
+    for o in objs:
+        if o["kind"] == "DaemonSet":
+            return str(o["spec"]["template"]["spec"]["containers"][0]["image"])
+    raise ConfigError("no agent DaemonSet among the generated objects")
+
+
+def namespaces_first(objs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``objs`` with a Namespace for every namespace an object lives in, all of them first
+    (``kubectl apply -f`` creates in file order; an object whose namespace does not exist yet
+    is refused)."""
+    spaces = [o for o in objs if o["kind"] == "Namespace"]
+    rest = [o for o in objs if o["kind"] != "Namespace"]
+    have = {o["metadata"]["name"] for o in spaces}
+    for o in rest:
+        ns = o["metadata"].get("namespace")
+        if ns and ns not in have:
+            have.add(ns)
+            labels = {"app.kubernetes.io/part-of": "gpufleet"}
+            if ns == "gpu-operator":
+                # GPU Operator install docs: its namespace runs privileged pods
+                labels["pod-security.kubernetes.io/enforce"] = "privileged"
+            spaces.append(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Namespace",
+                    "metadata": {"name": ns, "labels": labels},
+                }
+            )
+    return spaces + rest
 
 
 def kubernetes_cmd(
@@ -39,10 +92,37 @@ def kubernetes_cmd(
     dcgm_exporter: bool = typer.Option(
         False, "--dcgm-exporter/--no-dcgm-exporter", help="Keep the Operator's dcgm-exporter."
     ),
+    control_plane: bool = typer.Option(
+        True, "--control-plane/--no-control-plane", help="Also the controller's objects."
+    ),
+    controller_replicas: int = typer.Option(
+        2, "--controller-replicas", help="Controller pods (on one PostgreSQL)."
+    ),
+    controller_scheduler: str = typer.Option(
+        "kubernetes", "--controller-scheduler", help="The controller's --scheduler."
+    ),
+    db_url_file: Path | None = typer.Option(
+        None,
+        "--db-url-file",
+        help="File holding the PostgreSQL URL for the Secret (else a placeholder to edit).",
+        metavar="FILE",
+    ),
+    policy: Path | None = typer.Option(
+        None, "--policy", help="Remediation policy YAML for the ConfigMap (else defaults)."
+    ),
+    prometheus_url: str | None = typer.Option(
+        None, "--prometheus-url", help="The controller reads series from this Prometheus."
+    ),
     as_json: bool = JsonOption,
 ) -> None:
     """Kubernetes manifests and GPU Operator values for gpufleet."""
     from gpufleet.mig.sharing import mps_config, time_slicing_config
+    from gpufleet.schedulers.kubernetes.control_plane import (
+        API_PORT,
+        CONTROLLER,
+        SECRET,
+        control_plane_objects,
+    )
     from gpufleet.schedulers.kubernetes.manifests import gpu_operator_values, kubernetes_objects
 
     if mig_strategy not in ("single", "mixed"):
@@ -57,6 +137,8 @@ def kubernetes_cmd(
     kwargs: dict[str, Any] = {}
     if image:
         kwargs["image"] = image
+    if control_plane and controller_url is None:
+        controller_url = f"http://{CONTROLLER}.{namespace}.svc:{API_PORT}"
     objs = kubernetes_objects(
         namespace=namespace,
         controller_url=controller_url,
@@ -66,6 +148,27 @@ def kubernetes_cmd(
         sharing_name=sharing,
         **kwargs,
     )
+    secret = False
+    if control_plane:
+        if controller_replicas < 1:
+            raise UsageError("--controller-replicas must be at least 1")
+        db_url = _db_url(db_url_file) if db_url_file else None
+        secret = db_url is not None
+        objs += control_plane_objects(
+            namespace=namespace,
+            image=_image_of(objs),
+            replicas=controller_replicas,
+            db_url=db_url,
+            policy_yaml=_policy_yaml(policy),
+            scheduler=controller_scheduler,
+            prometheus_url=http_url(prometheus_url, "--prometheus-url") if prometheus_url else None,
+        )
+        if not secret:
+            err_console.print(
+                f"the Secret {SECRET} holds a placeholder database URL: edit it, or give "
+                "--db-url-file"
+            )
+    objs = namespaces_first(objs)
     values = gpu_operator_values(
         mig_strategy=mig_strategy, sharing=sharing, agent_exports=not dcgm_exporter
     )
@@ -74,7 +177,11 @@ def kubernetes_cmd(
     if out is not None:
         try:
             out.mkdir(parents=True, exist_ok=True)
-            (out / "gpufleet.yaml").write_text(manifests, encoding="utf-8")
+            path = out / "gpufleet.yaml"
+            if secret:  # the database password is in it: private before anything is written
+                path.touch(mode=0o600)
+                path.chmod(0o600)
+            path.write_text(manifests, encoding="utf-8")
             (out / "gpu-operator-values.yaml").write_text(values_text, encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"{out}: cannot write: {exc.strerror or exc}") from exc

@@ -1,14 +1,19 @@
-"""`gpufleet config prometheus`: a scrape config for the node agents and example alert rules."""
+"""`gpufleet config prometheus`: a scrape config for the node agents (static targets, or
+discovered from the controller's node list by HTTP or file service discovery) and example
+alert rules."""
 
 from __future__ import annotations
 
+import json
+import os
 from pathlib import Path
 
 import typer
 import yaml
 
-from gpufleet.cli.common import JsonOption, host_port
-from gpufleet.cli.output import emit_json
+from gpufleet.cli.common import JsonOption, TokenFileOption, host_port, http_url, read_token
+from gpufleet.cli.output import emit_json, err_console
+from gpufleet.control.prometheus_sd import DEFAULT_AGENT_PORT, META
 from gpufleet.errors import ConfigError, UsageError
 
 # Alert rules over the agents' metrics. Thresholds: XID codes and actions come from the catalog
@@ -132,22 +137,68 @@ ALERT_RULES: list[dict[str, object]] = [*NODE_RULES, *GPU_RULES]
 
 
 def scrape_config(
-    targets: list[str], interval_s: int = 15, rules_file: str | None = "gpufleet-rules.yml"
+    targets: list[str],
+    interval_s: int = 15,
+    rules_file: str | None = "gpufleet-rules.yml",
+    *,
+    discovery: dict[str, object] | None = None,
 ) -> dict[str, object]:
+    """The Prometheus config; ``discovery`` (`http_sd`, `file_sd`) replaces the static
+    ``targets``."""
+    job: dict[str, object] = {
+        "job_name": "gpufleet-agent",
+        "scrape_interval": f"{interval_s}s",
+        "metrics_path": "/metrics",
+    }
+    job.update(discovery or {"static_configs": [{"targets": targets}]})
+    if discovery:
+        job["relabel_configs"] = SD_RELABEL
     doc: dict[str, object] = {
         "global": {"scrape_interval": f"{interval_s}s", "evaluation_interval": f"{interval_s}s"},
-        "scrape_configs": [
-            {
-                "job_name": "gpufleet-agent",
-                "scrape_interval": f"{interval_s}s",
-                "metrics_path": "/metrics",
-                "static_configs": [{"targets": targets}],
-            }
-        ],
+        "scrape_configs": [job],
     }
     if rules_file:
         doc["rule_files"] = [rules_file]
     return doc
+
+
+# Discovered targets: keep the controller's rack and tenant as labels of every series.
+SD_RELABEL: list[dict[str, object]] = [
+    {"source_labels": [f"{META}rack"], "target_label": "rack"},
+    {"source_labels": [f"{META}tenant"], "target_label": "tenant"},
+]
+
+
+def http_sd(
+    controller: str, token_file: str, refresh_s: int, port: int = DEFAULT_AGENT_PORT
+) -> dict[str, object]:
+    """``http_sd_configs`` reading the controller's ``/api/v1/prometheus/sd`` with a viewer
+    token that Prometheus reads from ``token_file`` (https://prometheus.io/docs/prometheus/
+    latest/configuration/configuration/#http_sd_config)."""
+    url = controller.rstrip("/") + "/api/v1/prometheus/sd"
+    if port != DEFAULT_AGENT_PORT:
+        url += f"?port={port}"
+    cfg = {
+        "url": url,
+        "refresh_interval": f"{refresh_s}s",
+        "authorization": {"type": "Bearer", "credentials_file": token_file},
+    }
+    return {"http_sd_configs": [cfg]}
+
+
+def file_sd(path: str, refresh_s: int) -> dict[str, object]:
+    """``file_sd_configs`` reading a target file (Prometheus also watches it for changes)."""
+    return {"file_sd_configs": [{"files": [path], "refresh_interval": f"{refresh_s}s"}]}
+
+
+def write_sd_file(path: Path, groups: list[dict[str, object]]) -> None:
+    """Write the target groups atomically (Prometheus may read the file at any moment)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(json.dumps(groups, indent=1) + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write: {exc.strerror or exc}") from exc
 
 
 def rules_doc() -> dict[str, object]:
@@ -173,14 +224,61 @@ def register_config(config_app: typer.Typer) -> None:
             None, "--rules-out", help="Also write the alert rules to this file."
         ),
         rules_only: bool = typer.Option(False, "--rules", help="Print the alert rules instead."),
+        controller: str | None = typer.Option(
+            None,
+            "--controller",
+            help="Discover the agents from this controller's node list (instead of --target).",
+        ),
+        sd: str = typer.Option(
+            "http",
+            "--sd",
+            help="With --controller: http (Prometheus asks the controller) or file (write "
+            "--sd-file now from the controller's node list).",
+        ),
+        sd_file: Path | None = typer.Option(
+            None, "--sd-file", help="--sd file: the target file to write.", metavar="FILE"
+        ),
+        sd_token_file: str = typer.Option(
+            "/etc/prometheus/gpufleet-token",
+            "--sd-token-file",
+            help="--sd http: where Prometheus reads a viewer token from.",
+        ),
+        sd_refresh: int = typer.Option(60, "--sd-refresh", help="Re-discovery, seconds."),
+        agent_port: int = typer.Option(
+            DEFAULT_AGENT_PORT, "--agent-port", help="The agents' /metrics port."
+        ),
+        token: str | None = typer.Option(
+            None, "--token", envvar="GPUFLEET_TOKEN", help="--sd file: token to read nodes."
+        ),
+        token_file: Path | None = TokenFileOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Print a Prometheus scrape config for the agents (and example alert rules)."""
         if interval < 1:
             raise UsageError("--interval must be at least 1 second")
+        if sd_refresh < 1:
+            raise UsageError("--sd-refresh must be at least 1 second")
+        if not 1 <= agent_port <= 65535:
+            raise UsageError(f"--agent-port {agent_port}: expected 1-65535")
         targets = [host_port(t, "--target") for t in target or ["localhost:9400"]]
         rules_name = rules_out.name if rules_out else "gpufleet-rules.yml"
-        config = scrape_config(targets, interval, rules_name)
+        discovery = None
+        if controller is not None:
+            if target:
+                raise UsageError("give --target or --controller, not both")
+            http_url(controller, "--controller")
+            if sd == "http":
+                discovery = http_sd(controller, sd_token_file, sd_refresh, agent_port)
+            elif sd == "file":
+                if sd_file is None:
+                    raise UsageError("--sd file needs --sd-file FILE")
+                discovery = file_sd(str(sd_file.resolve()), sd_refresh)
+                groups = _fetch_targets(controller, read_token(token, token_file), agent_port)
+                write_sd_file(sd_file, groups)
+                err_console.print(f"wrote {len(groups)} target group(s) to {sd_file}")
+            else:
+                raise UsageError(f"--sd {sd!r}: use http or file")
+        config = scrape_config(targets, interval, rules_name, discovery=discovery)
         if rules_out is not None:
             try:
                 rules_out.write_text(yaml.safe_dump(rules_doc(), sort_keys=False), encoding="utf-8")
@@ -191,3 +289,16 @@ def register_config(config_app: typer.Typer) -> None:
             return
         doc = rules_doc() if rules_only else config
         typer.echo(yaml.safe_dump(doc, sort_keys=False), nl=False)
+
+
+def _fetch_targets(controller: str, token: str | None, port: int) -> list[dict[str, object]]:
+    """The controller's HTTP SD answer (the same groups Prometheus would fetch)."""
+    from gpufleet.client import Client
+
+    if not token:
+        raise UsageError("--sd file needs --token-file (or GPUFLEET_TOKEN_FILE, --token)")
+    with Client(controller, token, timeout_s=30.0) as client:
+        groups = client.request("GET", "/prometheus/sd", params={"port": port})
+    if not isinstance(groups, list):
+        raise ConfigError(f"{controller}: /api/v1/prometheus/sd answered no list")
+    return groups

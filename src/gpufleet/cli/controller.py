@@ -64,6 +64,13 @@ NotifyOption = typer.Option(
     help="Notifications YAML: webhooks (HMAC-signed, or Slack) and email on node state "
     "changes, circuit breaker, failed validations (docs/alerts.md).",
 )
+PrometheusOption = typer.Option(
+    None,
+    "--prometheus-url",
+    envvar="GPUFLEET_PROMETHEUS_URL",
+    help="Read the series API and the dashboard's charts from this Prometheus "
+    "(http://HOST:9090) instead of the controller's memory.",
+)
 
 
 def _open_store(data_dir: Path | None, db_url: str | None) -> ControlStore:
@@ -123,6 +130,7 @@ def register(app: typer.Typer) -> None:
         tls_cert: Path | None = TlsCertOption,
         tls_key: Path | None = TlsKeyOption,
         max_nodes: int = MaxNodesOption,
+        prometheus_url: str | None = PrometheusOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane (the default when no subcommand is given)."""
@@ -130,7 +138,19 @@ def register(app: typer.Typer) -> None:
         if ctx.invoked_subcommand is None:
             tls = _tls(tls_cert, tls_key)
             backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-            _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes, notify)
+            _serve(
+                data_dir,
+                db_url,
+                host,
+                port,
+                policy,
+                json_out,
+                backend,
+                tls,
+                max_nodes,
+                notify,
+                prometheus_url,
+            )
 
     @ctl.command("serve")
     def serve_cmd(
@@ -146,12 +166,25 @@ def register(app: typer.Typer) -> None:
         tls_cert: Path | None = TlsCertOption,
         tls_key: Path | None = TlsKeyOption,
         max_nodes: int = MaxNodesOption,
+        prometheus_url: str | None = PrometheusOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane."""
         tls = _tls(tls_cert, tls_key)
         backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-        _serve(data_dir, db_url, host, port, policy, json_out, backend, tls, max_nodes, notify)
+        _serve(
+            data_dir,
+            db_url,
+            host,
+            port,
+            policy,
+            json_out,
+            backend,
+            tls,
+            max_nodes,
+            notify,
+            prometheus_url,
+        )
 
     @ctl.command("migrate")
     def migrate_cmd(
@@ -491,14 +524,18 @@ def _serve(
     tls: TlsFiles | None = None,
     max_nodes: int = DEFAULT_MAX_NODES_PER_TOKEN,
     notify: Path | None = None,
+    prometheus_url: str | None = None,
 ) -> None:
     from gpufleet.cli.process import private_state
     from gpufleet.control.notify import attach, build_notifier, database_id
     from gpufleet.control.notify_config import load_notify
     from gpufleet.control.remediation import load_policy
+    from gpufleet.control.series_source import check_url
     from gpufleet.control.up import build_service, serve
 
     notifier = build_notifier(load_notify(notify), str(notify)) if notify else None
+    prometheus_url = check_url(prometheus_url) if prometheus_url else None
+
     private_state(None if _db_url(db_url) else _data_dir(data_dir))
     lock = _controller_lock(data_dir, db_url)
     service = build_service(
@@ -510,12 +547,20 @@ def _serve(
     )
     if notifier is not None:  # issue 18: webhooks and email on node and breaker events
         attach(service.store.sessions, notifier.start(), database_id(service.url))
+    service.config.prometheus_url = prometheus_url  # read when the API is built (serve)
     service.start()
     url = f"{'https' if tls else 'http'}://{host}:{port}"
 
     def ready() -> None:
         if json_out:
-            emit_json({"url": url, "api": f"{url}/api/v1", "database": service.url.split("@")[-1]})
+            emit_json(
+                {
+                    "url": url,
+                    "api": f"{url}/api/v1",
+                    "database": service.url.split("@")[-1],
+                    "series": "prometheus" if prometheus_url else "memory",
+                }
+            )
         else:
             console.print(  # one line: logs and scripts grep for the URL
                 f"gpufleet controller listening on {url} (API {url}/api/v1/docs)",

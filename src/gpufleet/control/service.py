@@ -49,6 +49,8 @@ class ServiceConfig:
     # a revocation takes effect within about this long on every controller
     token_poll_s: float = 0.1
     max_nodes_per_token: int = DEFAULT_MAX_NODES_PER_TOKEN  # unbound agent tokens; 0: no limit
+    # series API reads from this Prometheus (gpufleet.control.series_source); None: memory
+    prometheus_url: str | None = None
 
 
 class ControlService:

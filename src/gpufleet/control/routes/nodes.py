@@ -12,6 +12,7 @@ from gpufleet.control import schemas as sc
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.lifecycle import Action, NodeState
 from gpufleet.control.routes.deps import Auth, Creds, Limit, NodeName
+from gpufleet.control.series_source import SeriesUnavailable, make_source
 from gpufleet.control.service import ControlService
 from gpufleet.errors import UsageError
 
@@ -22,6 +23,7 @@ Model = Annotated[str | None, Query(max_length=64)]
 
 def router(service: ControlService, auth: Auth) -> APIRouter:
     store = service.store
+    source = make_source(service.config.prometheus_url)
     api = APIRouter()
     Viewer = Annotated[Principal, auth.viewer]
     Operator = Annotated[Principal, auth.operator]
@@ -85,14 +87,18 @@ def router(service: ControlService, auth: Auth) -> APIRouter:
         resolution: Annotated[str, Query(pattern="^(raw|minute)$")] = "raw",
         since_s: Annotated[float | None, Query(ge=0, le=1e11)] = None,
     ) -> sc.Series:
-        """One GPU over time: ``raw`` from memory (recent minutes), ``minute`` from rollups."""
+        """One GPU over time: ``raw`` from memory (recent minutes), ``minute`` from rollups;
+        with ``controller --prometheus-url`` both from Prometheus (503 when it does not
+        answer)."""
         names = fields or list(qy.FIELD_INDEX)
         bad = [f for f in names if f not in qy.FIELD_INDEX]
         if bad:
             raise UsageError(f"unknown field(s) {bad}; known: {list(qy.FIELD_INDEX)}")
-        return qy.series(
-            store, auth.node_for(name, who), index, names, resolution=resolution, since_s=since_s
-        )
+        nc = auth.node_for(name, who)
+        try:
+            return source.series(store, nc, index, names, resolution=resolution, since_s=since_s)
+        except SeriesUnavailable as exc:
+            raise HTTPException(503, str(exc)) from None
 
     @api.get("/gpus", tags=["fleet"])
     def gpus_list(

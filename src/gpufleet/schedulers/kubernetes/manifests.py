@@ -89,8 +89,11 @@ def _daemonset(
             "privileged": False,
             "allowPrivilegeEscalation": False,
             "readOnlyRootFilesystem": True,
-            # NVML opens /dev/nvidiactl, root-owned (mode 0666 on most hosts)
+            # NVML opens /dev/nvidiactl, root-owned (mode 0666 on most hosts); the state
+            # directory is a hostPath the kubelet creates root-owned 0755, which the image's
+            # default user (Dockerfile: uid 10001) could not write: root, without capabilities
             "runAsNonRoot": False,
+            "runAsUser": 0,
             "capabilities": {"drop": ["ALL"]},
         }
     elif nvml_access == "host-devices":
