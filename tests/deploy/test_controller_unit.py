@@ -51,7 +51,7 @@ def test_hardened_like_the_agent_and_secrets_from_the_environment_file() -> None
 
 def test_environment_variables_reach_the_controller_options(monkeypatch: MonkeyPatch) -> None:
     """The names the unit documents are the ones `gpufleet controller` reads."""
-    from gpufleet.cli import controller
+    from gpufleet.cli import controller_common as controller
 
     res = runner.invoke(app, ["controller", "--help"], env={"COLUMNS": "200"})
     assert res.exit_code == 0

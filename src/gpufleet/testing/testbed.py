@@ -213,7 +213,7 @@ class UpAgents:
     token: str
     fleet: SimFleet
     state_dir: Path
-    push_interval_s: float = 1.0  # `gpufleet up` with jobs (gpufleet.cli.controller._up)
+    push_interval_s: float = 1.0  # `gpufleet up` with jobs (gpufleet.cli.up_run.run_up)
     heartbeat_interval_s: float = 2.0
     driver: Any = None
     # node name -> a token bound to it, as `up` makes them (only those may offer job slots)

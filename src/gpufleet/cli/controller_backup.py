@@ -1,0 +1,99 @@
+"""`gpufleet controller backup|restore`: the database and key files to one file and back
+(docs/control-plane.md, "Backup and restore")."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import typer
+
+from gpufleet.cli.common import JsonOption
+from gpufleet.cli.output import console, emit_json
+
+if TYPE_CHECKING:
+    pass
+
+from gpufleet.cli.controller_common import DataDirOption, DbUrlOption, _data_dir, _db_url
+
+
+def register_backup(ctl: typer.Typer) -> None:
+    """Attach `controller backup` and `controller restore`."""
+
+    def _url_and_dir(
+        ctx: typer.Context, data_dir: Path | None, db_url: str | None
+    ) -> tuple[str, Path | None]:
+        from gpufleet.control.db import database_url
+
+        parent = ctx.parent.obj if ctx.parent and ctx.parent.obj else {}
+        url_opt = _db_url(db_url or parent.get("db_url"))
+        ddir = _data_dir(data_dir or parent.get("data_dir"))
+        return database_url(None if url_opt else ddir, url_opt), ddir
+
+    @ctl.command("backup")
+    def backup_cmd(
+        ctx: typer.Context,
+        to: Path = typer.Option(
+            ..., "--to", help="The backup file to write (0600).", metavar="FILE"
+        ),
+        data_dir: Path | None = DataDirOption,
+        db_url: str | None = DbUrlOption,
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Back up the database and key files, safely while the controller runs."""
+        from gpufleet.control.backup import backup
+        from gpufleet.control.db import current_revision, make_engine
+
+        url, ddir = _url_and_dir(ctx, data_dir, db_url)
+        engine = make_engine(url)
+        try:
+            rev = current_revision(engine)
+        finally:
+            engine.dispose()
+        info = backup(url, ddir, to, rev)
+        if json_out:
+            emit_json(info.__dict__)
+        else:
+            console.print(
+                f"backed up {info.database} database (revision {info.revision}) and "
+                f"{len(info.members) - 1} key file(s) to {info.path} ({info.bytes:,} bytes)",
+                highlight=False,
+            )
+
+    @ctl.command("restore")
+    def restore_cmd(
+        ctx: typer.Context,
+        source: Path = typer.Argument(
+            ..., help="A file written by `controller backup`.", metavar="FILE"
+        ),
+        force: bool = typer.Option(False, "--force", help="Replace a database that holds nodes."),
+        data_dir: Path | None = DataDirOption,
+        db_url: str | None = DbUrlOption,
+        json_out: bool = JsonOption,
+    ) -> None:
+        """Restore a backup (the controller must be stopped), then migrate to this version."""
+        from gpufleet.control.backup import restore
+        from gpufleet.control.db import make_engine, migrate
+
+        url, ddir = _url_and_dir(ctx, data_dir, db_url)
+        manifest = restore(source, url, ddir, force=force)
+        engine = make_engine(url)
+        try:
+            rev = migrate(engine)
+        finally:
+            engine.dispose()
+        if json_out:
+            emit_json(
+                {
+                    "restored": str(source),
+                    "from_revision": manifest.get("revision"),
+                    "revision": rev,
+                    "created_s": manifest.get("created_s"),
+                }
+            )
+        else:
+            console.print(
+                f"restored {source} (taken at revision {manifest.get('revision')}); database now "
+                f"at revision {rev}",
+                highlight=False,
+            )
