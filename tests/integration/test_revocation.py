@@ -1,10 +1,13 @@
 """A token revoked with `gpufleet token revoke` (the CLI writes the database, not the API)
-stops working on every running controller replica within 1 s, on SQLite and PostgreSQL: two
-real controller processes share one database, both have the token cached, the CLI revokes it."""
+stops working on every running controller within 1 s, on SQLite and PostgreSQL: the
+controllers have the token cached, the CLI revokes it. On PostgreSQL two real controller
+processes share the database; SQLite allows one controller per data directory (its lock
+refuses a second, checked here too)."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
 import time
 from pathlib import Path
 
@@ -12,7 +15,7 @@ import httpx
 import pytest
 
 from tests.control.conftest import _reset_pg, pg_url
-from tests.integration.processes import cli, start, stop
+from tests.integration.processes import GPUFLEET, cli, env_for, start, stop
 
 __all__ = ["pg_url"]  # the private PostgreSQL server fixture, shared with the control tests
 
@@ -44,7 +47,8 @@ def test_cli_revocation_reaches_every_replica_within_a_second(
     procs = []
     try:
         urls = []
-        for _ in range(2):
+        sqlite = "--data-dir" in db_args
+        for _ in range(1 if sqlite else 2):
             proc, info = start(
                 [
                     "controller",
@@ -59,7 +63,16 @@ def test_cli_revocation_reaches_every_replica_within_a_second(
             )
             procs.append(proc)
             urls.append(info["url"])
-        for url in urls:  # both answer, and so hold the token in their cache
+        if sqlite:  # a second controller on the same SQLite file is refused, clearly
+            second = subprocess.run(
+                [*GPUFLEET, "controller", *db_args, "--port", str(free_port()), "--json"],
+                capture_output=True,
+                text=True,
+                env=env_for(tmp_path),
+                timeout=60,
+            )
+            assert second.returncode == 2 and "stop it first" in second.stderr, second.stderr
+        for url in urls:  # they answer, and so hold the token in their cache
             assert _status(url, token) == 200
             assert _status(url, token) == 200
         cli(["token", "revoke", str(token_id), *db_args], tmp_path)
