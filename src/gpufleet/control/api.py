@@ -25,7 +25,16 @@ from gpufleet.control.auth import install_log_redaction
 from gpufleet.control.bodylimits import WriteGuard
 from gpufleet.control.ingest_http import IngestFastPath, IngestReply, handle_ingest
 from gpufleet.control.lifecycle import TransitionError
-from gpufleet.control.routes import findings, ingest, meta, nodes, policy, stream, tokens
+from gpufleet.control.routes import (
+    findings,
+    ingest,
+    maintenance,
+    meta,
+    nodes,
+    policy,
+    stream,
+    tokens,
+)
 from gpufleet.control.routes.deps import ERRORS, Auth
 from gpufleet.control.service import ControlService
 from gpufleet.control.store import NotFound
@@ -91,6 +100,7 @@ def create_app(service: ControlService) -> FastAPI:
     api.include_router(tokens.router(store, auth))
     api.include_router(ingest.router(service, _handle_ingest))
     api.include_router(stream.router(service, auth))
+    api.include_router(maintenance.router(store, auth))
     api_jobs.register(api, service, auth.need)
     app.include_router(api)
     app.add_middleware(WriteGuard, store=store)  # token and size before a write's body
