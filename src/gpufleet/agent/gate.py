@@ -158,6 +158,11 @@ class AgentEngine:
     name = "agent"
 
     def __init__(self, backend: GpuBackend, clock: Callable[[], float]) -> None:
+        # an agent serving a simulated node (NVML backend over SimNvml) is not this host: its
+        # level 1 skips the host readiness checks, as `gpufleet validate --sim` does
+        lib = type(getattr(backend, "_lib", None)).__module__
+        if lib.startswith("gpufleet.devices.sim"):
+            self.name = "sim"
         self._backends: dict[str, GpuBackend] = {backend.node_name: SharedBackend(backend)}
         self._inner = backend
         self.now = clock
