@@ -10,9 +10,11 @@ went below the floor.
 from __future__ import annotations
 
 import json
+import subprocess
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -50,7 +52,7 @@ class SupervisedAgent:
         self.thread = threading.Thread(target=self._watch, daemon=True)
         self.thread.start()
 
-    def _start(self):  # type: ignore[no-untyped-def]
+    def _start(self) -> subprocess.Popen[bytes]:
         self.starts += 1
         return _spawn(
             [
@@ -77,7 +79,7 @@ class SupervisedAgent:
             self.proc.terminate()
             try:
                 self.proc.wait(15)
-            except Exception:
+            except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
 
@@ -85,9 +87,7 @@ class SupervisedAgent:
 @pytest.mark.timeout(240)
 def test_campaign_with_a_real_update_script_and_a_controller_kill(tmp_path: Path) -> None:
     data = tmp_path / "ctl"
-    tokens = create_tokens(
-        data, {"admin": ("admin", None), **{n: ("agent", n) for n in NODES}}
-    )
+    tokens = create_tokens(data, {"admin": ("admin", None), **{n: ("agent", n) for n in NODES}})
     ctl = ControllerProcess(data, tokens["admin"]).start()
     log = tmp_path / "updates.log"
     script = tmp_path / "site-update.sh"
@@ -114,12 +114,12 @@ def test_campaign_with_a_real_update_script_and_a_controller_kill(tmp_path: Path
         assert {n["node"] for n in r.json()["nodes"]} == set(NODES)
         seen: list[float] = []
 
-        def status() -> dict:  # type: ignore[type-arg]
-            doc = ctl.call("GET", f"/api/v1/maintenance/campaigns/{cid}").json()
+        def status() -> dict[str, Any]:
+            doc: dict[str, Any] = ctl.call("GET", f"/api/v1/maintenance/campaigns/{cid}").json()
             frac = doc["capacity"]["in_service_fraction"]
             if frac is not None:
                 seen.append(frac)
-            return doc  # type: ignore[no-any-return]
+            return doc
 
         def some_updating() -> bool:
             return any(n["step"] in ("updating", "rebooting") for n in status()["nodes"])
@@ -129,7 +129,7 @@ def test_campaign_with_a_real_update_script_and_a_controller_kill(tmp_path: Path
         ctl.start()
 
         def ended() -> bool:
-            return status()["state"] != "running"
+            return bool(status()["state"] != "running")
 
         wait_for(ended, 180, "campaign ended", step_s=0.5)
         doc = status()

@@ -87,9 +87,7 @@ def clock() -> ManualClock:
     return ManualClock(T0)
 
 
-def make(
-    tmp_path: Path, clock: ManualClock, policy: RemediationPolicy = POLICY
-) -> ControlService:
+def make(tmp_path: Path, clock: ManualClock, policy: RemediationPolicy = POLICY) -> ControlService:
     svc = ControlService(
         ServiceConfig(data_dir=tmp_path / "data", policy=policy, min_drain_s=0.0),
         clock=clock,
@@ -148,12 +146,10 @@ def run(
         with svc.store.sessions() as s:
             in_gpus, total, _, _ = capacity(svc.store, s)
         seen.append(in_gpus / total)
-        if ops.status(svc.store)["state"] not in ("running", "paused"):
-            if not any(
-                n["step"] not in ("done", "failed", "skipped")
-                for n in ops.status(svc.store)["nodes"]
-            ):
-                break
+        if ops.status(svc.store)["state"] not in ("running", "paused") and not any(
+            n["step"] not in ("done", "failed", "skipped") for n in ops.status(svc.store)["nodes"]
+        ):
+            break
     return seen
 
 
@@ -202,7 +198,9 @@ def test_campaign_updates_every_node_and_keeps_the_floor(
     ]
     with svc.store.sessions() as s:
         audits = s.scalar(
-            select(func.count()).select_from(AuditEntry).where(AuditEntry.actor == f"campaign:{cid}")
+            select(func.count())
+            .select_from(AuditEntry)
+            .where(AuditEntry.actor == f"campaign:{cid}")
         )
         events = s.scalar(
             select(func.count()).select_from(EventRow).where(EventRow.kind == "maintenance_step")
@@ -255,9 +253,7 @@ def test_failure_ends_in_repair_and_halts_at_max_failures(
     assert sum(fleet.updates.values()) == 2
 
 
-def test_validation_failure_after_update_goes_to_repair(
-    tmp_path: Path, clock: ManualClock
-) -> None:
+def test_validation_failure_after_update_goes_to_repair(tmp_path: Path, clock: ManualClock) -> None:
     gated = POLICY.model_copy(update={"require_validation": True})
     svc = make(tmp_path, clock, gated)
     fleet = Fleet(svc, clock, ["a", "b", "c", "d"])
