@@ -264,15 +264,18 @@ def tick(store: ControlStore) -> list[StepChange]:
 
 def _tick_campaign(store: ControlStore, cid: int, changes: list[StepChange]) -> None:
     with store.sessions() as s:
+        state = s.scalar(select(MaintCampaign.state).where(MaintCampaign.id == cid))
+        # selected nodes only need a pass when the campaign stopped (they are skipped)
+        waiting = FINAL_STEPS if state in (HALTED, ABORTED) else FINAL_STEPS | {SELECTED}
         names = list(
             s.scalars(
                 select(MaintNode.node)
-                .where(MaintNode.campaign_id == cid, MaintNode.step.not_in(FINAL_STEPS))
+                .where(MaintNode.campaign_id == cid, MaintNode.step.not_in(waiting))
                 .order_by(MaintNode.ord)
             )
         )
     for name in names:
-        _one(store, cid, name, changes, advance=True)
+        _one(store, cid, name, changes)
     _start_nodes(store, cid, changes)
     with store.sessions.begin() as s:
         c = s.get(MaintCampaign, cid)
@@ -297,9 +300,7 @@ def _tick_campaign(store: ControlStore, cid: int, changes: list[StepChange]) -> 
         )
 
 
-def _one(
-    store: ControlStore, cid: int, name: str, changes: list[StepChange], *, advance: bool
-) -> None:
+def _one(store: ControlStore, cid: int, name: str, changes: list[StepChange]) -> None:
     """Advance one node by at most one step, in its own transaction."""
     after: lc.PostCommit = []
     with store.sessions.begin() as s:
@@ -515,6 +516,10 @@ def _start_nodes(store: ControlStore, cid: int, changes: list[StepChange]) -> No
             s.scalars(select(MaintNode).where(MaintNode.campaign_id == cid).order_by(MaintNode.ord))
         )
         flight = [m for m in rows if m.step in IN_FLIGHT]
+        in_gpus, total_gpus, out_nodes, total_nodes = capacity(store, s)
+        p = store.policy
+        budget = allowed_out(total_nodes, p.max_out_fraction, p.min_out_nodes)
+        floor_gpus = spec.floor * total_gpus - 1e-9
         for mn in rows:
             if mn.step != SELECTED:
                 continue
@@ -525,8 +530,11 @@ def _start_nodes(store: ControlStore, cid: int, changes: list[StepChange]) -> No
                 continue  # not startable now (validating, lost...): try again later
             if sum(1 for m in flight if m.domain == mn.domain) >= spec.per_domain:
                 continue
-            if nc.state == S.IN_SERVICE.value and not _capacity_allows(store, s, nc, spec):
-                continue
+            if nc.state == S.IN_SERVICE.value:
+                if in_gpus - len(nc.gpus) < floor_gpus or out_nodes + 1 > budget:
+                    continue  # below the floor, or past the circuit breaker
+                in_gpus -= len(nc.gpus) if not nc.cordoned else 0
+                out_nodes += 1
             _set_cordon(store, s, nc, True)
             _take(store, s, c, mn, CORDONED, "cordoned: no new work", changes)
             flight.append(mn)
@@ -555,11 +563,3 @@ def capacity(store: ControlStore, s: Session) -> tuple[int, int, int, int]:
         if nc.state == S.IN_SERVICE.value and not out and not nc.cordoned:
             in_gpus += n
     return in_gpus, total_gpus, out_nodes, len(store.nodes)
-
-
-def _capacity_allows(store: ControlStore, s: Session, nc: NodeCache, spec: CampaignSpec) -> bool:
-    in_gpus, total_gpus, out_nodes, total_nodes = capacity(store, s)
-    if total_gpus and in_gpus - len(nc.gpus) < spec.floor * total_gpus - 1e-9:
-        return False
-    p = store.policy
-    return out_nodes + 1 <= allowed_out(total_nodes, p.max_out_fraction, p.min_out_nodes)
