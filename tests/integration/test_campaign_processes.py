@@ -10,6 +10,7 @@ went below the floor.
 from __future__ import annotations
 
 import json
+import signal
 import subprocess
 import threading
 import time
@@ -37,15 +38,22 @@ kill -TERM "$GPUFLEET_AGENT_PID"
 class SupervisedAgent:
     """An agent process started again whenever it exits (systemd's Restart=always)."""
 
-    def __init__(self, node: str, url: str, token: str, state_dir: Path) -> None:
+    def __init__(
+        self,
+        node: str,
+        url: str,
+        token: str,
+        state_dir: Path,
+        faults: list[dict[str, Any]] | None = None,
+    ) -> None:
         self.node, self.url, self.token, self.state_dir = node, url, token, state_dir
         state_dir.mkdir(parents=True, exist_ok=True)
-        (state_dir / "fleet.yaml").write_text(
-            json.dumps(
-                {"nodes": [{"name": node, "model": "h100-sxm", "gpus": 2, "driver_version": OLD}]}
-            ),
-            encoding="utf-8",
-        )
+        doc: dict[str, Any] = {
+            "nodes": [{"name": node, "model": "h100-sxm", "gpus": 2, "driver_version": OLD}]
+        }
+        if faults:
+            doc["faults"] = [{"node": node, **f} for f in faults]
+        (state_dir / "fleet.yaml").write_text(json.dumps(doc), encoding="utf-8")
         self.starts = 0
         self.stopping = threading.Event()
         self.proc = self._start()
@@ -76,6 +84,7 @@ class SupervisedAgent:
         self.stopping.set()
         self.thread.join(5)
         if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGCONT)  # a node the update left hanging
             self.proc.terminate()
             try:
                 self.proc.wait(15)

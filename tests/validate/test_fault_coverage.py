@@ -45,7 +45,8 @@ class Row:
     more: Callable[[ValidationReport, list[Any]], None] | None = None  # extra checks
     # update faults (issue 15): the maintenance campaign's step that catches them ("verify":
     # versions against the baseline, "validate": the agent's level 1 after the update,
-    # "back": the node does not come back); checked by `test_update_fault_is_caught`
+    # "back": the node does not come back; a lost GPU is caught at verify by its finding, or
+    # at validate); checked by `test_update_fault_is_caught`
     campaign: str | None = None
     spec: str = "1x8xh200"
     node: str = NODE

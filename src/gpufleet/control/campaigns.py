@@ -62,6 +62,8 @@ REBOOTING, VERIFYING, VALIDATING = "rebooting", "verifying", "validating"
 NODE_DONE, FAILED, SKIPPED = "done", "failed", "skipped"
 IN_FLIGHT = frozenset({CORDONED, DRAINING, UPDATING, REBOOTING, VERIFYING, VALIDATING})
 FINAL_STEPS = frozenset({NODE_DONE, FAILED, SKIPPED})
+# findings that say a GPU is gone (its versions can no longer be read)
+LOST_CODES = frozenset({"GPU_LOST", "XID_79"})
 BEFORE_UPDATE = frozenset({SELECTED, CORDONED, DRAINING})  # may still be given back untouched
 
 
@@ -413,6 +415,11 @@ def _advance(
             )
         return
     if mn.step == VERIFYING:
+        lost = sorted(comp for code, comp in nc.findings if code in LOST_CODES)
+        if lost:  # a GPU that fell off the bus reports no versions: its row is stale
+            why = f"a GPU fell off the bus after the update ({', '.join(lost[:4])})"
+            _fail(store, s, c, mn, nc, why, changes, after)
+            return
         diff = deviations(store, nc, spec.baseline)
         if not diff:
             if spec.validate_level == 0:
