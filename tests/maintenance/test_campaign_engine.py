@@ -330,3 +330,22 @@ def test_restart_of_the_controller_resumes_without_repeating_steps(
     assert len(rows) == len(set(rows)) == 6 * 8
     for v in svc2.store.view.nodes.values():
         assert v.state == "in_service" and not v.cordoned
+
+
+def test_bad_window_or_select_is_refused_at_start() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="Sat 25:00"):
+        spec(windows=["Sat 25:00-26:00 UTC"])
+    with pytest.raises(ValidationError, match="select key 'colour'"):
+        spec(select=[("colour", "red")])
+
+
+def test_update_reports_come_from_the_nodes_agent(tmp_path: Path, clock: ManualClock) -> None:
+    svc, _fleet = setup(tmp_path, clock, n=2)
+    rep = WireUpdateReport(node="n0", key="c1-n0", exit_code=0)
+    with pytest.raises(PermissionError):
+        ops.report(svc.store, rep, Principal(None, "agent", Role.AGENT, node="n1"))
+    with pytest.raises(PermissionError):
+        ops.report(svc.store, rep, Principal(4, "vic", Role.VIEWER))
+    assert ops.report(svc.store, rep, Principal(None, "a", Role.AGENT, node="n0")) is False

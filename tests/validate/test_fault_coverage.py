@@ -199,10 +199,10 @@ COVERAGE: dict[FaultKind, Row] = {
     FaultKind.UPDATE_NO_RETURN: Row(campaign="back"),
     FaultKind.UPDATE_OLD_VERSION: Row(campaign="verify"),
     FaultKind.UPDATE_FAILS_VALIDATION: Row(
-        Severity.FAIL, health_codes=frozenset({"ECC_DBE_VOLATILE"}), campaign="validate"
+        health=Severity.FAIL, health_codes=frozenset({"ECC_DBE_VOLATILE"}), campaign="validate"
     ),
     FaultKind.UPDATE_GPU_LOST: Row(
-        Severity.FAIL, health_codes=frozenset({"GPU_LOST", "XID_79"}), campaign="validate"
+        health=Severity.FAIL, health_codes=frozenset({"GPU_LOST", "XID_79"}), campaign="validate"
     ),
 }
 

@@ -171,8 +171,11 @@ def _control(store: ControlStore, cid: int, action: str, who: Principal) -> None
 # -- an agent's report ---------------------------------------------------------------------------
 def report(store: ControlStore, rep: WireUpdateReport, who: Principal) -> bool:
     """Record an update's outcome; True when it was the one awaited (a repeat is ignored)."""
-    if who.role is Role.AGENT and not who.may_push_for(rep.node):
-        raise PermissionError(f"this agent token is bound to another node than {rep.node!r}")
+    if who.role is Role.AGENT:
+        if not who.may_push_for(rep.node):
+            raise PermissionError(f"this agent token is bound to another node than {rep.node!r}")
+    elif not who.at_least(Role.ADMIN):
+        raise PermissionError("update reports come from the node's agent (or an admin)")
     return store.writer.call(lambda: _report(store, rep, who))
 
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
@@ -86,6 +86,25 @@ class CampaignSpec(BaseModel):
     verify_timeout_s: float = Field(300.0, gt=0)
     validate_timeout_s: float = Field(1800.0, gt=0)
     validate_level: int = Field(1, ge=0, le=1)
+
+    @field_validator("windows")
+    @classmethod
+    def _windows_parse(cls, value: list[str]) -> list[str]:
+        from gpufleet.errors import UsageError
+
+        try:
+            parse_schedule(value or None)  # a bad window is refused when the campaign starts
+        except UsageError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    @field_validator("select")
+    @classmethod
+    def _select_keys(cls, value: list[tuple[str, str]]) -> list[tuple[str, str]]:
+        for key, _glob in value:
+            if key not in ("node", "model", "rack"):
+                raise ValueError(f"select key {key!r}: one of node, model, rack")
+        return value
 
 
 @dataclass(frozen=True)
