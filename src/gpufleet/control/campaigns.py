@@ -24,126 +24,87 @@ flight (cordoned, draining, updating...) as out.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from gpufleet.control import lifecycle as lc
+from gpufleet.control.campaign_spec import (
+    ABORTED,
+    BEFORE_UPDATE,
+    CORDONED,
+    DONE,
+    DRAINING,
+    FAILED,
+    FINAL_STEPS,
+    HALTED,
+    IN_FLIGHT,
+    LIVE_CAMPAIGN,
+    LOST_CODES,
+    NODE_DONE,
+    PAUSED,
+    REBOOTING,
+    RUNNING,
+    SELECTED,
+    SKIPPED,
+    UPDATING,
+    VALIDATING,
+    VERIFYING,
+    CampaignSpec,
+    StepChange,
+    deviations,
+    gpu_infos,
+    update_key,
+)
 from gpufleet.control.lifecycle import OUT_STATES, NodeState
 from gpufleet.control.models import (
     AuditEntry,
     EventRow,
-    Gpu,
     MaintCampaign,
     MaintNode,
     MaintStep,
     Node,
 )
 from gpufleet.control.remediation import allowed_out
-from gpufleet.maintenance.baseline import GPU_FIELDS, BaselineFile
 from gpufleet.maintenance.windows import parse_schedule
 
 if TYPE_CHECKING:
     from gpufleet.control.store import ControlStore, NodeCache
 
+__all__ = [
+    "ABORTED",
+    "BEFORE_UPDATE",
+    "CORDONED",
+    "DONE",
+    "DRAINING",
+    "FAILED",
+    "FINAL_STEPS",
+    "HALTED",
+    "IN_FLIGHT",
+    "LIVE_CAMPAIGN",
+    "LOST_CODES",
+    "NODE_DONE",
+    "PAUSED",
+    "REBOOTING",
+    "RUNNING",
+    "SELECTED",
+    "SKIPPED",
+    "UPDATING",
+    "VALIDATING",
+    "VERIFYING",
+    "CampaignSpec",
+    "StepChange",
+    "capacity",
+    "deviations",
+    "gpu_infos",
+    "in_flight_nodes",
+    "tick",
+    "update_key",
+]
 log = logging.getLogger("gpufleet.control.campaigns")
 S = NodeState
-
-# campaign states
-RUNNING, PAUSED, HALTED, ABORTED, DONE = "running", "paused", "halted", "aborted", "done"
-LIVE_CAMPAIGN = (RUNNING, PAUSED, HALTED, ABORTED)  # the engine still has work in these
-# node steps
-SELECTED, CORDONED, DRAINING, UPDATING = "selected", "cordoned", "draining", "updating"
-REBOOTING, VERIFYING, VALIDATING = "rebooting", "verifying", "validating"
-NODE_DONE, FAILED, SKIPPED = "done", "failed", "skipped"
-IN_FLIGHT = frozenset({CORDONED, DRAINING, UPDATING, REBOOTING, VERIFYING, VALIDATING})
-FINAL_STEPS = frozenset({NODE_DONE, FAILED, SKIPPED})
-# findings that say a GPU is gone (its versions can no longer be read)
-LOST_CODES = frozenset({"GPU_LOST", "XID_79"})
-BEFORE_UPDATE = frozenset({SELECTED, CORDONED, DRAINING})  # may still be given back untouched
-
-
-class CampaignSpec(BaseModel):
-    """What ``gpufleet maintenance start`` asks for (``POST /api/v1/maintenance/campaigns``)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    baseline: BaselineFile
-    select: list[tuple[str, str]] = Field(default_factory=list)  # (node|model|rack, glob)
-    batch: int = Field(1, ge=1)
-    floor: float = Field(0.9, ge=0.0, le=1.0)
-    per_domain: int = Field(1, ge=1)
-    windows: list[str] = Field(default_factory=list)  # empty: always
-    max_failures: int = Field(2, ge=0)
-    update_command: str = Field(min_length=1, max_length=4096)
-    update_timeout_s: float = Field(3600.0, gt=0)
-    drain_timeout_s: float = Field(3600.0, gt=0)
-    back_timeout_s: float = Field(1800.0, gt=0)
-    verify_timeout_s: float = Field(300.0, gt=0)
-    validate_timeout_s: float = Field(1800.0, gt=0)
-    validate_level: int = Field(1, ge=0, le=1)
-
-    @field_validator("windows")
-    @classmethod
-    def _windows_parse(cls, value: list[str]) -> list[str]:
-        from gpufleet.errors import UsageError
-
-        try:
-            parse_schedule(value or None)  # a bad window is refused when the campaign starts
-        except UsageError as exc:
-            raise ValueError(str(exc)) from None
-        return value
-
-    @field_validator("select")
-    @classmethod
-    def _select_keys(cls, value: list[tuple[str, str]]) -> list[tuple[str, str]]:
-        for key, _glob in value:
-            if key not in ("node", "model", "rack"):
-                raise ValueError(f"select key {key!r}: one of node, model, rack")
-        return value
-
-
-@dataclass(frozen=True)
-class StepChange:
-    """One step taken (returned by `tick` for logging and tests)."""
-
-    campaign: int
-    node: str
-    step: str
-    reason: str
-
-
-def update_key(campaign: int, node: str) -> str:
-    """The key of a node's update order: the agent runs each key at most once."""
-    return f"c{campaign}-{node}"[:128]
-
-
-def deviations(store: ControlStore, nc: NodeCache, baseline: BaselineFile) -> list[str]:
-    """How the node's GPUs (as last reported) differ from the baseline: ``gpu0 driver
-    535.104.05 != 550.90.07``; a version not reported counts as a difference (unknown)."""
-    target = baseline.models.get(nc.model or "")
-    if target is None:
-        return [f"no baseline for model {nc.model}"]
-    wanted = target.model_dump(exclude_none=True)
-    out: list[str] = []
-    infos = gpu_infos(store, nc.name)
-    for index in sorted(infos):
-        info = infos[index]
-        for key, attr in GPU_FIELDS.items():
-            if key in wanted and str(info.get(attr)) != wanted[key]:
-                out.append(f"gpu{index} {key} {info.get(attr) or 'unknown'} != {wanted[key]}")
-    return out
-
-
-def gpu_infos(store: ControlStore, node: str) -> dict[int, dict[str, Any]]:
-    """The device info of each of the node's GPUs as its agent last reported it."""
-    with store.sessions() as s:
-        q = select(Gpu.index, Gpu.info).join(Node, Node.id == Gpu.node_id).where(Node.name == node)
-        return {i: dict(info or {}) for i, info in s.execute(q)}
 
 
 # -- one step ----------------------------------------------------------------------------------
@@ -201,11 +162,19 @@ def _move(
         store._move(s, nc, to, actor=f"campaign:{c.id}", reason=reason, after=after)
 
 
-def _set_cordon(store: ControlStore, s: Session, nc: NodeCache, flag: bool) -> None:
+def _set_cordon(
+    store: ControlStore, s: Session, nc: NodeCache, flag: bool, after: lc.PostCommit
+) -> None:
+    """Cordon (no new work: the scheduler hears it after the commit) or uncordon a node."""
     row = s.get(Node, nc.id)
     assert row is not None
     row.cordoned = nc.cordoned = flag
     store.dirty(nc.name)
+    name, hook = nc.name, store.hook
+    if flag:
+        after.append(lambda: hook.drain(name, "maintenance campaign: cordoned"))
+    elif nc.state == S.IN_SERVICE.value:
+        after.append(lambda: hook.resume(name))
 
 
 def _fail(
@@ -260,7 +229,7 @@ def _give_back(
         if mn.step in (DRAINING,) and nc.state in (S.DRAINING.value, S.DRAINED.value):
             _move(store, s, c, nc, S.IN_SERVICE, f"maintenance campaign {c.id}: {why}", after)
         if nc.cordoned:
-            _set_cordon(store, s, nc, False)
+            _set_cordon(store, s, nc, False, after)
     _take(store, s, c, mn, SKIPPED, why, changes)
 
 
@@ -561,7 +530,7 @@ def _start_nodes(store: ControlStore, cid: int, changes: list[StepChange]) -> No
                     continue  # below the floor, or past the circuit breaker
                 in_gpus -= len(nc.gpus) if not nc.cordoned else 0
                 out_nodes += 1
-            _set_cordon(store, s, nc, True)
+            _set_cordon(store, s, nc, True, after)
             _take(store, s, c, mn, CORDONED, "cordoned: no new work", changes)
             flight.append(mn)
     store._run_after(after)
