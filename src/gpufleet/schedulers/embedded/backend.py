@@ -110,18 +110,27 @@ class EmbeddedBackend:
         with self.lock:
             if self.unverified:
                 self._verify()
-            self._refresh_tenants()
+            self._refresh_nodes()
             self.eng.tick()
 
-    def _refresh_tenants(self) -> None:
-        """Give placement each node's current tenant (a node re-tenanted since it joined)."""
+    def _refresh_nodes(self) -> None:
+        """Bring placement's nodes in line with the control plane: each node's current tenant
+        (a node re-tenanted since it joined), and a node the scheduler still holds ``lost`` or
+        ``drained`` that the control plane has back in service. The lifecycle's events reach
+        the scheduler on a queue that dies with the controller: killed between a node's
+        ``lost`` and its ``resume``, a controller left the node lost here for good (its
+        requeued jobs, excluded from it, waited forever when it was their only node)."""
         if self._context is None:
             return
         for name, row in self.store.nodes().items():
             facts = self._context.node_facts(name)
             tenant = facts.tenant if facts is not None else row.info.tenant
             if tenant != row.info.tenant:
-                self.store.put_node(replace(row, info=replace(row.info, tenant=tenant)))
+                row = replace(row, info=replace(row.info, tenant=tenant))
+                self.store.put_node(row)
+            if facts is not None and facts.usable and row.state in ("lost", "drained"):
+                log.info("node %s is in service again: the scheduler takes it back", name)
+                self.eng.node_back(name)  # stale copies fenced, exclusions of it lifted
 
     def _loop(self) -> None:
         while not self._stop.is_set():

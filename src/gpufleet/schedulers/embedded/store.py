@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import (
     Boolean,
     Column,
+    Connection,
     Engine,
     Float,
     Integer,
@@ -242,6 +243,30 @@ def _add_missing_columns(engine: Engine) -> None:
                 conn.execute(sql_text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}"))
 
 
+def _open_attempt(conn: Connection, job: JobRow, now: float) -> None:
+    conn.execute(
+        insert(sched_attempts).values(
+            job_seq=job.seq,
+            generation=job.generation,
+            nodes=json.dumps(list(job.nodes)),
+            gpus=json.dumps([list(g) for g in job.gpus]),
+            started_at=now,
+            ended_at=None,
+            outcome="",
+        )
+    )
+
+
+def _close_attempt(conn: Connection, job: JobRow, now: float, outcome: str) -> None:
+    conn.execute(
+        update(sched_attempts)
+        .where(sched_attempts.c.job_seq == job.seq)
+        .where(sched_attempts.c.generation == job.generation)
+        .where(sched_attempts.c.ended_at.is_(None))
+        .values(ended_at=now, outcome=outcome)
+    )
+
+
 class JobStore:
     """The embedded scheduler's tables behind a few typed operations."""
 
@@ -295,8 +320,18 @@ class JobStore:
         with self.engine.connect() as conn:
             return [_row_to_job(r) for r in conn.execute(q)]
 
-    def save(self, job: JobRow, expect_generation: int) -> bool:
-        """Write ``job`` if the stored generation is still ``expect_generation`` (else False)."""
+    def save(
+        self,
+        job: JobRow,
+        expect_generation: int,
+        *,
+        close: tuple[JobRow, float, str] | None = None,
+        open_at: float | None = None,
+    ) -> bool:
+        """Write ``job`` if the stored generation is still ``expect_generation`` (else False),
+        in the same transaction closing the attempt of ``close`` = (old row, time, outcome) and
+        opening one for ``job`` at ``open_at``: a controller killed half-way leaves no requeued
+        job whose attempt never ends, nor a started one without its attempt."""
         with self.engine.begin() as conn:
             res = conn.execute(
                 update(sched_jobs)
@@ -304,32 +339,22 @@ class JobStore:
                 .where(sched_jobs.c.generation == expect_generation)
                 .values(**_job_values(job))
             )
-            return res.rowcount == 1
+            if res.rowcount != 1:
+                return False
+            if close is not None:
+                _close_attempt(conn, *close)
+            if open_at is not None:
+                _open_attempt(conn, job, open_at)
+            return True
 
     # ----- attempts ------------------------------------------------------------------------
     def open_attempt(self, job: JobRow, now: float) -> None:
         with self.engine.begin() as conn:
-            conn.execute(
-                insert(sched_attempts).values(
-                    job_seq=job.seq,
-                    generation=job.generation,
-                    nodes=json.dumps(list(job.nodes)),
-                    gpus=json.dumps([list(g) for g in job.gpus]),
-                    started_at=now,
-                    ended_at=None,
-                    outcome="",
-                )
-            )
+            _open_attempt(conn, job, now)
 
     def close_attempt(self, job: JobRow, now: float, outcome: str) -> None:
         with self.engine.begin() as conn:
-            conn.execute(
-                update(sched_attempts)
-                .where(sched_attempts.c.job_seq == job.seq)
-                .where(sched_attempts.c.generation == job.generation)
-                .where(sched_attempts.c.ended_at.is_(None))
-                .values(ended_at=now, outcome=outcome)
-            )
+            _close_attempt(conn, job, now, outcome)
 
     def attempts(self, job_id: str) -> list[Attempt]:
         q = (
