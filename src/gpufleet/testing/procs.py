@@ -126,12 +126,14 @@ class ControllerProcess:
             except subprocess.TimeoutExpired:
                 self.kill9()
 
-    def call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def call(self, method: str, path: str, timeout_s: float = 10.0, **kw: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.admin}"}
-        return httpx.request(method, self.url + path, headers=headers, timeout=10.0, **kw)
+        return httpx.request(method, self.url + path, headers=headers, timeout=timeout_s, **kw)
 
     def submit(self, name: str, command: list[str], **spec: Any) -> str:
-        r = self.call("POST", "/api/v1/jobs", json={"name": name, "command": command, **spec})
+        """Submit once (not idempotent: a long timeout rather than a retry on a slow machine)."""
+        body = {"name": name, "command": command, **spec}
+        r = self.call("POST", "/api/v1/jobs", timeout_s=60.0, json=body)
         if r.status_code != 201:
             raise GpufleetError(f"submit {name}: HTTP {r.status_code} {r.text[:300]}")
         job_id: str = r.json()["id"]
@@ -312,14 +314,18 @@ class TcpProxy:
 
 def heartbeat_job(path: Path, beats: int, every_s: float = 0.1) -> list[str]:
     """A job: a shell that starts a grandchild appending ``GENERATION TIME`` every ``every_s``
-    to ``path`` (``beats`` times, then ``GENERATION done``) and waits for it; exit 0."""
+    to ``path`` (``beats`` times, then ``GENERATION done``) and waits for it; exit 0.
+
+    The grandchild is bash, whose ``$EPOCHREALTIME`` reads the clock without a fork (a ``date``
+    per beat made dozens of jobs at once a load of their own); ``LC_ALL=C`` keeps its decimal
+    point a dot."""
     q = shlex.quote(str(path))
     inner = (
-        f"i=0; while [ $i -lt {beats} ]; do "
-        f'echo "$GPUFLEET_GENERATION $(date +%s.%N)" >> {q}; i=$((i+1)); sleep {every_s}; '
+        f"LC_ALL=C; i=0; while [ $i -lt {beats} ]; do "
+        f'echo "$GPUFLEET_GENERATION $EPOCHREALTIME" >> {q}; i=$((i+1)); sleep {every_s}; '
         f'done; echo "$GPUFLEET_GENERATION done" >> {q}'
     )
-    return ["sh", "-c", f"sh -c {shlex.quote(inner)} & wait"]
+    return ["sh", "-c", f"bash -c {shlex.quote(inner)} & wait"]
 
 
 @dataclass(frozen=True)
