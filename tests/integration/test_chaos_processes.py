@@ -41,9 +41,11 @@ from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from gpufleet.testing.procs import (
@@ -55,6 +57,7 @@ from gpufleet.testing.procs import (
     overlaps,
     processes_with,
     read_beats,
+    stop_all,
 )
 from gpufleet.testing.testbed import wait_for
 
@@ -152,6 +155,56 @@ class Gate:
                 self._cond.notify_all()
 
 
+FINAL = ("succeeded", "failed", "cancelled")
+
+
+class JobWatch:
+    """One thread polls the job list for every seed (a dozen seeds each polling their own jobs
+    were a load on the controller of their own); seeds wait on its snapshot."""
+
+    def __init__(self, ctl: ControllerProcess, every_s: float = 0.2) -> None:
+        self.ctl = ctl
+        self.every_s = every_s
+        self._cond = threading.Condition()
+        self._jobs: dict[str, dict[str, Any]] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def start(self) -> JobWatch:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(10)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every_s):
+            try:
+                r = self.ctl.call("GET", "/api/v1/jobs")
+                jobs = {j["id"]: j for j in r.json()["jobs"]} if r.status_code == 200 else None
+            except (httpx.HTTPError, ValueError):
+                jobs = None  # the controller is down or slow: the next poll
+            if jobs is not None:
+                with self._cond:
+                    self._jobs = jobs
+                    self._cond.notify_all()
+
+    def wait(self, job_id: str, states: tuple[str, ...], timeout_s: float) -> dict[str, Any]:
+        """The job once its state is one of ``states``."""
+
+        def seen() -> dict[str, Any] | None:
+            doc = self._jobs.get(job_id)
+            return doc if doc is not None and doc["state"] in states else None
+
+        with self._cond:
+            if not self._cond.wait_for(seen, timeout_s):
+                raise TimeoutError(f"job {job_id}: not {'/'.join(states)} within {timeout_s} s")
+            doc = seen()
+        assert doc is not None
+        return doc
+
+
 @dataclass
 class Chaos:
     ctl: ControllerProcess
@@ -160,6 +213,7 @@ class Chaos:
     tokens: dict[str, str]
     tmp: Path
     start_s: float  # the controller's first start, taken off each outage
+    watch: JobWatch
     ctl_turn: threading.Lock = field(default_factory=threading.Lock)  # one controller seed
     gate: Gate = field(default_factory=lambda: Gate())
     log: list[str] = field(default_factory=list)
@@ -176,13 +230,8 @@ class Chaos:
     def running_on(self, job_id: str) -> str:
         """The node the job runs on (or ran on, if it already ended: a slow poll may miss a
         short run; the fault then hits no copy of it, the checks still hold)."""
-
-        def placed() -> str | None:
-            doc = self.ctl.job(job_id)
-            ran = doc["state"] in ("running", "succeeded", "failed", "cancelled")
-            return doc["nodes"][0] if ran and doc["nodes"] else None
-
-        node: str = wait_for(placed, 60, f"job {job_id} running", step_s=0.1)
+        doc = self.watch.wait(job_id, ("running", *FINAL), 60)
+        node: str = doc["nodes"][0]
         return node
 
     def give(self, node: str, tenant: str) -> None:
@@ -205,17 +254,23 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
     proxies = {n: TcpProxy(ctl.port).start() for n in pool}
     agents = {
         n: AgentProcess(
-            n, proxies[n].url, tokens[n], tmp / n, lease_s=LEASE_S, push_interval_s=PUSH_S
+            n,
+            proxies[n].url,
+            tokens[n],
+            tmp / n,
+            lease_s=LEASE_S,
+            push_interval_s=PUSH_S,
+            fast_interval_s=PUSH_S,
         )
         for n in pool
     }
-    c = Chaos(ctl, agents, proxies, tokens, tmp, start_s)
+    c = Chaos(ctl, agents, proxies, tokens, tmp, start_s, JobWatch(ctl).start())
     try:
         c.healthy()
         yield c
     finally:
-        for a in c.agents.values():
-            a.stop()
+        c.watch.stop()
+        stop_all(list(c.agents.values()))
         for p in proxies.values():
             p.stop()
         ctl.stop()
@@ -293,7 +348,8 @@ def _fault(c: Chaos, s: Seed) -> None:
 
 
 def _check_job(c: Chaos, job_id: str, beats: Path) -> str:
-    doc: dict[str, Any] = c.ctl.wait_ended(job_id, ENDED_S)
+    c.watch.wait(job_id, FINAL, ENDED_S)
+    doc: dict[str, Any] = wait_for(lambda: c.ctl.job(job_id), 60, f"job {job_id}", step_s=0.5)
     attempts = doc["attempts"]
     assert doc["state"] == "succeeded", f"job {job_id} ended {doc['state']}: {attempts}"
     seen = read_beats(beats)
@@ -308,7 +364,8 @@ def _check_job(c: Chaos, job_id: str, beats: Path) -> str:
     fenced = [a for a in requeued if "fenced" in str(a["outcome"])]
     assert doc["restarts"] == 0, (doc["restarts"], attempts)
     assert len(fenced) <= doc["requeues"] <= len(requeued), (doc["requeues"], attempts)
-    wait_for(lambda: not processes_with(str(beats)), 15, f"job {job_id}'s processes gone")
+    gone = f"job {job_id}'s processes gone"
+    wait_for(lambda: not processes_with(str(beats)), 15, gone, step_s=0.2)
     path = "->".join(",".join(a["nodes"]) for a in attempts)
     return f"job {job_id}: {path}, requeues {doc['requeues']}"
 
@@ -328,8 +385,7 @@ def _deal(c: Chaos, seeds: list[int]) -> tuple[list[Seed], list[AgentProcess]]:
     try:
         _deal_into(c, seeds, free, out, extra)
     except BaseException:
-        for agent in extra:
-            agent.stop()
+        stop_all(extra)
         raise
     return out, extra
 
@@ -350,6 +406,7 @@ def _deal_into(
                 c.tmp / name,
                 lease_s=LEASE_S,
                 push_interval_s=PUSH_S,
+                fast_interval_s=PUSH_S,
                 faults=[fault],
             )
             extra.append(agent.start())
@@ -358,7 +415,7 @@ def _deal_into(
     for s in out:  # every node its tenant before any job is submitted
         for n in s.nodes:
             # an xid seed's node: known, maybe not in service (its GPU may be gone already)
-            wait_for(lambda n=n: c.ctl.node_state(n), 120, f"node {n} registered")
+            wait_for(partial(c.ctl.node_state, n), 120, f"node {n} registered", step_s=0.2)
             c.give(n, s.tenant)
 
 
@@ -377,7 +434,6 @@ def test_chaos_round(chaos: Chaos, seeds: list[int]) -> None:
                 except Exception as exc:  # every seed's outcome, then fail naming each
                     failures.append(f"{s.plan.describe()} on {s.nodes}: {s.done}\n  {exc!r}")
     finally:
-        for agent in extra:
-            agent.stop()
+        stop_all(extra)
     chaos.log.append(f"round {seeds}: {time.monotonic() - t0:.1f} s")
     assert not failures, "\n".join(failures)

@@ -152,14 +152,14 @@ class ControllerProcess:
             doc = self.job(job_id)
             return doc if doc["state"] in ("succeeded", "failed", "cancelled") else None
 
-        done: dict[str, Any] = wait_for(ended, timeout_s, f"job {job_id} ended")
+        done: dict[str, Any] = wait_for(ended, timeout_s, f"job {job_id} ended", step_s=0.2)
         return done
 
     def wait_in_service(self, node: str, timeout_s: float = 120.0) -> None:
         def up() -> bool:
             return self.node_state(node) == "in_service"
 
-        wait_for(up, timeout_s, f"node {node} in service")
+        wait_for(up, timeout_s, f"node {node} in service", step_s=0.2)
 
     def node_state(self, node: str) -> str | None:
         r = self.call("GET", f"/api/v1/nodes/{node}")
@@ -189,6 +189,7 @@ class AgentProcess:
     state_dir: Path
     lease_s: float = 3.0
     push_interval_s: float = 0.25
+    fast_interval_s: float = 0.25  # the sampler's fast tier (a fallen GPU is seen within it)
     faults: list[dict[str, Any]] = field(default_factory=list)
     model: str = "h100-sxm"
     proc: subprocess.Popen[bytes] | None = None
@@ -205,7 +206,12 @@ class AgentProcess:
                 *("agent", "--sim", str(fleet)),
                 *("--listen", "127.0.0.1:0", "--controller", self.controller_url),
                 *("--state-dir", str(self.state_dir), "--run-jobs", "--executor", "process"),
-                *("--job-lease", f"{self.lease_s:g}", "--fast-interval", "0.25"),
+                *(
+                    "--job-lease",
+                    f"{self.lease_s:g}",
+                    "--fast-interval",
+                    f"{self.fast_interval_s:g}",
+                ),
                 *("--push-interval", f"{self.push_interval_s:g}"),
             ],
             self.state_dir / f"agent-{self.starts}.log",
@@ -230,6 +236,17 @@ class AgentProcess:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill9()
+
+
+def stop_all(agents: list[AgentProcess]) -> None:
+    """Stop agents together: SIGTERM to all, then wait for each (one by one took seconds
+    each on a loaded machine)."""
+    for a in agents:
+        if a.alive():
+            assert a.proc is not None
+            a.proc.terminate()
+    for a in agents:
+        a.stop()
 
 
 class TcpProxy:
