@@ -267,6 +267,7 @@ def chaos(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Chaos]:
     c = Chaos(ctl, agents, proxies, tokens, tmp, start_s, JobWatch(ctl).start())
     try:
         c.healthy()
+        c.log.append(f"fleet of {len(pool)} nodes up in {time.monotonic() - t0:.1f} s")
         yield c
     finally:
         c.watch.stop()
