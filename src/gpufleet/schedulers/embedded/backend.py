@@ -33,6 +33,7 @@ from gpufleet.schedulers.embedded.engine import EmbeddedScheduler, embedded_capa
 from gpufleet.schedulers.embedded.executor import NodeUnreachable
 from gpufleet.schedulers.embedded.placement import NodeInfo
 from gpufleet.schedulers.embedded.remote import RemoteAgentExecutor
+from gpufleet.schedulers.embedded.sealing import SpecSealer
 from gpufleet.schedulers.embedded.store import JobStore, NodeRow
 from gpufleet.wire import Batch, WireCommand
 
@@ -68,7 +69,10 @@ class EmbeddedBackend:
         if self._remote is None:
             self._remote = RemoteAgentExecutor(clock=context.clock)
         self._remote.deliver = context.deliver
-        store = JobStore(context.engine)  # the control plane's database (same migrations)
+        # the control plane's database (same migrations); job specs sealed with a key file in
+        # its data directory, so a copy of the database does not reveal a job's env
+        sealer = SpecSealer.in_dir(context.secrets_dir) if context.secrets_dir else None
+        store = JobStore(context.engine, sealer)
         self._eng = EmbeddedScheduler(
             store, self._remote, (), clock=context.clock, usable=self._usable
         )

@@ -43,6 +43,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.schedulers.base import JobSpec, JobState, JobStatus
 from gpufleet.schedulers.embedded.placement import GpuSlot, NodeInfo
+from gpufleet.schedulers.embedded.sealing import SpecSealer
 from gpufleet.wire.jobs import JOB_SPEC
 
 metadata = MetaData()
@@ -179,10 +180,11 @@ def node_from_json(text: str) -> NodeInfo:
     return NodeInfo(**d)
 
 
-def _row_to_job(r: Any) -> JobRow:
+def _row_to_job(r: Any, sealer: SpecSealer | None = None) -> JobRow:
+    spec = sealer.open(r.spec, str(r.seq)) if sealer is not None else r.spec
     return JobRow(
         seq=int(r.seq),
-        spec=JOB_SPEC.validate_json(r.spec),
+        spec=JOB_SPEC.validate_json(spec),
         state=JobState(r.state),
         restarts=int(r.restarts),
         requeues=int(r.requeues or 0),
@@ -199,11 +201,12 @@ def _row_to_job(r: Any) -> JobRow:
     )
 
 
-def _job_values(job: JobRow) -> dict[str, Any]:
+def _job_values(job: JobRow, sealer: SpecSealer | None = None) -> dict[str, Any]:
+    spec = JOB_SPEC.dump_json(job.spec).decode()
     return {
         "name": job.spec.name,
         "tenant": job.spec.tenant,
-        "spec": JOB_SPEC.dump_json(job.spec).decode(),
+        "spec": sealer.seal(spec) if sealer is not None else spec,
         "state": job.state.value,
         "priority": job.spec.priority,
         "restarts": job.restarts,
@@ -270,8 +273,9 @@ def _close_attempt(conn: Connection, job: JobRow, now: float, outcome: str) -> N
 class JobStore:
     """The embedded scheduler's tables behind a few typed operations."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, sealer: SpecSealer | None = None) -> None:
         self.engine = engine
+        self.sealer = sealer  # job specs (their env) sealed at rest (`sealing`)
         try:
             metadata.create_all(engine)
             _add_missing_columns(engine)
@@ -300,7 +304,7 @@ class JobStore:
     # ----- jobs ----------------------------------------------------------------------------
     def add_job(self, job: JobRow) -> JobRow:
         with self.engine.begin() as conn:
-            res = conn.execute(insert(sched_jobs).values(**_job_values(job)))
+            res = conn.execute(insert(sched_jobs).values(**_job_values(job, self.sealer)))
             seq = int(res.inserted_primary_key[0])  # type: ignore[index]
         return replace(job, seq=seq)
 
@@ -311,14 +315,14 @@ class JobStore:
             return None
         with self.engine.connect() as conn:
             r = conn.execute(select(sched_jobs).where(sched_jobs.c.seq == seq)).first()
-        return _row_to_job(r) if r is not None else None
+        return _row_to_job(r, self.sealer) if r is not None else None
 
     def jobs(self, states: Iterable[JobState] | None = None) -> list[JobRow]:
         q = select(sched_jobs).order_by(sched_jobs.c.seq)
         if states is not None:
             q = q.where(sched_jobs.c.state.in_([s.value for s in states]))
         with self.engine.connect() as conn:
-            return [_row_to_job(r) for r in conn.execute(q)]
+            return [_row_to_job(r, self.sealer) for r in conn.execute(q)]
 
     def save(
         self,
@@ -337,7 +341,7 @@ class JobStore:
                 update(sched_jobs)
                 .where(sched_jobs.c.seq == job.seq)
                 .where(sched_jobs.c.generation == expect_generation)
-                .values(**_job_values(job))
+                .values(**_job_values(job, self.sealer))
             )
             if res.rowcount != 1:
                 return False
