@@ -43,7 +43,7 @@ FORMAT = "gpufleet-backup"
 VERSION = 1
 LOCK_FILE = "controller.lock"
 # Files of the data directory that protect stored secrets; restored next to the database.
-KEY_FILES = ("jobenv.key",)
+KEY_FILES = ("job-env.key",)  # gpufleet.schedulers.embedded.sealing.KEY_FILE
 PG_TIMEOUT_S = 600
 
 

@@ -98,6 +98,7 @@ class ControlService:
                 self.clock,
                 lambda node: node_facts(self.store, node),
                 deliver=self.store.sched.deliver,
+                secrets_dir=self.config.data_dir,
             )
         )
         self.events.start()
