@@ -97,6 +97,10 @@ def test_round_trip_gives_back_every_row(db_config: dict[str, Any], tmp_path: Pa
     assert after == before
     if target.get("data_dir"):
         assert (target["data_dir"] / "gpufleet.db").stat().st_mode & 0o777 == 0o600
+        # the key that seals job specs travels with the backup, or the env would be unreadable
+        key = target["data_dir"] / "job-env.key"
+        assert key.read_bytes() == (data / "job-env.key").read_bytes()
+        assert key.stat().st_mode & 0o777 == 0o600
 
 
 def test_corrupt_or_foreign_files_change_nothing(tmp_path: Path) -> None:

@@ -149,3 +149,36 @@ def test_without_the_control_plane_and_one_replica() -> None:
     pdb = _one(one, "PodDisruptionBudget")
     assert _one(one, "Deployment")["spec"]["replicas"] == 1
     assert pdb["spec"] == {"maxUnavailable": 1, "selector": pdb["spec"]["selector"]}
+
+
+def test_replicas_share_one_job_spec_key_kept_across_runs(tmp_path: Path) -> None:
+    """Every replica (and every restart) must open the job specs the others sealed: the key
+    comes from the Secret, mounted where the controller's data directory is, and a second run
+    of the generator gives the same key (a new one would leave stored specs unreadable)."""
+    from gpufleet.schedulers.embedded.sealing import SpecSealer
+
+    out = tmp_path / "k8s"
+    first = _generate("--out", str(out))
+    key_file = out / "job-env.key"
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    second = _generate("--out", str(out))
+    keys = [_one(o, "Secret")["stringData"]["job-env-key"] for o in (first, second)]
+    assert keys[0] == keys[1] == key_file.read_text().strip()
+    pod = _one(first, "Deployment")["spec"]["template"]["spec"]
+    container = pod["containers"][0]
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    mount = next(m for m in container["volumeMounts"] if m["name"] == "job-key")
+    assert env["GPUFLEET_DATA_DIR"] == mount["mountPath"] and mount["readOnly"] is True
+    volume = next(v for v in pod["volumes"] if v["name"] == "job-key")
+    assert volume["secret"]["items"] == [{"key": "job-env-key", "path": "job-env.key"}]
+    assert stat.S_IMODE((out / "gpufleet.yaml").stat().st_mode) == 0o600
+    # what the pod sees: a read-only directory holding the key; the sealer reads it there
+    data = tmp_path / "mounted"
+    data.mkdir()
+    (data / "job-env.key").write_text(keys[0] + "\n")
+    data.chmod(0o500)
+    try:
+        sealed = SpecSealer.in_dir(data).seal('{"env": {"HF_TOKEN": "x"}}')
+        assert SpecSealer(keys[0].encode()).open(sealed, "j1") == '{"env": {"HF_TOKEN": "x"}}'
+    finally:
+        data.chmod(0o700)

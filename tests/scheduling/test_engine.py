@@ -199,3 +199,35 @@ def test_restart_requeues_unconfirmed_start(make_rig: MakeRig) -> None:
     assert eng2.job(jid).state is JobState.QUEUED and eng2.job(jid).restarts == 0
     eng2.tick()
     assert eng2.job(jid).state is JobState.RUNNING and eng2.job(jid).generation == 2
+
+
+def test_a_transition_and_its_attempts_commit_together(make_rig: MakeRig) -> None:
+    """A controller killed between writing a requeue and closing the old attempt left an
+    attempt that never ended (the chaos test saw ``requeues`` 2 with one ``requeued``
+    attempt). Here the attempts table refuses the write, as a crash would cut it: the job row
+    must not change either."""
+    from sqlalchemy import text
+
+    rig = make_rig()
+    eng = rig.engine()
+    jid = eng.submit(JobSpec("j", gpus=1, duration_s=100))
+    eng.tick()
+    before = eng.job(jid)
+    assert before.state is JobState.RUNNING
+    with rig.store.engine.begin() as conn:
+        conn.execute(
+            text(
+                "CREATE TRIGGER cut BEFORE UPDATE ON sched_attempts "
+                "BEGIN SELECT RAISE(ABORT, 'controller killed'); END"
+            )
+        )
+    with pytest.raises(Exception, match="controller killed"):
+        eng.requeue(jid)
+    after = eng.job(jid)
+    assert (after.state, after.restarts, after.requeues) == (JobState.RUNNING, 0, 0)
+    with rig.store.engine.begin() as conn:
+        conn.execute(text("DROP TRIGGER cut"))
+    eng.requeue(jid)
+    attempts = eng.attempts(jid)
+    assert [a.outcome for a in attempts] == ["requeued: requeued by request"]
+    assert attempts[0].ended_at is not None

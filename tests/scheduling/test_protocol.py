@@ -172,3 +172,35 @@ def test_a_drain_the_scheduler_refused_never_completes_and_is_sent_again(
         assert ("drain", "n1") in flaky.calls
     finally:
         svc.stop()
+
+
+def test_a_node_the_control_plane_has_back_is_taken_back_after_a_lost_resume(
+    service: ControlService,
+) -> None:
+    """The lifecycle's events die with the controller: killed after the scheduler applied a
+    node's ``lost`` but before its ``resume``, the controller left the node lost in the
+    scheduler for good, and a job excluded from it waited forever when it was its only node
+    (found by the chaos test). The next tick takes back a node the control plane has in
+    service."""
+    backend = service.scheduler
+    assert isinstance(backend, EmbeddedBackend)
+    push(service, batch("n1", 1))
+    backend.exchange(_jobs_batch("n1", 1), T0)
+    jid = backend.submit(JobSpec(name="t", command=("sim",), gpus=2))
+    backend.tick()
+    start = backend.exchange(_jobs_batch("n1", 2), T0)
+    copy = {"job_id": jid, "generation": start[0].generation, "running": True}
+    backend.exchange(_jobs_batch("n1", 3, [copy]), T0)
+    backend.tick()
+    assert backend.job(jid).state is JobState.RUNNING
+    backend.node_lost("n1")  # applied; the resume that followed was lost with the controller
+    assert backend.job(jid).state is JobState.REQUEUED
+    assert service.store.nodes["n1"].state == "in_service"  # the control plane has it back
+    copy["running"] = False
+    copy["fenced"] = True
+    backend.exchange(_jobs_batch("n1", 4, [copy]), T0)  # the old copy is confirmed gone
+    backend.tick()
+    assert {n.name: n.schedulable for n in backend.node_states()} == {"n1": True}
+    backend.tick()
+    assert backend.job(jid).state in (JobState.STARTING, JobState.RUNNING)
+    assert backend.job(jid).nodes == ("n1",)

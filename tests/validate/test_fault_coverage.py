@@ -12,6 +12,7 @@ where a warn is asked is "more", which the issue allows), and only on that compo
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -42,6 +43,11 @@ class Row:
     # (level, test, status at least) on the faulty component
     validate: tuple[tuple[int, str, Status], ...] = ()
     more: Callable[[ValidationReport, list[Any]], None] | None = None  # extra checks
+    # update faults (issue 15): the maintenance campaign's step that catches them ("verify":
+    # versions against the baseline, "validate": the agent's level 1 after the update,
+    # "back": the node does not come back; a lost GPU is caught at verify by its finding, or
+    # at validate); checked by `test_update_fault_is_caught`
+    campaign: str | None = None
     spec: str = "1x8xh200"
     node: str = NODE
 
@@ -190,6 +196,14 @@ COVERAGE: dict[FaultKind, Row] = {
         ((1, "health_rules", Status.WARN), (2, "nvlink_p2p", Status.FAIL)),
         more=_nvlink_link_named,
     ),
+    FaultKind.UPDATE_NO_RETURN: Row(campaign="back"),
+    FaultKind.UPDATE_OLD_VERSION: Row(campaign="verify"),
+    FaultKind.UPDATE_FAILS_VALIDATION: Row(
+        health=Severity.FAIL, health_codes=frozenset({"ECC_DBE_VOLATILE"}), campaign="validate"
+    ),
+    FaultKind.UPDATE_GPU_LOST: Row(
+        health=Severity.FAIL, health_codes=frozenset({"GPU_LOST", "XID_79"}), campaign="validate"
+    ),
 }
 
 
@@ -221,6 +235,8 @@ def _release_hangs(fleet: SimFleet) -> None:
 def test_fault_is_caught_by_its_detectors(kind: FaultKind) -> None:
     row = COVERAGE.get(kind)
     assert row is not None, f"fault kind {kind.value!r} has no row in the coverage table"
+    if row.campaign is not None:
+        return  # an update fault acts through the simulated update: `test_update_fault...`
     findings: list[Any] = []
     fleet, clock = _fleet(row, kind)
     fleets = [fleet]
@@ -272,3 +288,41 @@ def test_fault_is_caught_by_its_detectors(kind: FaultKind) -> None:
     finally:
         for f in fleets:
             _release_hangs(f)
+
+
+@pytest.mark.parametrize(
+    "kind", [k for k in FaultKind if COVERAGE[k].campaign], ids=lambda k: k.value
+)
+def test_update_fault_is_caught(kind: FaultKind) -> None:
+    """The simulated update (`gpufleet.devices.sim.update`) with the fault: the versions stay
+    old (the campaign's verify step sees it), the node hangs (it never comes back), or the
+    restarted node carries a fault its level-1 validation fails on the right GPU (the health
+    detectors of the agent's gate, run here on the fleet file the agent would read)."""
+    from gpufleet.devices.sim.update import apply_update
+
+    row = COVERAGE[kind]
+    doc = {
+        "nodes": [{"name": NODE, "model": "h200", "gpus": 8, "driver_version": "535.104.05"}],
+        "faults": [{"kind": kind.value, "node": NODE, "gpu": GPU}],
+    }
+    new, hang = apply_update(doc, NODE, "550.90.07", None)
+    assert "faults" not in new or all(f["kind"] != kind.value for f in new["faults"])
+    driver = new["nodes"][0]["driver_version"]
+    if row.campaign == "back":
+        assert hang and driver == "535.104.05"
+        return
+    assert not hang
+    if row.campaign == "verify":
+        assert driver == "535.104.05"  # the baseline wants 550.90.07: verify fails the node
+        return
+    assert driver == "550.90.07"
+    from gpufleet.devices.sim.spec import parse_fleet_yaml
+
+    clock = ManualClock()
+    fleet = SimFleet(parse_fleet_yaml(json.dumps(new), "fleet.yaml"), clock=clock)
+    backend = fleet.node(NODE).backend()
+    data = collect_node(backend, duration_s=3.0, sleep=clock.advance, clock=clock)
+    health = HealthTracker(None, clock=clock).evaluate(data)
+    bad = [f for f in health.findings if f.severity >= Severity.FAIL]
+    assert {f.gpu_index for f in bad} == {GPU}, [(f.code, f.gpu_index) for f in bad]
+    assert row.health_codes & {f.code for f in bad}

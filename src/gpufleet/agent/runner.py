@@ -31,6 +31,7 @@ from gpufleet.agent.health_seam import (
     default_evaluator,
 )
 from gpufleet.agent.jobs import AgentJobs, slots_from_infos
+from gpufleet.agent.maintenance import AgentMaintenance
 from gpufleet.agent.push import MAX_BACKOFF_S, Pusher
 from gpufleet.agent.spool import DEFAULT_MAX_BATCHES, DEFAULT_MAX_BYTES, AgentState, Spool
 from gpufleet.devices.backend import GpuBackend
@@ -202,6 +203,18 @@ class Agent:
                 executor=validations,
                 clock=clock,
             )
+        self.maintenance: AgentMaintenance | None = None  # update orders (issue 15)
+        if cfg.controller and cfg.state_dir is not None and self.pusher is not None:
+            self.maintenance = AgentMaintenance(
+                cfg.state_dir,
+                backend.node_name,
+                cfg.controller,
+                cfg.token or "",
+                self.pusher.client,
+                close_devices=lambda: self.sampler.close(wait_s=5.0),
+            )
+            if self.maintenance.updating.is_set():  # an update ran while the agent was down
+                self.sampler.close(wait_s=5.0)
         self._registry: CollectorRegistry | None = None
         self._slots: tuple[int, list[wire.WireSlot]] = (-1, [])
 
@@ -227,6 +240,8 @@ class Agent:
     # ----- sampling and health ---------------------------------------------------------------
     def tick(self, now: float | None = None) -> TickResult | None:
         """One sampling round and one health evaluation; never raises."""
+        if self.maintenance is not None and self.maintenance.updating.is_set():
+            return None  # NVML is shut down for the update: nothing to sample
         try:
             result = self.sampler.tick(now)
         except Exception:
@@ -443,6 +458,9 @@ class Agent:
             with self.sampler.lock:
                 self.sampler.last_slow_s = None
             self._validate_for = since
+        m = self.maintenance
+        if ack.update is not None and m is not None and m.order(ack.update):
+            self.push_soon.set()
         if self.jobs is not None and self.jobs.apply(ack.commands):
             self.push_soon.set()  # report the started or stopped copies now
 
@@ -475,6 +493,11 @@ class Agent:
         """Build one batch and send (or spool) it, then replay the spool; never raises."""
         if self.pusher is None:
             return
+        if self.maintenance is not None:
+            try:
+                self.maintenance.poll()
+            except Exception:
+                log.exception("maintenance: reporting an update failed")
         try:
             self.pusher.push(self.build_batch)
         except Exception:
@@ -494,6 +517,8 @@ class Agent:
         while not stop.is_set():
             if end is not None and time.monotonic() >= end:
                 break
+            if self.restart_wanted:
+                break
             try:
                 self.tick()
                 wait = self.sampler.next_due() - self.clock()
@@ -506,6 +531,11 @@ class Agent:
         if pusher is not None:
             pusher.join(timeout=10)
             self.push_once()  # flush what was sampled since the last push
+
+    @property
+    def restart_wanted(self) -> bool:
+        """A maintenance update ended and was reported: the process should start afresh."""
+        return self.maintenance is not None and self.maintenance.restart_wanted.is_set()
 
     def push_every_s(self) -> float:
         """The push period: the push interval, or the jobs exchange period when shorter."""

@@ -169,6 +169,11 @@ def register(app: typer.Typer) -> None:
                 client.close()
         if json_out:
             emit_json({"event": "stopped", "rounds": agent.sampler.ticks}, line=True)
+        if agent.restart_wanted:  # a maintenance update ended: start afresh (NVML, versions)
+            import os
+            import sys
+
+            os.execv(sys.executable, [sys.executable, "-m", "gpufleet", *sys.argv[1:]])
 
 
 def _agent_jobs(

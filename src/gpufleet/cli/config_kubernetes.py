@@ -4,6 +4,7 @@ GPU Operator Helm values. Every namespace an object lives in is created first.""
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +30,36 @@ def _db_url(path: Path) -> str:
     if not url.startswith(("postgresql://", "postgresql+psycopg://")):
         raise UsageError(f"--db-url-file {path}: expected one line postgresql://USER:PASS@HOST/DB")
     return url
+
+
+def _job_key(path: Path | None) -> str:
+    """The Fernet key sealing job specs: read from ``path`` when it exists, else a new one,
+    written there (0600) so the next run gives the Secret the same key; without a path, a new
+    key and a warning (a rotated key leaves earlier job specs unreadable)."""
+    from cryptography.fernet import Fernet
+
+    from gpufleet.schedulers.embedded.sealing import SpecSealer
+
+    if path is not None and path.exists():
+        key = read_text_file(path, "--job-key-file").strip()
+        SpecSealer(key.encode(), f"--job-key-file {path}")  # a clear error for a bad key
+        return key
+    key = Fernet.generate_key().decode("ascii")
+    if path is None:
+        err_console.print(
+            "a new job-spec key is in the Secret: give --job-key-file (or --out) to keep it "
+            "across runs; applying a different key leaves stored job specs unreadable"
+        )
+        return key
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w", encoding="ascii") as fh:
+            fh.write(key + "\n")
+    except OSError as exc:
+        raise ConfigError(f"--job-key-file {path}: cannot write: {exc.strerror or exc}") from exc
+    err_console.print(f"made the job-spec key {path} (0600): keep it with the manifests")
+    return key
 
 
 def _policy_yaml(path: Path | None) -> str:
@@ -107,6 +138,13 @@ def kubernetes_cmd(
         help="File holding the PostgreSQL URL for the Secret (else a placeholder to edit).",
         metavar="FILE",
     ),
+    job_key_file: Path | None = typer.Option(
+        None,
+        "--job-key-file",
+        help="The key sealing job specs at rest, for the Secret: read when the file exists, "
+        "else made (0600) and kept there for the next run (default: OUT/job-env.key).",
+        metavar="FILE",
+    ),
     policy: Path | None = typer.Option(
         None, "--policy", help="Remediation policy YAML for the ConfigMap (else defaults)."
     ),
@@ -153,17 +191,18 @@ def kubernetes_cmd(
         if controller_replicas < 1:
             raise UsageError("--controller-replicas must be at least 1")
         db_url = _db_url(db_url_file) if db_url_file else None
-        secret = db_url is not None
+        secret = True  # the job-spec key is in it: the file is private
         objs += control_plane_objects(
             namespace=namespace,
             image=_image_of(objs),
             replicas=controller_replicas,
             db_url=db_url,
+            job_key=_job_key(job_key_file or (out / "job-env.key" if out else None)),
             policy_yaml=_policy_yaml(policy),
             scheduler=controller_scheduler,
             prometheus_url=http_url(prometheus_url, "--prometheus-url") if prometheus_url else None,
         )
-        if not secret:
+        if db_url is None:
             err_console.print(
                 f"the Secret {SECRET} holds a placeholder database URL: edit it, or give "
                 "--db-url-file"

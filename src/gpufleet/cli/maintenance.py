@@ -28,7 +28,7 @@ from gpufleet.maintenance.planner import (
 from gpufleet.maintenance.windows import parse_schedule
 
 maintenance_app = typer.Typer(
-    help="Rolling driver, firmware and OS updates: plan a campaign.", no_args_is_help=True
+    help="Rolling driver, firmware and OS updates: plan and run a campaign.", no_args_is_help=True
 )
 
 SELECT_KEYS = ("node", "model", "rack")
@@ -301,5 +301,8 @@ def plan_cmd(
 
 def register(app: typer.Typer) -> None:
     """Attach `gpufleet maintenance`."""
+    from gpufleet.cli.maintenance_run import register as register_run
+
     maintenance_app.command("plan")(plan_cmd)
+    register_run(maintenance_app)
     app.add_typer(maintenance_app, name="maintenance")

@@ -28,6 +28,7 @@ from gpufleet.control.lifecycle import TransitionError
 from gpufleet.control.routes import (
     findings,
     ingest,
+    maintenance,
     meta,
     nodes,
     policy,
@@ -101,6 +102,7 @@ def create_app(service: ControlService) -> FastAPI:
     api.include_router(prometheus.router(store, auth))
     api.include_router(ingest.router(service, _handle_ingest))
     api.include_router(stream.router(service, auth))
+    api.include_router(maintenance.router(store, auth))
     api_jobs.register(api, service, auth.need)
     app.include_router(api)
     app.add_middleware(WriteGuard, store=store)  # token and size before a write's body

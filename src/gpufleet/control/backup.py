@@ -38,12 +38,13 @@ from pathlib import Path
 from typing import IO, Any
 
 from gpufleet.errors import ConfigError, UsageError
+from gpufleet.schedulers.embedded.sealing import KEY_FILE as SEALING_KEY
 
 FORMAT = "gpufleet-backup"
 VERSION = 1
 LOCK_FILE = "controller.lock"
 # Files of the data directory that protect stored secrets; restored next to the database.
-KEY_FILES = ("jobenv.key",)
+KEY_FILES = (SEALING_KEY,)
 PG_TIMEOUT_S = 600
 
 

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gpufleet.control import campaign_ops
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.bodylimits import (
     INGEST_WIRE_BYTES,
@@ -114,6 +115,9 @@ async def ingest_body(
         out["dropped"] = dropped
     if view is not None and view.state == "validating":  # the agent validates (issue 14)
         out["validate_since_s"] = view.state_since_s
+    order = campaign_ops.orders(store).get(batch.node)  # a campaign's update (issue 15)
+    if order is not None:
+        out["update"] = order.model_dump(mode="json")
     return IngestReply(200, orjson.dumps(out))
 
 

@@ -50,7 +50,8 @@ ALLOWED: dict[NodeState, frozenset[NodeState]] = {
     S.VALIDATING: frozenset({S.IN_SERVICE, S.REPAIR, S.DRAINING, S.LOST, S.FAILED}),
     S.IN_SERVICE: frozenset({S.DRAINING, S.LOST, S.FAILED}),
     S.DRAINING: frozenset({S.DRAINED, S.IN_SERVICE, S.REPAIR, S.LOST, S.FAILED}),
-    S.DRAINED: frozenset({S.IN_SERVICE, S.REPAIR, S.LOST, S.FAILED}),
+    # drained -> validating: a maintenance campaign's node after its update (issue 15)
+    S.DRAINED: frozenset({S.IN_SERVICE, S.VALIDATING, S.REPAIR, S.LOST, S.FAILED}),
     S.REPAIR: frozenset({S.VALIDATING, S.FAILED}),
     S.LOST: frozenset({S.VALIDATING, S.DRAINING, S.DRAINED, S.REPAIR, S.FAILED}),
     S.FAILED: frozenset({S.REPAIR}),

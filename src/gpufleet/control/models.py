@@ -230,3 +230,50 @@ class ControllerState(Base):
     __tablename__ = "controller_state"
     key: Mapped[str] = mapped_column(String(64), primary_key=True)
     value: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class MaintCampaign(Base):
+    """A maintenance campaign (issue 15): its spec (baseline, limits, windows, update command,
+    timeouts), its state (running, paused, halted, aborted, done) and its failure count."""
+
+    __tablename__ = "maint_campaigns"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_s: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(128))
+    updated_s: Mapped[float] = mapped_column(Float)
+    failures: Mapped[int] = mapped_column(Integer, default=0)
+    reason: Mapped[str] = mapped_column(Text, default="")
+
+
+class MaintNode(Base):
+    """One node of a campaign: its place in the order, failure domain, current step and
+    the update's outcome as its agent reported it."""
+
+    __tablename__ = "maint_nodes"
+    campaign_id: Mapped[int] = mapped_column(
+        ForeignKey("maint_campaigns.id", ondelete="CASCADE"), primary_key=True
+    )
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    ord: Mapped[int] = mapped_column(Integer)
+    domain: Mapped[str] = mapped_column(String(253))
+    gpus: Mapped[int] = mapped_column(Integer)
+    step: Mapped[str] = mapped_column(String(16), index=True)
+    step_since_s: Mapped[float] = mapped_column(Float)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    outcome: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+
+
+class MaintStep(Base):
+    """One step a campaign took for one node; (campaign, node, step) is unique, so a step
+    replayed after a controller restart is never taken twice."""
+
+    __tablename__ = "maint_steps"
+    __table_args__ = (UniqueConstraint("campaign_id", "node", "step", name="uq_maint_steps_key"),)
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    campaign_id: Mapped[int] = mapped_column(Integer, index=True)
+    node: Mapped[str] = mapped_column(String(253))
+    step: Mapped[str] = mapped_column(String(16))
+    at_s: Mapped[float] = mapped_column(Float)
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpufleet.control import campaign_ops
 from gpufleet.control.db import database_url, make_engine, migrate
 from gpufleet.control.ingest import IngestQueue
 from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN, NodeQuota
@@ -97,6 +98,7 @@ class ControlService:
                 self.clock,
                 lambda node: node_facts(self.store, node),
                 deliver=self.store.sched.deliver,
+                secrets_dir=self.config.data_dir,
             )
         )
         self.events.start()
@@ -128,6 +130,7 @@ class ControlService:
             self.store.note_own_gap(now - self._last_tick)
         self._last_tick = now
         moved = self.store.check_nodes()
+        campaign_ops.tick(self.store)  # maintenance campaigns (issue 15), on the writer
         if now - self._last_slow >= 15.0:
             self._last_slow = now
             self.store.flush_rollups()

@@ -15,6 +15,7 @@ from collections import deque
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 from gpufleet.errors import UsageError
@@ -185,6 +186,9 @@ class SchedulerContext:
     # hands commands for a node's agent to the control plane as soon as the scheduler has
     # them (they ride on that node's next Ack), instead of after the node's next report
     deliver: Callable[[str, list[WireCommand]], None] | None = None
+    # the controller's private data directory (0700): where a scheduler keeps a key to seal
+    # what it stores (the embedded scheduler's job specs); None: no directory (a database URL)
+    secrets_dir: Path | None = None
 
 
 @runtime_checkable

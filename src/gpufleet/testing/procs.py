@@ -126,12 +126,14 @@ class ControllerProcess:
             except subprocess.TimeoutExpired:
                 self.kill9()
 
-    def call(self, method: str, path: str, **kw: Any) -> httpx.Response:
+    def call(self, method: str, path: str, timeout_s: float = 10.0, **kw: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.admin}"}
-        return httpx.request(method, self.url + path, headers=headers, timeout=10.0, **kw)
+        return httpx.request(method, self.url + path, headers=headers, timeout=timeout_s, **kw)
 
     def submit(self, name: str, command: list[str], **spec: Any) -> str:
-        r = self.call("POST", "/api/v1/jobs", json={"name": name, "command": command, **spec})
+        """Submit once (not idempotent: a long timeout rather than a retry on a slow machine)."""
+        body = {"name": name, "command": command, **spec}
+        r = self.call("POST", "/api/v1/jobs", timeout_s=60.0, json=body)
         if r.status_code != 201:
             raise GpufleetError(f"submit {name}: HTTP {r.status_code} {r.text[:300]}")
         job_id: str = r.json()["id"]
@@ -150,14 +152,14 @@ class ControllerProcess:
             doc = self.job(job_id)
             return doc if doc["state"] in ("succeeded", "failed", "cancelled") else None
 
-        done: dict[str, Any] = wait_for(ended, timeout_s, f"job {job_id} ended")
+        done: dict[str, Any] = wait_for(ended, timeout_s, f"job {job_id} ended", step_s=0.2)
         return done
 
     def wait_in_service(self, node: str, timeout_s: float = 120.0) -> None:
         def up() -> bool:
             return self.node_state(node) == "in_service"
 
-        wait_for(up, timeout_s, f"node {node} in service")
+        wait_for(up, timeout_s, f"node {node} in service", step_s=0.2)
 
     def node_state(self, node: str) -> str | None:
         r = self.call("GET", f"/api/v1/nodes/{node}")
@@ -187,6 +189,7 @@ class AgentProcess:
     state_dir: Path
     lease_s: float = 3.0
     push_interval_s: float = 0.25
+    fast_interval_s: float = 0.25  # the sampler's fast tier (a fallen GPU is seen within it)
     faults: list[dict[str, Any]] = field(default_factory=list)
     model: str = "h100-sxm"
     proc: subprocess.Popen[bytes] | None = None
@@ -203,7 +206,12 @@ class AgentProcess:
                 *("agent", "--sim", str(fleet)),
                 *("--listen", "127.0.0.1:0", "--controller", self.controller_url),
                 *("--state-dir", str(self.state_dir), "--run-jobs", "--executor", "process"),
-                *("--job-lease", f"{self.lease_s:g}", "--fast-interval", "0.25"),
+                *(
+                    "--job-lease",
+                    f"{self.lease_s:g}",
+                    "--fast-interval",
+                    f"{self.fast_interval_s:g}",
+                ),
                 *("--push-interval", f"{self.push_interval_s:g}"),
             ],
             self.state_dir / f"agent-{self.starts}.log",
@@ -228,6 +236,17 @@ class AgentProcess:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill9()
+
+
+def stop_all(agents: list[AgentProcess]) -> None:
+    """Stop agents together: SIGTERM to all, then wait for each (one by one took seconds
+    each on a loaded machine)."""
+    for a in agents:
+        if a.alive():
+            assert a.proc is not None
+            a.proc.terminate()
+    for a in agents:
+        a.stop()
 
 
 class TcpProxy:
@@ -312,14 +331,18 @@ class TcpProxy:
 
 def heartbeat_job(path: Path, beats: int, every_s: float = 0.1) -> list[str]:
     """A job: a shell that starts a grandchild appending ``GENERATION TIME`` every ``every_s``
-    to ``path`` (``beats`` times, then ``GENERATION done``) and waits for it; exit 0."""
+    to ``path`` (``beats`` times, then ``GENERATION done``) and waits for it; exit 0.
+
+    The grandchild is bash, whose ``$EPOCHREALTIME`` reads the clock without a fork (a ``date``
+    per beat made dozens of jobs at once a load of their own); ``LC_ALL=C`` keeps its decimal
+    point a dot."""
     q = shlex.quote(str(path))
     inner = (
-        f"i=0; while [ $i -lt {beats} ]; do "
-        f'echo "$GPUFLEET_GENERATION $(date +%s.%N)" >> {q}; i=$((i+1)); sleep {every_s}; '
+        f"LC_ALL=C; i=0; while [ $i -lt {beats} ]; do "
+        f'echo "$GPUFLEET_GENERATION $EPOCHREALTIME" >> {q}; i=$((i+1)); sleep {every_s}; '
         f'done; echo "$GPUFLEET_GENERATION done" >> {q}'
     )
-    return ["sh", "-c", f"sh -c {shlex.quote(inner)} & wait"]
+    return ["sh", "-c", f"bash -c {shlex.quote(inner)} & wait"]
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from gpufleet.wire.limits import (
     MAX_SAMPLES_PER_BLOCK,
     SCHEMA_VERSION,
 )
+from gpufleet.wire.maintenance import WireUpdateOrder, WireUpdateReport
 from gpufleet.wire.telemetry import WireDevice, WireEvent, WireHost, WireSamples
 
 __all__ = [
@@ -53,4 +54,6 @@ __all__ = [
     "WireJobs",
     "WireSamples",
     "WireSlot",
+    "WireUpdateOrder",
+    "WireUpdateReport",
 ]

@@ -51,6 +51,7 @@ from gpufleet.wire.limits import (
     NodeName,
     NoNul,
 )
+from gpufleet.wire.maintenance import WireUpdateOrder
 from gpufleet.wire.telemetry import WireDevice, WireEvent, WireHost, WireSamples
 
 
@@ -99,3 +100,6 @@ class Ack(BaseModel):
     # validation level 1 once per such period and posts the result (`gpufleet.agent.gate`);
     # absent in every other state
     validate_since_s: float | None = None
+    # a maintenance campaign asks the node's agent to run the site's update command (issue 15,
+    # `gpufleet.wire.maintenance`); absent otherwise
+    update: WireUpdateOrder | None = None

@@ -34,6 +34,12 @@ class FaultKind(StrEnum):
     # NVLink errors on one link (params: link, rate_per_min of CRC errors, recovery count, down,
     # fraction: the GPU's peer-to-peer bandwidth while the link replays/retrains)
     NVLINK_ERRORS = "nvlink_errors"
+    # a simulated update that goes wrong on this node (issue 15; read by
+    # `gpufleet.devices.sim.update`, the update command of simulated campaigns, not at run time):
+    UPDATE_NO_RETURN = "update_no_return"  # the node never comes back (its agent hangs)
+    UPDATE_OLD_VERSION = "update_old_version"  # the command exits 0, the versions stay old
+    UPDATE_FAILS_VALIDATION = "update_fails_validation"  # new versions, a double-bit ECC error
+    UPDATE_GPU_LOST = "update_gpu_lost"  # new versions, a GPU falls off the bus on reboot
 
 
 @dataclass(frozen=True)
@@ -54,3 +60,13 @@ class Fault:
 
     def param(self, name: str, default: Any) -> Any:
         return self.params.get(name, default)
+
+
+UPDATE_FAULTS = frozenset(
+    {
+        FaultKind.UPDATE_NO_RETURN,
+        FaultKind.UPDATE_OLD_VERSION,
+        FaultKind.UPDATE_FAILS_VALIDATION,
+        FaultKind.UPDATE_GPU_LOST,
+    }
+)

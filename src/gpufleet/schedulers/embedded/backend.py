@@ -33,6 +33,7 @@ from gpufleet.schedulers.embedded.engine import EmbeddedScheduler, embedded_capa
 from gpufleet.schedulers.embedded.executor import NodeUnreachable
 from gpufleet.schedulers.embedded.placement import NodeInfo
 from gpufleet.schedulers.embedded.remote import RemoteAgentExecutor
+from gpufleet.schedulers.embedded.sealing import SpecSealer
 from gpufleet.schedulers.embedded.store import JobStore, NodeRow
 from gpufleet.wire import Batch, WireCommand
 
@@ -68,7 +69,10 @@ class EmbeddedBackend:
         if self._remote is None:
             self._remote = RemoteAgentExecutor(clock=context.clock)
         self._remote.deliver = context.deliver
-        store = JobStore(context.engine)  # the control plane's database (same migrations)
+        # the control plane's database (same migrations); job specs sealed with a key file in
+        # its data directory, so a copy of the database does not reveal a job's env
+        sealer = SpecSealer.in_dir(context.secrets_dir) if context.secrets_dir else None
+        store = JobStore(context.engine, sealer)
         self._eng = EmbeddedScheduler(
             store, self._remote, (), clock=context.clock, usable=self._usable
         )
@@ -110,18 +114,27 @@ class EmbeddedBackend:
         with self.lock:
             if self.unverified:
                 self._verify()
-            self._refresh_tenants()
+            self._refresh_nodes()
             self.eng.tick()
 
-    def _refresh_tenants(self) -> None:
-        """Give placement each node's current tenant (a node re-tenanted since it joined)."""
+    def _refresh_nodes(self) -> None:
+        """Bring placement's nodes in line with the control plane: each node's current tenant
+        (a node re-tenanted since it joined), and a node the scheduler still holds ``lost`` or
+        ``drained`` that the control plane has back in service. The lifecycle's events reach
+        the scheduler on a queue that dies with the controller: killed between a node's
+        ``lost`` and its ``resume``, a controller left the node lost here for good (its
+        requeued jobs, excluded from it, waited forever when it was their only node)."""
         if self._context is None:
             return
         for name, row in self.store.nodes().items():
             facts = self._context.node_facts(name)
             tenant = facts.tenant if facts is not None else row.info.tenant
             if tenant != row.info.tenant:
-                self.store.put_node(replace(row, info=replace(row.info, tenant=tenant)))
+                row = replace(row, info=replace(row.info, tenant=tenant))
+                self.store.put_node(row)
+            if facts is not None and facts.usable and row.state in ("lost", "drained"):
+                log.info("node %s is in service again: the scheduler takes it back", name)
+                self.eng.node_back(name)  # stale copies fenced, exclusions of it lifted
 
     def _loop(self) -> None:
         while not self._stop.is_set():

@@ -241,14 +241,18 @@ class EmbeddedScheduler:
 
     # ----- state changes -------------------------------------------------------------------
     def transition(self, old: JobRow, new: JobRow, now: float, outcome: str = "") -> JobRow | None:
-        """Write ``new`` if nobody changed the job since ``old`` was read; keep attempts."""
-        if not self.store.save(new, expect_generation=old.generation):
-            return None
+        """Write ``new`` if nobody changed the job since ``old`` was read; its attempts (the
+        old one closed, a new one opened) in the same transaction."""
         moved_on = new.state not in ACTIVE or new.generation != old.generation
-        if old.state in ACTIVE and moved_on:
-            self.store.close_attempt(old, now, outcome or new.state.value)
-        if new.state is JobState.STARTING and old.generation != new.generation:
-            self.store.open_attempt(new, now)
+        closing = old.state in ACTIVE and moved_on
+        opening = new.state is JobState.STARTING and old.generation != new.generation
+        if not self.store.save(
+            new,
+            expect_generation=old.generation,
+            close=(old, now, outcome or new.state.value) if closing else None,
+            open_at=now if opening else None,
+        ):
+            return None
         if self.listener and old.state != new.state:
             self.listener(new.id, old.state, new.state, now)
         return new

@@ -20,6 +20,7 @@ from typing import Any
 from sqlalchemy import (
     Boolean,
     Column,
+    Connection,
     Engine,
     Float,
     Integer,
@@ -42,6 +43,7 @@ from sqlalchemy.exc import SQLAlchemyError
 from gpufleet.errors import ConfigError, GpufleetError
 from gpufleet.schedulers.base import JobSpec, JobState, JobStatus
 from gpufleet.schedulers.embedded.placement import GpuSlot, NodeInfo
+from gpufleet.schedulers.embedded.sealing import SpecSealer
 from gpufleet.wire.jobs import JOB_SPEC
 
 metadata = MetaData()
@@ -178,10 +180,11 @@ def node_from_json(text: str) -> NodeInfo:
     return NodeInfo(**d)
 
 
-def _row_to_job(r: Any) -> JobRow:
+def _row_to_job(r: Any, sealer: SpecSealer | None = None) -> JobRow:
+    spec = sealer.open(r.spec, str(r.seq)) if sealer is not None else r.spec
     return JobRow(
         seq=int(r.seq),
-        spec=JOB_SPEC.validate_json(r.spec),
+        spec=JOB_SPEC.validate_json(spec),
         state=JobState(r.state),
         restarts=int(r.restarts),
         requeues=int(r.requeues or 0),
@@ -198,11 +201,12 @@ def _row_to_job(r: Any) -> JobRow:
     )
 
 
-def _job_values(job: JobRow) -> dict[str, Any]:
+def _job_values(job: JobRow, sealer: SpecSealer | None = None) -> dict[str, Any]:
+    spec = JOB_SPEC.dump_json(job.spec).decode()
     return {
         "name": job.spec.name,
         "tenant": job.spec.tenant,
-        "spec": JOB_SPEC.dump_json(job.spec).decode(),
+        "spec": sealer.seal(spec) if sealer is not None else spec,
         "state": job.state.value,
         "priority": job.spec.priority,
         "restarts": job.restarts,
@@ -242,11 +246,36 @@ def _add_missing_columns(engine: Engine) -> None:
                 conn.execute(sql_text(f"ALTER TABLE {table} ADD COLUMN {column} {ddl}"))
 
 
+def _open_attempt(conn: Connection, job: JobRow, now: float) -> None:
+    conn.execute(
+        insert(sched_attempts).values(
+            job_seq=job.seq,
+            generation=job.generation,
+            nodes=json.dumps(list(job.nodes)),
+            gpus=json.dumps([list(g) for g in job.gpus]),
+            started_at=now,
+            ended_at=None,
+            outcome="",
+        )
+    )
+
+
+def _close_attempt(conn: Connection, job: JobRow, now: float, outcome: str) -> None:
+    conn.execute(
+        update(sched_attempts)
+        .where(sched_attempts.c.job_seq == job.seq)
+        .where(sched_attempts.c.generation == job.generation)
+        .where(sched_attempts.c.ended_at.is_(None))
+        .values(ended_at=now, outcome=outcome)
+    )
+
+
 class JobStore:
     """The embedded scheduler's tables behind a few typed operations."""
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Engine, sealer: SpecSealer | None = None) -> None:
         self.engine = engine
+        self.sealer = sealer  # job specs (their env) sealed at rest (`sealing`)
         try:
             metadata.create_all(engine)
             _add_missing_columns(engine)
@@ -275,7 +304,7 @@ class JobStore:
     # ----- jobs ----------------------------------------------------------------------------
     def add_job(self, job: JobRow) -> JobRow:
         with self.engine.begin() as conn:
-            res = conn.execute(insert(sched_jobs).values(**_job_values(job)))
+            res = conn.execute(insert(sched_jobs).values(**_job_values(job, self.sealer)))
             seq = int(res.inserted_primary_key[0])  # type: ignore[index]
         return replace(job, seq=seq)
 
@@ -286,50 +315,50 @@ class JobStore:
             return None
         with self.engine.connect() as conn:
             r = conn.execute(select(sched_jobs).where(sched_jobs.c.seq == seq)).first()
-        return _row_to_job(r) if r is not None else None
+        return _row_to_job(r, self.sealer) if r is not None else None
 
     def jobs(self, states: Iterable[JobState] | None = None) -> list[JobRow]:
         q = select(sched_jobs).order_by(sched_jobs.c.seq)
         if states is not None:
             q = q.where(sched_jobs.c.state.in_([s.value for s in states]))
         with self.engine.connect() as conn:
-            return [_row_to_job(r) for r in conn.execute(q)]
+            return [_row_to_job(r, self.sealer) for r in conn.execute(q)]
 
-    def save(self, job: JobRow, expect_generation: int) -> bool:
-        """Write ``job`` if the stored generation is still ``expect_generation`` (else False)."""
+    def save(
+        self,
+        job: JobRow,
+        expect_generation: int,
+        *,
+        close: tuple[JobRow, float, str] | None = None,
+        open_at: float | None = None,
+    ) -> bool:
+        """Write ``job`` if the stored generation is still ``expect_generation`` (else False),
+        in the same transaction closing the attempt of ``close`` = (old row, time, outcome) and
+        opening one for ``job`` at ``open_at``: a controller killed half-way leaves no requeued
+        job whose attempt never ends, nor a started one without its attempt."""
         with self.engine.begin() as conn:
             res = conn.execute(
                 update(sched_jobs)
                 .where(sched_jobs.c.seq == job.seq)
                 .where(sched_jobs.c.generation == expect_generation)
-                .values(**_job_values(job))
+                .values(**_job_values(job, self.sealer))
             )
-            return res.rowcount == 1
+            if res.rowcount != 1:
+                return False
+            if close is not None:
+                _close_attempt(conn, *close)
+            if open_at is not None:
+                _open_attempt(conn, job, open_at)
+            return True
 
     # ----- attempts ------------------------------------------------------------------------
     def open_attempt(self, job: JobRow, now: float) -> None:
         with self.engine.begin() as conn:
-            conn.execute(
-                insert(sched_attempts).values(
-                    job_seq=job.seq,
-                    generation=job.generation,
-                    nodes=json.dumps(list(job.nodes)),
-                    gpus=json.dumps([list(g) for g in job.gpus]),
-                    started_at=now,
-                    ended_at=None,
-                    outcome="",
-                )
-            )
+            _open_attempt(conn, job, now)
 
     def close_attempt(self, job: JobRow, now: float, outcome: str) -> None:
         with self.engine.begin() as conn:
-            conn.execute(
-                update(sched_attempts)
-                .where(sched_attempts.c.job_seq == job.seq)
-                .where(sched_attempts.c.generation == job.generation)
-                .where(sched_attempts.c.ended_at.is_(None))
-                .values(ended_at=now, outcome=outcome)
-            )
+            _close_attempt(conn, job, now, outcome)
 
     def attempts(self, job_id: str) -> list[Attempt]:
         q = (

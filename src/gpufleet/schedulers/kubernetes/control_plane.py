@@ -1,6 +1,7 @@
 """Generated Kubernetes objects for the control plane itself: a Deployment of the controller
 (two replicas by default), its Service, a PodDisruptionBudget, a Secret holding the database
-URL and a ConfigMap holding the remediation policy.
+URL and the key that seals stored job specs (the same for every replica and restart), and a
+ConfigMap holding the remediation policy.
 
 The pods run the same image as the agents (the repository's ``Dockerfile``: a non-root user,
 the package and nothing else) as that user, with a read-only root file system, no privilege
@@ -22,6 +23,8 @@ POLICY_CONFIGMAP = "gpufleet-policy"
 API_PORT = 8080
 RUN_AS = 10001  # the Dockerfile's gpufleet user
 DB_URL_PLACEHOLDER = "postgresql://gpufleet:CHANGE-ME@postgresql:5432/gpufleet"
+DATA_DIR = "/var/lib/gpufleet"
+KEY_FILE = "job-env.key"  # gpufleet.schedulers.embedded.sealing.KEY_FILE
 
 
 def _meta(name: str, namespace: str) -> dict[str, Any]:
@@ -41,6 +44,9 @@ def _deployment(
             "valueFrom": {"secretKeyRef": {"name": SECRET, "key": "db-url"}},
         },
         {"name": "HOME", "value": "/tmp"},
+        # the data directory holds only the job-spec key, from the Secret: every replica (and
+        # every restart) opens the job specs sealed by the others
+        {"name": "GPUFLEET_DATA_DIR", "value": DATA_DIR},
     ]
     if prometheus_url:
         env.append({"name": "GPUFLEET_PROMETHEUS_URL", "value": prometheus_url})
@@ -77,6 +83,7 @@ def _deployment(
         },
         "volumeMounts": [
             {"name": "policy", "mountPath": "/etc/gpufleet/policy", "readOnly": True},
+            {"name": "job-key", "mountPath": DATA_DIR, "readOnly": True},
             {"name": "tmp", "mountPath": "/tmp"},
         ],
     }
@@ -86,6 +93,14 @@ def _deployment(
         "containers": [container],
         "volumes": [
             {"name": "policy", "configMap": {"name": POLICY_CONFIGMAP}},
+            {
+                "name": "job-key",
+                "secret": {
+                    "secretName": SECRET,
+                    "items": [{"key": "job-env-key", "path": KEY_FILE}],
+                    "defaultMode": 0o440,  # the pod's group (fsGroup) reads it
+                },
+            },
             {"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}},
         ],
         # replicas on different nodes: losing one node leaves the API answering
@@ -120,6 +135,7 @@ def control_plane_objects(
     image: str,
     replicas: int = 2,
     db_url: str | None = None,
+    job_key: str,
     policy_yaml: str = "{}\n",
     scheduler: str = "kubernetes",
     prometheus_url: str | None = None,
@@ -133,7 +149,7 @@ def control_plane_objects(
             "kind": "Secret",
             "metadata": _meta(SECRET, namespace),
             "type": "Opaque",
-            "stringData": {"db-url": db_url or DB_URL_PLACEHOLDER},
+            "stringData": {"db-url": db_url or DB_URL_PLACEHOLDER, "job-env-key": job_key},
         },
         {
             "apiVersion": "v1",

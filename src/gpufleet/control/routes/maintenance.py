@@ -1,0 +1,53 @@
+"""Maintenance campaigns (issue 15): start, pause, resume, abort (operators and admins), read
+status (viewers), and the agents' update reports."""
+
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Depends, Path
+
+from gpufleet.control import campaign_ops as ops
+from gpufleet.control.auth import Principal
+from gpufleet.control.campaigns import CampaignSpec
+from gpufleet.control.routes.deps import ERRORS, Auth
+from gpufleet.control.store import ControlStore
+from gpufleet.wire import WireUpdateReport
+
+CampaignId = Annotated[int, Path(ge=1, le=2**31)]
+
+
+def router(store: ControlStore, auth: Auth) -> APIRouter:
+    api = APIRouter(prefix="/maintenance", tags=["maintenance"], responses=ERRORS)
+
+    @api.post("/campaigns", status_code=201)
+    def start(body: CampaignSpec, who: Annotated[Principal, auth.operator]) -> dict[str, Any]:
+        auth.global_only(who, "maintenance.start", "campaign")
+        cid = ops.start(store, body, who)
+        return ops.status(store, cid)
+
+    @api.get("/campaigns/latest")
+    def latest(who: Annotated[Principal, auth.viewer]) -> dict[str, Any]:
+        _ = who
+        return ops.status(store)
+
+    @api.get("/campaigns/{cid}")
+    def one(cid: CampaignId, who: Annotated[Principal, auth.viewer]) -> dict[str, Any]:
+        _ = who
+        return ops.status(store, cid)
+
+    @api.post("/campaigns/{cid}/{action}")
+    def control(
+        cid: CampaignId,
+        action: Literal["pause", "resume", "abort"],
+        who: Annotated[Principal, auth.operator],
+    ) -> dict[str, Any]:
+        auth.global_only(who, f"maintenance.{action}", f"campaign:{cid}")
+        ops.control(store, cid, action, who)
+        return ops.status(store, cid)
+
+    @api.post("/reports")
+    def report(
+        body: WireUpdateReport, who: Annotated[Principal, Depends(auth.any_token)]
+    ) -> dict[str, bool]:
+        return {"accepted": ops.report(store, body, who)}
+
+    return api

@@ -1,0 +1,351 @@
+"""The campaign engine on a real controller store (SQLite, manual clock): nodes go through
+every step, capacity never drops below the floor, each failure mode ends in repair with its
+reason and the campaign halts at max_failures; a fresh controller on the same database resumes
+with no step taken twice and no node left cordoned.
+
+Agents are played by the test: they push batches with their versions, answer the update
+order with a report, and come back with new versions (the real agent and a real update
+script are exercised in tests/integration/test_campaign_processes.py).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import func, select
+
+from gpufleet.control import actions
+from gpufleet.control import campaign_ops as ops
+from gpufleet.control.auth import Principal, Role
+from gpufleet.control.campaigns import CampaignSpec, capacity
+from gpufleet.control.ingest import parse_batch
+from gpufleet.control.lifecycle import TransitionError
+from gpufleet.control.models import AuditEntry, EventRow, MaintStep
+from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.control.store import IngestItem
+from gpufleet.devices.sim import ManualClock
+from gpufleet.wire import WireUpdateReport
+
+OLD, NEW = "535.104.05", "550.90.07"
+OP = Principal(3, "olga", Role.OPERATOR)
+T0 = 1_700_000_000.0
+BASELINE = {"models": {"h100-sxm": {"driver": NEW}}}
+POLICY = RemediationPolicy(max_out_fraction=0.5, min_out_nodes=2, require_validation=False)
+
+
+class Fleet:
+    """Nodes whose agents the test plays: versions per node, a sequence number each."""
+
+    def __init__(self, svc: ControlService, clock: ManualClock, names: list[str]) -> None:
+        self.svc, self.clock = svc, clock
+        self.version = dict.fromkeys(names, OLD)
+        self.seq = dict.fromkeys(names, 0)
+        self.racks = {n: f"r{i % 3}" for i, n in enumerate(names)}
+        self.updates: dict[str, int] = dict.fromkeys(names, 0)
+        self.down: set[str] = set()
+        self.keys: set[str] = set()  # orders run (an agent runs each key once)
+
+    def push(self, node: str, *, health: int = 0) -> None:
+        self.seq[node] += 1
+        t = self.clock()
+        body: dict[str, Any] = {
+            "schema_version": 1,
+            "node": node,
+            "agent_id": f"agent-{node}",
+            "seq": self.seq[node],
+            "sent_at_s": t,
+            "heartbeat_interval_s": 2.0,
+            "health": health,
+            "samples": [],
+            "findings": [],
+            "devices": [
+                {
+                    "index": g,
+                    "uuid": f"GPU-{node}-{g}",
+                    "info": {"model": "h100-sxm", "driver_version": self.version[node]},
+                }
+                for g in range(2)
+            ],
+        }
+        parsed = parse_batch(json.dumps(body).encode())
+        who = Principal(None, "test", Role.AGENT)
+        self.svc.ingest.submit_sync(IngestItem(parsed.batch, who, t, parsed.arrays))
+
+    def heartbeat_all(self) -> None:
+        for n in self.version:
+            if n not in self.down:
+                self.push(n)
+
+
+@pytest.fixture
+def clock() -> ManualClock:
+    return ManualClock(T0)
+
+
+def make(tmp_path: Path, clock: ManualClock, policy: RemediationPolicy = POLICY) -> ControlService:
+    svc = ControlService(
+        ServiceConfig(data_dir=tmp_path / "data", policy=policy, min_drain_s=0.0),
+        clock=clock,
+    )
+    svc.ingest.start()
+    return svc
+
+
+def spec(**kw: Any) -> CampaignSpec:
+    base = {
+        "baseline": BASELINE,
+        "batch": 2,
+        "floor": 0.5,
+        "max_failures": 2,
+        "update_command": "/usr/local/sbin/site-update",
+        "update_timeout_s": 60,
+        "back_timeout_s": 30,
+        "verify_timeout_s": 10,
+        "validate_timeout_s": 30,
+    }
+    return CampaignSpec.model_validate({**base, **kw})
+
+
+Behaviour = Callable[[Fleet, str], None]
+
+
+def good_update(fleet: Fleet, node: str) -> None:
+    fleet.version[node] = NEW
+
+
+def run(
+    svc: ControlService,
+    fleet: Fleet,
+    *,
+    behave: dict[str, Behaviour] | None = None,
+    steps: int = 200,
+) -> list[float]:
+    """Drive controller ticks and the played agents until the campaign ends; returns the
+    in-service fraction seen after each tick."""
+    behave = behave or {}
+    seen: list[float] = []
+    for _ in range(steps):
+        fleet.clock.advance(1.0)
+        fleet.heartbeat_all()
+        for node, order in dict(ops.orders(svc.store)).items():
+            if order.key in fleet.keys or node in fleet.down:
+                continue
+            fleet.keys.add(order.key)
+            fleet.updates[node] += 1
+            (behave.get(node) or good_update)(fleet, node)
+            if node in fleet.down:
+                continue
+            rep = WireUpdateReport(node=node, key=order.key, exit_code=0)
+            ops.report(svc.store, rep, Principal(None, "agent", Role.AGENT, node=node))
+        svc.tick()
+        with svc.store.sessions() as s:
+            in_gpus, total, _, _ = capacity(svc.store, s)
+        seen.append(in_gpus / total)
+        if ops.status(svc.store)["state"] not in ("running", "paused") and not any(
+            n["step"] not in ("done", "failed", "skipped") for n in ops.status(svc.store)["nodes"]
+        ):
+            break
+    return seen
+
+
+def setup(tmp_path: Path, clock: ManualClock, n: int = 6) -> tuple[ControlService, Fleet]:
+    svc = make(tmp_path, clock)
+    names = [f"n{i}" for i in range(n)]
+    fleet = Fleet(svc, clock, names)
+    fleet.heartbeat_all()
+    for node, rack in fleet.racks.items():
+        actions.update_node(svc.store, node, OP, rack=rack)
+    assert {v.state for v in svc.store.view.nodes.values()} == {"in_service"}
+    return svc, fleet
+
+
+def steps_of(svc: ControlService, node: str) -> list[str]:
+    with svc.store.sessions() as s:
+        q = select(MaintStep.step).where(MaintStep.node == node).order_by(MaintStep.id)
+        return list(s.scalars(q))
+
+
+def test_campaign_updates_every_node_and_keeps_the_floor(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    svc, fleet = setup(tmp_path, clock)
+    cid = ops.start(svc.store, spec(floor=0.6), OP)
+    seen = run(svc, fleet)
+    st = ops.status(svc.store, cid)
+    assert st["state"] == "done"
+    assert {n["step"] for n in st["nodes"]} == {"done"}
+    assert set(fleet.version.values()) == {NEW}
+    assert set(fleet.updates.values()) == {1}  # each node's update ran once
+    # floor 60 % of 12 GPUs: at most 2 nodes (4 GPUs) out -> never below 8/12
+    assert min(seen) >= 0.6 - 1e-9
+    assert min(seen) < 1.0  # it did take nodes out
+    for v in svc.store.view.nodes.values():
+        assert v.state == "in_service" and not v.cordoned
+    assert steps_of(svc, "n0") == [
+        "selected",
+        "cordoned",
+        "draining",
+        "updating",
+        "rebooting",
+        "verifying",
+        "validating",
+        "done",
+    ]
+    with svc.store.sessions() as s:
+        audits = s.scalar(
+            select(func.count())
+            .select_from(AuditEntry)
+            .where(AuditEntry.actor == f"campaign:{cid}")
+        )
+        events = s.scalar(
+            select(func.count()).select_from(EventRow).where(EventRow.kind == "maintenance_step")
+        )
+    assert audits == events == 6 * 7  # every step after selected: an audit row and an event
+
+
+def test_a_second_campaign_is_refused_while_one_runs(tmp_path: Path, clock: ManualClock) -> None:
+    svc, _fleet = setup(tmp_path, clock, n=2)
+    ops.start(svc.store, spec(), OP)
+    with pytest.raises(TransitionError):
+        ops.start(svc.store, spec(), OP)
+
+
+def back_with_old_version(fleet: Fleet, node: str) -> None:
+    pass  # the command "succeeded" but the driver is unchanged
+
+
+def never_back(fleet: Fleet, node: str) -> None:
+    fleet.down.add(node)
+
+
+@pytest.mark.parametrize(
+    ("behaviour", "reason"),
+    [
+        (back_with_old_version, "versions not at baseline after the update: gpu0 driver"),
+        (never_back, "no outcome reported for the update"),
+    ],
+)
+def test_failure_ends_in_repair_and_halts_at_max_failures(
+    tmp_path: Path, clock: ManualClock, behaviour: Behaviour, reason: str
+) -> None:
+    svc, fleet = setup(tmp_path, clock)
+    cid = ops.start(svc.store, spec(batch=1, max_failures=2, floor=0.5), OP)
+    run(svc, fleet, behave=dict.fromkeys(fleet.version, behaviour), steps=400)
+    st = ops.status(svc.store, cid)
+    assert st["state"] == "halted"
+    failed = [n for n in st["nodes"] if n["step"] == "failed"]
+    assert len(failed) == 2
+    assert all(n["reason"].startswith(reason) for n in failed), failed
+    for n in failed:
+        view = svc.store.view.nodes[n["node"]]
+        assert view.state in ("repair", "lost")
+    # nodes never started stay untouched, in service, not cordoned
+    rest = [n for n in st["nodes"] if n["step"] == "skipped"]
+    assert len(rest) == 4
+    for n in rest:
+        view = svc.store.view.nodes[n["node"]]
+        assert view.state == "in_service" and not view.cordoned
+    assert sum(fleet.updates.values()) == 2
+
+
+def test_validation_failure_after_update_goes_to_repair(tmp_path: Path, clock: ManualClock) -> None:
+    gated = POLICY.model_copy(update={"require_validation": True})
+    svc = make(tmp_path, clock, gated)
+    fleet = Fleet(svc, clock, ["a", "b", "c", "d"])
+    fleet.heartbeat_all()
+    for n in fleet.version:  # gated: each new node passes its first validation
+        actions.post_validation(svc.store, {"node": n, "verdict": "pass"}, OP)
+    cid = ops.start(svc.store, spec(batch=1, max_failures=1, floor=0.7), OP)
+    for _ in range(100):
+        run(svc, fleet, steps=1)
+        for n, v in svc.store.view.nodes.items():
+            if v.state == "validating":
+                verdict = "fail" if n == "a" else "pass"
+                actions.post_validation(
+                    svc.store, {"node": n, "verdict": verdict, "summary": "gpu_burn"}, OP
+                )
+        if ops.status(svc.store, cid)["state"] != "running":
+            break
+    st = ops.status(svc.store, cid)
+    assert st["state"] == "halted"
+    a = next(n for n in st["nodes"] if n["node"] == "a")
+    assert a["step"] == "failed"
+    assert "validation after the update failed" in a["reason"]
+    assert svc.store.view.nodes["a"].state == "repair"
+
+
+def test_pause_stops_new_starts_and_abort_gives_nodes_back(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    svc, fleet = setup(tmp_path, clock)
+    cid = ops.start(svc.store, spec(batch=2), OP)
+    ops.control(svc.store, cid, "pause", OP)
+    run(svc, fleet, steps=5)
+    assert {n["step"] for n in ops.status(svc.store, cid)["nodes"]} == {"selected"}
+    ops.control(svc.store, cid, "resume", OP)
+    svc.tick()  # two nodes start: cordoned
+    cordoned = [n for n, v in svc.store.view.nodes.items() if v.cordoned]
+    assert len(cordoned) == 2
+    ops.control(svc.store, cid, "abort", OP)
+    run(svc, fleet, steps=5)
+    st = ops.status(svc.store, cid)
+    assert st["state"] == "aborted"
+    assert {n["step"] for n in st["nodes"]} == {"skipped"}
+    for v in svc.store.view.nodes.values():
+        assert v.state == "in_service" and not v.cordoned
+    assert sum(fleet.updates.values()) == 0
+
+
+def test_window_closed_starts_nothing(tmp_path: Path, clock: ManualClock) -> None:
+    svc, fleet = setup(tmp_path, clock, n=3)
+    # T0 (2023-11-14 22:13 UTC, a Tuesday): a Saturday window is closed
+    cid = ops.start(svc.store, spec(windows=["Sat 02:00-06:00 UTC"]), OP)
+    run(svc, fleet, steps=5)
+    assert {n["step"] for n in ops.status(svc.store, cid)["nodes"]} == {"selected"}
+
+
+def test_restart_of_the_controller_resumes_without_repeating_steps(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    svc, fleet = setup(tmp_path, clock)
+    cid = ops.start(svc.store, spec(batch=2, floor=0.6), OP)
+    run(svc, fleet, steps=4)  # mid-campaign
+    mid = ops.status(svc.store, cid)
+    assert any(n["step"] not in ("selected", "done") for n in mid["nodes"])
+    svc.ingest.stop()
+    svc.engine.dispose()
+    svc2 = make(tmp_path, clock)  # a fresh controller on the same database
+    fleet.svc = svc2
+    run(svc2, fleet)
+    st = ops.status(svc2.store, cid)
+    assert st["state"] == "done"
+    assert set(fleet.updates.values()) == {1}
+    with svc2.store.sessions() as s:
+        rows = s.execute(select(MaintStep.node, MaintStep.step)).all()
+    assert len(rows) == len(set(rows)) == 6 * 8
+    for v in svc2.store.view.nodes.values():
+        assert v.state == "in_service" and not v.cordoned
+
+
+def test_bad_window_or_select_is_refused_at_start() -> None:
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="Sat 25:00"):
+        spec(windows=["Sat 25:00-26:00 UTC"])
+    with pytest.raises(ValidationError, match="select key 'colour'"):
+        spec(select=[("colour", "red")])
+
+
+def test_update_reports_come_from_the_nodes_agent(tmp_path: Path, clock: ManualClock) -> None:
+    svc, _fleet = setup(tmp_path, clock, n=2)
+    rep = WireUpdateReport(node="n0", key="c1-n0", exit_code=0)
+    with pytest.raises(PermissionError):
+        ops.report(svc.store, rep, Principal(None, "agent", Role.AGENT, node="n1"))
+    with pytest.raises(PermissionError):
+        ops.report(svc.store, rep, Principal(4, "vic", Role.VIEWER))
+    assert ops.report(svc.store, rep, Principal(None, "a", Role.AGENT, node="n0")) is False

@@ -1,0 +1,107 @@
+"""`gpufleet maintenance start|status|pause|resume|abort` against a real controller on
+loopback: operators start and steer a campaign, viewers read its status and are refused
+writes, the JSON answer lists the nodes out of baseline, a bad baseline names its file."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import httpx
+from typer.testing import CliRunner
+
+from gpufleet.cli.app import app
+from gpufleet.testing.testbed import Controller
+
+runner = CliRunner()
+OLD, NEW = "535.104.05", "550.90.07"
+
+
+def _register(ctl: Controller, node: str, driver: str) -> None:
+    body = {
+        "schema_version": 1,
+        "node": node,
+        "agent_id": f"a-{node}",
+        "seq": 1,
+        "sent_at_s": 0.0,
+        "devices": [
+            {
+                "index": 0,
+                "uuid": f"GPU-{node}",
+                "info": {"model": "h100-sxm", "driver_version": driver},
+            }
+        ],
+    }
+    token = ctl.token("agent", node=node)
+    body["sent_at_s"] = time.time()
+    r = httpx.post(
+        ctl.url + "/api/v1/ingest", json=body, headers={"Authorization": f"Bearer {token}"}
+    )
+    assert r.status_code == 200, r.text
+    r = httpx.post(  # the node passes its first validation (the agent's gate, played here)
+        ctl.url + "/api/v1/validation-results",
+        json={"node": node, "verdict": "pass"},
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert r.status_code < 300, r.text
+
+
+def test_start_status_pause_resume_abort(tmp_path: Path) -> None:
+    ctl = Controller(tmp_path / "ctl").start()
+    try:
+        _register(ctl, "a1", OLD)
+        _register(ctl, "a2", OLD)
+        _register(ctl, "b1", NEW)  # already at the baseline: not selected
+        baseline = tmp_path / "baseline.yaml"
+        baseline.write_text(f'models:\n  h100-sxm:\n    driver: "{NEW}"\n', encoding="utf-8")
+        op, viewer = tmp_path / "op.token", tmp_path / "viewer.token"
+        op.write_text(ctl.token("operator"), encoding="utf-8")
+        viewer.write_text(ctl.token("viewer"), encoding="utf-8")
+        common = ["--controller", ctl.url]
+        start = [
+            "maintenance", "start", "--baseline", str(baseline),
+            "--update-command", "true", "--batch", "1", "--floor", "0%", *common,
+        ]  # fmt: skip
+        r = runner.invoke(app, [*start, "--token-file", str(viewer), "--json"])
+        assert r.exit_code != 0 and "403" in str(r.exception), r.output
+        r = runner.invoke(app, [*start, "--token-file", str(op), "--json"])
+        assert r.exit_code == 0, r.output
+        doc = json.loads(r.output)
+        assert sorted(n["node"] for n in doc["nodes"]) == ["a1", "a2"]
+        assert doc["state"] == "running"
+        for action, state in (("pause", "paused"), ("resume", "running"), ("abort", "aborted")):
+            r = runner.invoke(
+                app, ["maintenance", action, *common, "--token-file", str(op), "--json"]
+            )
+            assert r.exit_code == 0, r.output
+            assert json.loads(r.output)["state"] == state
+        r = runner.invoke(
+            app, ["maintenance", "status", *common, "--token-file", str(viewer), "--json"]
+        )
+        assert r.exit_code == 0, r.output
+        assert json.loads(r.output)["id"] == doc["id"]
+        r = runner.invoke(app, ["maintenance", "status", *common, "--token-file", str(viewer)])
+        assert r.exit_code == 0 and f"campaign {doc['id']}" in r.output
+        r = runner.invoke(
+            app, ["maintenance", "pause", *common, "--token-file", str(viewer), "--json"]
+        )
+        assert r.exit_code != 0 and "403" in str(r.exception)
+    finally:
+        ctl.stop()
+
+
+def test_bad_baseline_names_the_file(tmp_path: Path) -> None:
+    bad = tmp_path / "b.yaml"
+    bad.write_text("models:\n  h100-sx:\n    driver: x\n", encoding="utf-8")
+    tok = tmp_path / "t"
+    tok.write_text("gf_x", encoding="utf-8")
+    r = runner.invoke(
+        app,
+        [
+            "maintenance", "start", "--baseline", str(bad), "--update-command", "true",
+            "--controller", "http://127.0.0.1:9", "--token-file", str(tok),
+        ],
+    )  # fmt: skip
+    assert r.exit_code != 0
+    assert "b.yaml" in str(r.exception) and "h100-sx" in str(r.exception)
