@@ -196,6 +196,15 @@ def did_you_mean(name: str, known: Collection[str]) -> str:
     return f" (did you mean {close[0]!r}?)" if close else ""
 
 
+SHOWN_CHARS = 60  # a bad value is quoted up to this long: a wrong file is not echoed whole
+
+
+def _shown(value: Any) -> str:
+    """``repr(value)``, cut to `SHOWN_CHARS` with an ellipsis."""
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else text[: SHOWN_CHARS - 4] + "...'"
+
+
 def _problem(err: Mapping[str, Any], vocabulary: Collection[str]) -> str:
     kind = str(err.get("type", ""))
     ctx = err.get("ctx") or {}
@@ -211,17 +220,17 @@ def _problem(err: Mapping[str, Any], vocabulary: Collection[str]) -> str:
         hint = did_you_mean(str(ctx.get("tag", "")), tags) if kind == "union_tag_invalid" else ""
         return f"{field} must be one of {', '.join(repr(t) for t in tags)}{hint}"
     if kind in ("int_type", "int_parsing", "int_from_float"):
-        return f"expected a whole number, got {given!r}"
+        return f"expected a whole number, got {_shown(given)}"
     if kind in ("float_type", "float_parsing"):
-        return f"expected a number, got {given!r}"
+        return f"expected a number, got {_shown(given)}"
     if kind in ("bool_type", "bool_parsing"):
-        return f"expected true or false, got {given!r}"
+        return f"expected true or false, got {_shown(given)}"
     if kind == "string_type":
-        return f"expected text, got {given!r}"
+        return f"expected text, got {_shown(given)}"
     if kind in ("dict_type", "model_type", "model_attributes_type"):
-        return f"expected a mapping, got {given!r}"
+        return f"expected a mapping, got {_shown(given)}"
     if kind == "list_type":
-        return f"expected a list, got {given!r}"
+        return f"expected a list, got {_shown(given)}"
     if kind == "too_short":
         return f"expected at least {ctx.get('min_length')} item(s)"
     bounds = {
@@ -230,13 +239,13 @@ def _problem(err: Mapping[str, Any], vocabulary: Collection[str]) -> str:
     }
     if kind in bounds:
         text, key = bounds[kind]
-        return f"{text} {ctx.get(key)}, got {given!r}"
+        return f"{text} {ctx.get(key)}, got {_shown(given)}"
     msg = str(err.get("msg", "invalid"))
     for prefix in ("Value error, ", "Assertion failed, "):
         if msg.startswith(prefix):
             msg = msg[len(prefix) :]
     if given is not None and not isinstance(given, dict | list) and repr(given) not in msg:
-        msg = f"{given!r}: {msg}"
+        msg = f"{_shown(given)}: {msg}"
     return msg
 
 

@@ -110,3 +110,30 @@ def test_bad_input_is_one_line_naming_the_option(tmp_path: Path) -> None:
         r = run(tmp_path, *args)
         assert r.returncode == 2, (args, r.stdout, r.stderr)
         assert needle in r.stderr and "Traceback" not in r.stderr
+
+
+def test_a_wrong_file_is_quoted_short_and_as_written(tmp_path: Path) -> None:
+    """A passwd-like file given as the baseline: the error quotes the start of it, as written
+    (no ":x:" turned into an emoji by the terminal library), not the whole file."""
+    wrong = tmp_path / "passwd"
+    wrong.write_text("".join(f"user{i}:x:{i}:{i}::/home/u{i}:/bin/sh\n" for i in range(200)))
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "gpufleet",
+            "maintenance",
+            "plan",
+            "--baseline",
+            str(wrong),
+            "--sim",
+            "1x8xh100-sxm",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "COLUMNS": "300"},
+    )
+    assert r.returncode == 2
+    assert "expected a mapping, got 'user0:x:0:0" in r.stderr
+    assert len(r.stderr) < 300 and "user199" not in r.stderr

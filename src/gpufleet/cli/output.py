@@ -14,8 +14,9 @@ from rich.table import Table
 
 from gpufleet.jsonable import to_jsonable as to_jsonable
 
-console = Console()
-err_console = Console(stderr=True)
+# emoji off: a value such as "root:x:0" in a message or table is shown as written (no ":x:" emoji)
+console = Console(emoji=False)
+err_console = Console(stderr=True, emoji=False)
 
 NA = "N/A"
 
