@@ -12,6 +12,7 @@ import httpx
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
+from gpufleet.client import Client
 from gpufleet.testing.testbed import Controller
 
 runner = CliRunner()
@@ -87,6 +88,20 @@ def test_start_status_pause_resume_abort(tmp_path: Path) -> None:
             app, ["maintenance", "pause", *common, "--token-file", str(viewer), "--json"]
         )
         assert r.exit_code != 0 and "403" in str(r.exception)
+        # a tenant's viewer reads only the nodes it sees: a1 belongs to another tenant
+        with Client(ctl.url, ctl.admin) as admin:
+            admin.set_node("a1", tenant="other")
+        t_viewer = tmp_path / "t.token"
+        t_viewer.write_text(ctl.token("viewer", tenant="mine"), encoding="utf-8")
+        r = runner.invoke(
+            app, ["maintenance", "status", *common, "--token-file", str(t_viewer), "--json"]
+        )
+        assert r.exit_code == 0, r.output
+        seen = json.loads(r.output)
+        assert [n["node"] for n in seen["nodes"]] == ["a2"]  # shared; a1 is not its to read
+        assert seen["capacity"] is None and sum(seen["by_step"].values()) == 1
+        r = runner.invoke(app, ["maintenance", "status", *common, "--token-file", str(t_viewer)])
+        assert r.exit_code == 0 and "a1" not in r.output and "a2" in r.output
     finally:
         ctl.stop()
 

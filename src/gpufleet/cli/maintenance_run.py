@@ -44,13 +44,14 @@ def _batch(value: str) -> tuple[int | None, float | None]:
 
 
 def _print(doc: dict[str, Any]) -> None:
-    cap = doc["capacity"]
-    frac = cap["in_service_fraction"]
+    cap = doc["capacity"]  # None for a tenant's token: the fleet's capacity is not its to read
+    frac = cap["in_service_fraction"] if cap else None
+    in_service = f"{cap['in_service_gpus']}/{cap['fleet_gpus']} GPUs" if cap else "N/A"
     console.print(
         f"campaign {doc['id']}: [bold]{doc['state']}[/] {doc['reason']}\n"
         f"failures {doc['failures']}/{doc['max_failures']}, batch {doc['batch']}, floor "
         f"{doc['floor'] * 100:.0f} %, windows {', '.join(doc['windows'])}\n"
-        f"in service now: {cap['in_service_gpus']}/{cap['fleet_gpus']} GPUs"
+        f"in service now: {in_service}"
         + (f" ({frac * 100:.1f} %)" if frac is not None else "")
         + "; steps: "
         + ", ".join(f"{k} {v}" for k, v in sorted(doc["by_step"].items())),

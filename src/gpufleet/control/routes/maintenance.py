@@ -1,6 +1,7 @@
 """Maintenance campaigns (issue 15): start, pause, resume, abort (operators and admins), read
 status (viewers), and the agents' update reports."""
 
+from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path
@@ -15,6 +16,20 @@ from gpufleet.wire import WireUpdateReport
 CampaignId = Annotated[int, Path(ge=1, le=2**31)]
 
 
+def scoped_status(
+    doc: dict[str, Any], who: Principal, tenant_of: Callable[[str], str | None]
+) -> dict[str, Any]:
+    """A campaign's status as ``who`` may read it: a tenant token sees only the nodes it sees
+    (its tenant's and shared ones), step counts over those, and not the fleet's capacity."""
+    if who.is_global:
+        return doc
+    nodes = [n for n in doc["nodes"] if who.sees(tenant_of(n["node"]))]
+    by_step: dict[str, int] = {}
+    for n in nodes:
+        by_step[n["step"]] = by_step.get(n["step"], 0) + 1
+    return {**doc, "nodes": nodes, "by_step": by_step, "capacity": None}
+
+
 def router(store: ControlStore, auth: Auth) -> APIRouter:
     api = APIRouter(prefix="/maintenance", tags=["maintenance"], responses=ERRORS)
 
@@ -24,15 +39,17 @@ def router(store: ControlStore, auth: Auth) -> APIRouter:
         cid = ops.start(store, body, who)
         return ops.status(store, cid)
 
+    def tenant_of(node: str) -> str | None:
+        view = store.view.nodes.get(node)
+        return view.tenant if view is not None else None
+
     @api.get("/campaigns/latest")
     def latest(who: Annotated[Principal, auth.viewer]) -> dict[str, Any]:
-        _ = who
-        return ops.status(store)
+        return scoped_status(ops.status(store), who, tenant_of)
 
     @api.get("/campaigns/{cid}")
     def one(cid: CampaignId, who: Annotated[Principal, auth.viewer]) -> dict[str, Any]:
-        _ = who
-        return ops.status(store, cid)
+        return scoped_status(ops.status(store, cid), who, tenant_of)
 
     @api.post("/campaigns/{cid}/{action}")
     def control(
