@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -246,6 +247,45 @@ def node_detail(store: ControlStore, nc: NodeView, history: int = 100) -> sc.Nod
     )
 
 
+Raw = tuple[list[float], dict[str, list[float | None]]]
+Minutes = tuple[
+    list[float],
+    dict[str, list[float | None]],
+    dict[str, list[float | None]],
+    dict[str, list[float | None]],
+]
+
+
+def build_series(
+    nc: NodeView,
+    gpu: int,
+    resolution: str,
+    raw: Callable[[], Raw],
+    minutes: Callable[[], Minutes],
+) -> sc.Series:
+    """The series API's answer for one GPU from whichever store reads it (``raw`` samples or
+    per-minute ``minutes``: mean, min, max); the one place its shape is made."""
+    if gpu not in nc.gpus:
+        raise NotFound(f"node {nc.name} has no GPU {gpu}")
+    limit = nc.gpus[gpu].power_limit_w
+    if resolution == "raw":
+        t, cols = raw()
+        return sc.Series(
+            node=nc.name, gpu=gpu, resolution="raw", t=t, fields=cols, power_limit_w=limit
+        )
+    tm, mean, lo, hi = minutes()
+    return sc.Series(
+        node=nc.name,
+        gpu=gpu,
+        resolution="minute",
+        t=tm,
+        fields=mean,
+        min=lo,
+        max=hi,
+        power_limit_w=limit,
+    )
+
+
 def series(
     store: ControlStore,
     nc: NodeView,
@@ -255,16 +295,21 @@ def series(
     resolution: str,
     since_s: float | None,
 ) -> sc.Series:
-    if gpu not in nc.gpus:
-        raise NotFound(f"node {nc.name} has no GPU {gpu}")
-    limit = nc.gpus[gpu].power_limit_w
-    if resolution == "raw":
-        t, cols = store.telemetry.series(nc.name, gpu, names, since_s)
-        return sc.Series(
-            node=nc.name, gpu=gpu, resolution="raw", t=t, fields=cols, power_limit_w=limit
-        )
+    """One GPU's series from the controller's rings (raw) and rollup table (minutes)."""
+    return build_series(
+        nc,
+        gpu,
+        resolution,
+        lambda: store.telemetry.series(nc.name, gpu, names, since_s),
+        lambda: _rollup_minutes(store, nc.name, gpu, names, since_s),
+    )
+
+
+def _rollup_minutes(
+    store: ControlStore, node: str, gpu: int, names: list[str], since_s: float | None
+) -> Minutes:
     with store.sessions() as s:
-        q = select(Rollup).where(Rollup.node == nc.name, Rollup.gpu_index == gpu)
+        q = select(Rollup).where(Rollup.node == node, Rollup.gpu_index == gpu)
         if since_s is not None:
             q = q.where(Rollup.minute_s >= int(since_s) - 60)
         rows = list(s.scalars(q.order_by(Rollup.minute_s).limit(10_080)))
@@ -274,24 +319,12 @@ def series(
     for r in rows:
         for n in names:
             st = r.stats.get(n)
-            if isinstance(st, list) and len(st) == 4:
-                mean[n].append(_num(st[2]))
-                lo[n].append(_num(st[1]))
-                hi[n].append(_num(st[3]))
-            else:
-                mean[n].append(None)
-                lo[n].append(None)
-                hi[n].append(None)
-    return sc.Series(
-        node=nc.name,
-        gpu=gpu,
-        resolution="minute",
-        t=[float(r.minute_s) for r in rows],
-        fields=mean,
-        min=lo,
-        max=hi,
-        power_limit_w=limit,
-    )
+            if not (isinstance(st, list) and len(st) == 4):
+                st = [None, None, None, None]
+            mean[n].append(_num(st[2]))
+            lo[n].append(_num(st[1]))
+            hi[n].append(_num(st[3]))
+    return [float(r.minute_s) for r in rows], mean, lo, hi
 
 
 def _num(v: Any) -> float | None:

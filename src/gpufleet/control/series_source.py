@@ -31,7 +31,7 @@ import httpx
 
 from gpufleet.control import queries as qy
 from gpufleet.control import schemas as sc
-from gpufleet.control.store import ControlStore, NodeView, NotFound
+from gpufleet.control.store import ControlStore, NodeView
 from gpufleet.devices.types import CLOCK_REASON_WORDS
 from gpufleet.errors import UsageError
 from gpufleet.telemetry import metrics as M
@@ -188,24 +188,12 @@ class PrometheusSeries:
         resolution: str,
         since_s: float | None,
     ) -> sc.Series:
-        if gpu not in nc.gpus:
-            raise NotFound(f"node {nc.name} has no GPU {gpu}")
-        limit = nc.gpus[gpu].power_limit_w
-        if resolution == "raw":
-            t, cols = self.raw(nc.name, gpu, names, since_s)
-            return sc.Series(
-                node=nc.name, gpu=gpu, resolution="raw", t=t, fields=cols, power_limit_w=limit
-            )
-        t, mean, lo, hi = self.minutes(nc.name, gpu, names, since_s)
-        return sc.Series(
-            node=nc.name,
-            gpu=gpu,
-            resolution="minute",
-            t=t,
-            fields=mean,
-            min=lo,
-            max=hi,
-            power_limit_w=limit,
+        return qy.build_series(
+            nc,
+            gpu,
+            resolution,
+            lambda: self.raw(nc.name, gpu, names, since_s),
+            lambda: self.minutes(nc.name, gpu, names, since_s),
         )
 
     # -- raw: the scraped samples ---------------------------------------------------------
