@@ -32,6 +32,7 @@ from gpufleet.agent.health_seam import (
 )
 from gpufleet.agent.jobs import AgentJobs, slots_from_infos
 from gpufleet.agent.maintenance import AgentMaintenance
+from gpufleet.agent.power import AgentPower
 from gpufleet.agent.push import MAX_BACKOFF_S, Pusher
 from gpufleet.agent.spool import DEFAULT_MAX_BATCHES, DEFAULT_MAX_BYTES, AgentState, Spool
 from gpufleet.devices.backend import GpuBackend
@@ -215,6 +216,16 @@ class Agent:
             )
             if self.maintenance.updating.is_set():  # an update ran while the agent was down
                 self.sampler.close(wait_s=5.0)
+        self.power: AgentPower | None = None  # fleet-wide power orders (issue 16)
+        if cfg.controller and cfg.state_dir is not None and self.pusher is not None:
+            self.power = AgentPower(
+                cfg.state_dir,
+                backend,
+                backend.node_name,
+                cfg.controller,
+                cfg.token or "",
+                self.pusher.client,
+            )
         self._registry: CollectorRegistry | None = None
         self._slots: tuple[int, list[wire.WireSlot]] = (-1, [])
 
@@ -461,6 +472,8 @@ class Agent:
         m = self.maintenance
         if ack.update is not None and m is not None and m.order(ack.update):
             self.push_soon.set()
+        if ack.power and self.power is not None:
+            self.power.orders(ack.power)
         if self.jobs is not None and self.jobs.apply(ack.commands):
             self.push_soon.set()  # report the started or stopped copies now
 
@@ -498,6 +511,11 @@ class Agent:
                 self.maintenance.poll()
             except Exception:
                 log.exception("maintenance: reporting an update failed")
+        if self.power is not None:
+            try:
+                self.power.poll()
+            except Exception:
+                log.exception("power: reporting an order failed")
         try:
             self.pusher.push(self.build_batch)
         except Exception:

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
-from gpufleet.control import campaign_ops
+from gpufleet.control import campaign_ops, power_ops
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.bodylimits import (
     INGEST_WIRE_BYTES,
@@ -118,6 +118,9 @@ async def ingest_body(
     order = campaign_ops.orders(store).get(batch.node)  # a campaign's update (issue 15)
     if order is not None:
         out["update"] = order.model_dump(mode="json")
+    power = power_ops.orders(store).get(batch.node)  # power orders (issue 16)
+    if power:
+        out["power"] = [o.model_dump(mode="json") for o in power]
     return IngestReply(200, orjson.dumps(out))
 
 

@@ -277,3 +277,35 @@ class MaintStep(Base):
     step: Mapped[str] = mapped_column(String(16))
     at_s: Mapped[float] = mapped_column(Float)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class PowerOrder(Base):
+    """A fleet-wide power order (issue 16): who asked what (limit or per-GPU plan, the selector
+    it was resolved from), its state (active, restoring, restored) and when policy reverts it."""
+
+    __tablename__ = "power_orders"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), index=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    tenant: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    created_s: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(128))
+    revert_at_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    restore_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    restore_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+
+
+class PowerOrderNode(Base):
+    """One node of a power order: the limits it gets and each GPU's outcome as its agent
+    reported it, for the apply and (later) the restore. (order, node) is the order's key."""
+
+    __tablename__ = "power_order_nodes"
+    order_id: Mapped[int] = mapped_column(
+        ForeignKey("power_orders.id", ondelete="CASCADE"), primary_key=True
+    )
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    limits: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    applied: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    applied_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    restored: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    restored_s: Mapped[float | None] = mapped_column(Float, nullable=True)

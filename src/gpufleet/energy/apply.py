@@ -99,3 +99,69 @@ def restore(backend: Any, state: Path, *, dry_run: bool = False) -> list[dict[st
     del previous[node]
     write_state(state, previous)
     return rows
+
+
+def _error_text(exc: Exception) -> str:
+    return str(exc).strip() or type(exc).__name__
+
+
+def apply_each(backend: Any, limits: dict[int, float], state: Path) -> list[dict[str, Any]]:
+    """Set each GPU's own limit, GPU by GPU (the agent's fleet-wide apply): a GPU NVML refuses
+    (no permission, out of range, lost) gets its error in its row and the others are still
+    set. Previous limits are recorded before anything is set, as `apply_limit` does."""
+    node = str(backend.node_name)
+    rows: list[dict[str, Any]] = []
+    for g, watts in sorted(limits.items()):
+        try:
+            before = backend.power_limit_w(g)
+        except Exception as exc:  # a lost GPU: nothing to set or record
+            rows.append(
+                {"gpu": g, "from_w": None, "to_w": None, "ok": False, "error": _error_text(exc)}
+            )
+            continue
+        rows.append({"gpu": g, "from_w": before, "to_w": watts, "ok": False, "error": None})
+    previous = read_state(state)
+    mine = previous.setdefault(node, {})
+    for r in rows:
+        if r["from_w"] is not None and r["to_w"] is not None:
+            mine.setdefault(str(r["gpu"]), float(r["from_w"]))
+    write_state(state, previous)
+    for r in rows:
+        if r["to_w"] is None:
+            continue
+        try:
+            backend.set_power_limit_w(r["gpu"], r["to_w"])
+        except Exception as exc:
+            r.update(ok=False, error=_error_text(exc), to_w=r["from_w"])
+        else:
+            r["ok"] = True
+    return rows
+
+
+def restore_each(backend: Any, gpus: list[int] | None, state: Path) -> list[dict[str, Any]]:
+    """Put back the recorded limits of ``gpus`` (None: every recorded GPU), GPU by GPU, then
+    forget those that were put back; a GPU with nothing recorded is left as it is."""
+    previous = read_state(state)
+    node = str(backend.node_name)
+    mine = previous.get(node, {})
+    wanted = sorted(int(g) for g in mine) if gpus is None else sorted(gpus)
+    rows: list[dict[str, Any]] = []
+    for g in wanted:
+        to = mine.get(str(g))
+        try:
+            before = backend.power_limit_w(g)
+            if to is None:
+                rows.append({"gpu": g, "from_w": before, "to_w": before, "ok": True, "error": None})
+                continue
+            backend.set_power_limit_w(g, to)
+        except Exception as exc:
+            rows.append(
+                {"gpu": g, "from_w": None, "to_w": None, "ok": False, "error": _error_text(exc)}
+            )
+            continue
+        rows.append({"gpu": g, "from_w": before, "to_w": to, "ok": True, "error": None})
+        del mine[str(g)]
+    if not mine:
+        previous.pop(node, None)
+    write_state(state, previous)
+    return rows

@@ -29,6 +29,7 @@ from gpufleet.wire.limits import (
     SCHEMA_VERSION,
 )
 from gpufleet.wire.maintenance import WireUpdateOrder, WireUpdateReport
+from gpufleet.wire.power import WireGpuPower, WirePowerOrder, WirePowerReport
 from gpufleet.wire.telemetry import WireDevice, WireEvent, WireHost, WireSamples
 
 __all__ = [
@@ -49,9 +50,12 @@ __all__ = [
     "WireDevice",
     "WireEvent",
     "WireFinding",
+    "WireGpuPower",
     "WireHost",
     "WireJobCopy",
     "WireJobs",
+    "WirePowerOrder",
+    "WirePowerReport",
     "WireSamples",
     "WireSlot",
     "WireUpdateOrder",

@@ -52,6 +52,7 @@ from gpufleet.wire.limits import (
     NoNul,
 )
 from gpufleet.wire.maintenance import WireUpdateOrder
+from gpufleet.wire.power import WirePowerOrder
 from gpufleet.wire.telemetry import WireDevice, WireEvent, WireHost, WireSamples
 
 
@@ -103,3 +104,5 @@ class Ack(BaseModel):
     # a maintenance campaign asks the node's agent to run the site's update command (issue 15,
     # `gpufleet.wire.maintenance`); absent otherwise
     update: WireUpdateOrder | None = None
+    # power orders waiting for the node's answer (issue 16, `gpufleet.wire.power`); empty otherwise
+    power: list[WirePowerOrder] = Field(default_factory=list)
