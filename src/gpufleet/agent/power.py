@@ -84,7 +84,9 @@ class AgentPower:
             for o in orders:
                 if self._result(o.key).exists():
                     # sent again: the controller lacks the result; report it again, never re-apply
-                    self._reported(o.key).unlink(missing_ok=True)
+                    if self._reported(o.key).exists():
+                        log.warning("power: order %s answered already; reporting again", o.key)
+                        self._reported(o.key).unlink()
                     continue
                 if o.key in self._queued:
                     continue

@@ -10,11 +10,14 @@ import typer
 from rich.progress import Progress
 from rich.table import Table
 
-from gpufleet.cli.common import JsonOption, SeedOption, SimOption
+from gpufleet.cli.common import JsonOption, SeedOption, SimOption, TokenFileOption
 from gpufleet.cli.output import console, emit_json, err_console, fit
 from gpufleet.errors import ConfigError, UsageError
 
-power_app = typer.Typer(help="Tune GPU power limits: sweep, apply, restore.", no_args_is_help=True)
+power_app = typer.Typer(
+    help="Tune GPU power limits: sweep, apply, restore; fleet orders and rack budgets.",
+    no_args_is_help=True,
+)
 
 
 def _open(sim: str | None, seed: int) -> tuple[Any, Any, Any]:
@@ -147,6 +150,12 @@ def sweep_cmd(
 StateOption = typer.Option(None, "--state", help="State file (default ~/.local/state/gpufleet).")
 
 
+FleetTokenOpt = typer.Option(None, "--token", envvar="GPUFLEET_TOKEN", help="Bearer token.")
+ControllerOpt = typer.Option(
+    None, "--controller", help="Control-plane URL: apply across the fleet.", metavar="URL"
+)
+
+
 def apply_cmd(
     limit: float | None = typer.Option(None, "--limit", help="Watts to set."),
     recommended: Path | None = typer.Option(
@@ -154,17 +163,53 @@ def apply_cmd(
     ),
     gpus: str | None = typer.Option(None, "--gpus", help="GPU indexes, e.g. 0,1 (default all)."),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would change; set nothing."),
+    controller: str | None = ControllerOpt,
+    token: str | None = FleetTokenOpt,
+    token_file: Path | None = TokenFileOption,
+    tenant: str | None = typer.Option(None, "--tenant", help="Fleet: the tenant's nodes."),
+    partition: str | None = typer.Option(
+        None, "--partition", help="Fleet: nodes labelled partition=P."
+    ),
+    label: list[str] = typer.Option([], "--label", help="Fleet: nodes with label k=v (repeat)."),
+    nodes: str | None = typer.Option(None, "--nodes", help="Fleet: node names n1,n2."),
+    revert_after: str | None = typer.Option(
+        None, "--revert-after", help="Fleet: put the limits back after 8h, 30m, 90s..."
+    ),
     state: Path | None = StateOption,
     sim: str | None = SimOption,
     seed: int = SeedOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Set a power limit through NVML (the previous one is kept for `power restore`)."""
+    """Set a power limit through NVML (the previous one is kept for `power restore`); with
+    --controller, on the selected nodes through their agents."""
     from gpufleet.energy.apply import apply_limit, default_state_file, recommended_limit
 
     if (limit is None) == (recommended is None):
         raise UsageError("give exactly one of --limit W, --recommended FILE")
     watts = float(limit) if limit is not None else recommended_limit(recommended)  # type: ignore[arg-type]
+    fleet_only = tenant or partition or label or nodes or revert_after
+    if controller is not None:
+        from gpufleet.cli.power_fleet import apply_fleet
+
+        apply_fleet(
+            controller,
+            token,
+            token_file,
+            watts=watts,
+            gpus=gpus,
+            tenant=tenant,
+            partition=partition,
+            labels=label,
+            nodes=nodes,
+            revert_after=revert_after,
+            dry_run=dry_run,
+            as_json=as_json,
+        )
+        return
+    if fleet_only:
+        raise UsageError(
+            "--tenant, --partition, --label, --nodes and --revert-after need --controller"
+        )
     backend, _node, _clock = _open(sim, seed)
     rows = apply_limit(
         backend, _gpus(gpus, backend), watts, state or default_state_file(), dry_run=dry_run
@@ -173,15 +218,32 @@ def apply_cmd(
 
 
 def restore_cmd(
+    order: int | None = typer.Argument(
+        None, help="With --controller: the power order to put back.", metavar="ORDER"
+    ),
     dry_run: bool = typer.Option(False, "--dry-run", help="Show what would change; set nothing."),
+    controller: str | None = ControllerOpt,
+    token: str | None = FleetTokenOpt,
+    token_file: Path | None = TokenFileOption,
     state: Path | None = StateOption,
     sim: str | None = SimOption,
     seed: int = SeedOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Put back the power limits `power apply` replaced."""
+    """Put back the power limits `power apply` replaced (with --controller: an order's)."""
     from gpufleet.energy.apply import default_state_file, restore
 
+    if controller is not None:
+        from gpufleet.cli.power_fleet import restore_fleet
+
+        if order is None:
+            raise UsageError("power restore --controller needs the ORDER id")
+        if dry_run:
+            raise UsageError("--dry-run is for this machine's GPUs; see `power status ORDER`")
+        restore_fleet(controller, token, token_file, order, as_json)
+        return
+    if order is not None:
+        raise UsageError("an ORDER id needs --controller URL")
     backend, _node, _clock = _open(sim, seed)
     rows = restore(backend, state or default_state_file(), dry_run=dry_run)
     _print_rows(rows, "would restore" if dry_run else "restored", as_json, dry_run)
@@ -221,4 +283,8 @@ def register(app: typer.Typer) -> None:
     power_app.command("apply")(apply_cmd)
     power_app.command("restore")(restore_cmd)
     power_app.command("rack")(rack_cmd)
+    from gpufleet.cli.power_fleet import budget_cmd, status_cmd
+
+    power_app.command("status")(status_cmd)
+    power_app.command("budget")(budget_cmd)
     app.add_typer(power_app, name="power")
