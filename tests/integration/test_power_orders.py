@@ -245,7 +245,9 @@ def test_a_tenant_token_reaches_only_its_own_nodes(bed: Bed) -> None:
     refused = [o for t, o, _d in _audit(bed, "power.apply") if o == "refused"]
     assert len(refused) == 3
     # a viewer may not order at all
-    out = bed.cli("power", "apply", "--limit", "400", "--nodes", "pb", token="viewer", json_out=False)
+    out = bed.cli(
+        "power", "apply", "--limit", "400", "--nodes", "pb", token="viewer", json_out=False
+    )
     assert out.returncode != 0 and "403" in out.stderr, out.stderr
     # its own node: accepted, and the tenant reads only its own orders
     doc = bed.cli("power", "apply", "--limit", "600", "--tenant", "acme", token="acme-op")
@@ -318,3 +320,40 @@ def test_kill9_between_order_and_ack_applies_once(bed: Bed) -> None:
             assert log.count("power: applying order") == marks[n] + 1
         bed.ctl.call("POST", f"/api/v1/power/orders/{oid}/restore")
         bed.wait_order(oid, _restored, "restored")
+
+
+def test_rack_budget_accepted_is_applied_per_gpu(bed: Bed) -> None:
+    for n in ("pa", "pb"):
+        r = bed.ctl.call("PATCH", f"/api/v1/nodes/{n}", json={"rack": "r1"})
+        assert r.status_code == 200, r.text
+    budget = 1900.0  # 4 H100 at full bf16 load expect ~2760 W (catalog power model)
+    out = bed.cli("power", "budget", "--rack", "r1", "--watts", f"{budget:g}", "--accept")
+    prop, order = out["proposal"], out["order"]
+    assert sorted((a["node"], a["gpu"]) for a in prop["gpus"]) == [
+        ("pa", 0),
+        ("pa", 1),
+        ("pb", 0),
+        ("pb", 1),
+    ]
+    # the proposal's expected power, recomputed from the catalog model, is under the budget
+    from gpufleet.catalog import load_catalog
+    from gpufleet.catalog import power as pw
+
+    m, prof = load_catalog().gpu("h100-sxm"), pw.profile("matmul-bf16")
+    drawn = sum(pw.operating_point(m, a["limit_w"], prof).power_w for a in prop["gpus"])
+    assert drawn <= budget < prop["uncapped_w"]
+    assert 0 < prop["throughput_lost"] < 0.2
+    doc = bed.wait_order(order["id"], _done, "the budget's order applied")
+    want = {(a["node"], a["gpu"]): a["limit_w"] for a in prop["gpus"]}
+    got = {(n["node"], g["gpu"]): g["to_w"] for n in doc["nodes"] for g in n["gpus"]}
+    assert got == want
+    bed.cli("power", "restore", str(order["id"]))
+    bed.wait_order(order["id"], _restored, "budget order restored")
+    text = bed.cli("power", "budget", "--rack", "r1", "--watts", "1900", json_out=False)
+    assert text.returncode == 0 and "not applied" in text.stdout, text.stdout
+    assert f"{prop['expected_w']:.0f} W of 1900 W" in text.stdout, text.stdout
+    # a tenant token may not read a rack's budget (racks are shared)
+    out = bed.cli(
+        "power", "budget", "--rack", "r1", "--watts", "1900", token="acme-op", json_out=False
+    )
+    assert out.returncode != 0 and "403" in out.stderr, out.stderr
