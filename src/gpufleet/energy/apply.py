@@ -122,10 +122,14 @@ def apply_each(backend: Any, limits: dict[int, float], state: Path) -> list[dict
         rows.append({"gpu": g, "from_w": before, "to_w": watts, "ok": False, "error": None})
     previous = read_state(state)
     mine = previous.setdefault(node, {})
+    fresh: set[str] = set()  # recorded by this apply (forgotten again if NVML refuses)
     for r in rows:
-        if r["from_w"] is not None and r["to_w"] is not None:
-            mine.setdefault(str(r["gpu"]), float(r["from_w"]))
+        g = str(r["gpu"])
+        if r["from_w"] is not None and r["to_w"] is not None and g not in mine:
+            mine[g] = float(r["from_w"])
+            fresh.add(g)
     write_state(state, previous)
+    refused = False
     for r in rows:
         if r["to_w"] is None:
             continue
@@ -133,8 +137,15 @@ def apply_each(backend: Any, limits: dict[int, float], state: Path) -> list[dict
             backend.set_power_limit_w(r["gpu"], r["to_w"])
         except Exception as exc:
             r.update(ok=False, error=_error_text(exc), to_w=r["from_w"])
+            if str(r["gpu"]) in fresh:  # unchanged: nothing for a restore to put back
+                del mine[str(r["gpu"])]
+                refused = True
         else:
             r["ok"] = True
+    if refused:
+        if not mine:
+            previous.pop(node, None)
+        write_state(state, previous)
     return rows
 
 
