@@ -98,9 +98,20 @@ def select_nodes(store: ControlStore, spec: PowerOrderSpec, who: Principal) -> l
     return chosen
 
 
+def checked_nodes(store: ControlStore, spec: PowerOrderSpec, who: Principal) -> list[str]:
+    """`select_nodes` for an operator or admin token; a refusal is audited and raised."""
+    try:
+        if not who.at_least(Role.OPERATOR) or who.role is Role.AGENT:
+            raise PermissionError("power orders need an operator or admin token")
+        return select_nodes(store, spec, who)
+    except PermissionError as exc:
+        store.audit_refusal(who, "power.apply", "", str(exc))
+        raise
+
+
 def plan(store: ControlStore, spec: PowerOrderSpec, who: Principal) -> dict[str, Any]:
     """What an order would do (``dry_run``), or raise as `create` would."""
-    nodes = select_nodes(store, spec, who)
+    nodes = checked_nodes(store, spec, who)
     return {
         "dry_run": True,
         "nodes": [{"node": n, "limits": spec.limits_for(n), "state": "would apply"} for n in nodes],
@@ -110,13 +121,7 @@ def plan(store: ControlStore, spec: PowerOrderSpec, who: Principal) -> dict[str,
 
 def create(store: ControlStore, spec: PowerOrderSpec, who: Principal) -> int:
     """Record the order (nodes selected and checked first, off the writer)."""
-    if not who.at_least(Role.OPERATOR) or who.role is Role.AGENT:
-        raise PermissionError("power orders need an operator or admin token")
-    try:
-        nodes = select_nodes(store, spec, who)
-    except PermissionError as exc:
-        store.audit_refusal(who, "power.apply", "", str(exc))
-        raise
+    nodes = checked_nodes(store, spec, who)
     return store.writer.call(lambda: _create(store, spec, who, nodes))
 
 
