@@ -158,8 +158,12 @@ def status_cmd(
 
 
 def budget_cmd(
-    rack: str = typer.Option(..., "--rack", help="The rack (as the controller knows it)."),
-    watts: float = typer.Option(..., "--watts", min=1, help="The rack's GPU power budget (W)."),
+    rack: str = typer.Option(
+        ..., "--rack", help="The rack (as the controller knows it); a row: r1,r2,..."
+    ),
+    watts: float = typer.Option(
+        ..., "--watts", min=1, help="The rack's (or row's) GPU power budget (W)."
+    ),
     workload: str = typer.Option(
         "matmul-bf16", "--workload", help="Load the budget must hold: matmul-bf16, hbm."
     ),

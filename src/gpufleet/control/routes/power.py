@@ -19,13 +19,15 @@ OrderId = Annotated[int, Path(ge=1, le=2**31)]
 
 
 def budget_gpus(store: ControlStore, rack: str) -> list[Any]:
-    """The rack's GPUs as the controller last saw them (catalog models known)."""
+    """The GPUs of a rack (or of a row: racks ``r1,r2,...``) as the controller last saw them
+    (catalog models known)."""
     from gpufleet.catalog import load_catalog
     from gpufleet.energy.budget import BudgetGpu
 
+    racks = {r.strip() for r in rack.split(",") if r.strip()}
     out = []
     for nc in sorted(store.view.nodes.values(), key=lambda n: n.name):
-        if nc.rack != rack:
+        if nc.rack not in racks:
             continue
         for i, g in sorted(nc.gpus.items()):
             if g.model is None or load_catalog().find_gpu(g.model) is None:
@@ -73,7 +75,7 @@ def router(store: ControlStore, auth: Auth) -> APIRouter:
     @api.get("/budget")
     def budget(
         who: Annotated[Principal, auth.viewer],
-        rack: Annotated[str, Query(min_length=1, max_length=128)],
+        rack: Annotated[str, Query(min_length=1, max_length=4096)],
         watts: Annotated[float, Query(gt=0, le=10_000_000)],
         workload: Annotated[str, Query(pattern="^(matmul-bf16|hbm|llm-inference)$")] = (
             "matmul-bf16"
