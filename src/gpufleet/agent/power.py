@@ -69,6 +69,13 @@ class AgentPower:
         self._queued: set[str] = set()
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None  # started by the first order
+        # results the controller has not taken yet (a glob at start, then kept here, so a push
+        # does not list the directory)
+        self._unreported = {
+            p.name[: -len(".result.json")]
+            for p in self.root.glob("*.result.json")
+            if not self._reported(p.name[: -len(".result.json")]).exists()
+        }
 
     def _result(self, key: str) -> Path:
         return self.root / f"{key}.result.json"
@@ -84,9 +91,10 @@ class AgentPower:
             for o in orders:
                 if self._result(o.key).exists():
                     # sent again: the controller lacks the result; report it again, never re-apply
-                    if self._reported(o.key).exists():
+                    if o.key not in self._unreported:
                         log.warning("power: order %s answered already; reporting again", o.key)
-                        self._reported(o.key).unlink()
+                        self._reported(o.key).unlink(missing_ok=True)
+                        self._unreported.add(o.key)
                     continue
                 if o.key in self._queued:
                     continue
@@ -143,14 +151,16 @@ class AgentPower:
     def _write(self, key: str, rows: list[dict[str, Any]], error: str | None) -> None:
         doc: dict[str, object] = {"key": key, "gpus": rows, "error": error, "done_s": time.time()}
         write_private(self._result(key), doc)
+        with self._lock:
+            self._unreported.add(key)
 
     # -- reporting (push thread, before each batch) ---------------------------------------------
     def poll(self) -> None:
         """Post every result the controller has not taken yet."""
-        for res in sorted(self.root.glob("*.result.json")):
-            key = res.name[: -len(".result.json")]
-            if self._reported(key).exists():
-                continue
+        with self._lock:
+            keys = sorted(self._unreported)
+        for key in keys:
+            res = self._result(key)
             try:
                 doc: dict[str, Any] = json.loads(res.read_text(encoding="utf-8"))
                 report = WirePowerReport(
@@ -175,3 +185,5 @@ class AgentPower:
             if r.status_code >= 400:
                 log.warning("power: report of %s refused: %s", key, r.text[:200])
             write_private(self._reported(key), {"status": r.status_code})
+            with self._lock:
+                self._unreported.discard(key)
