@@ -180,6 +180,10 @@ def _audit(bed: Bed, action: str) -> list[tuple[str, str, str]]:
 
 
 def test_apply_to_a_label_then_restore(bed: Bed) -> None:
+    before = _count_orders(bed)
+    plan = bed.cli("power", "apply", "--limit", "500", "--label", "role=train", "--dry-run")
+    assert plan["dry_run"] and [n["node"] for n in plan["nodes"]] == ["pa", "pb"]
+    assert _count_orders(bed) == before  # a dry run records nothing
     doc = bed.cli("power", "apply", "--limit", "500", "--label", "role=train")
     oid = doc["id"]
     assert sorted(n["node"] for n in doc["nodes"]) == ["pa", "pb"]  # pc is role=infer
