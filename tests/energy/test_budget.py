@@ -6,6 +6,10 @@ search of a small mixed rack loses less throughput."""
 from __future__ import annotations
 
 import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -90,3 +94,27 @@ def test_equal_gpus_share_a_tight_budget_nearly_equally() -> None:
     limits = [a.limit_w for a in p.gpus]
     assert max(limits) - min(limits) <= 25.0, limits
     assert p.expected_w <= 8 * 480.0
+
+
+def test_cli_budget_of_a_simulated_rack(tmp_path: Path) -> None:
+    """``power budget --sim FLEET`` (no controller): the rack's nodes only, under the budget."""
+    fleet = tmp_path / "fleet.yaml"
+    fleet.write_text(
+        "nodes:\n"
+        "  - {name: h, model: h100-sxm, gpus: 8, count: 2, rack: r01}\n"
+        "  - {name: a, model: a100-sxm4-80gb, gpus: 8, rack: r01}\n"
+        "  - {name: x, model: h200-sxm, gpus: 8, rack: r02}\n",
+        encoding="utf-8",
+    )
+    args = ["power", "budget", "--rack", "r01", "--watts", "9000", "--sim", str(fleet), "--json"]
+    out = subprocess.run(
+        [sys.executable, "-m", "gpufleet", *args], capture_output=True, text=True, timeout=60
+    )
+    assert out.returncode == 0, out.stderr
+    doc = json.loads(out.stdout)
+    assert doc["order"] is None
+    gpus = doc["proposal"]["gpus"]
+    assert sorted({g["node"] for g in gpus}) == ["a", "h-00", "h-01"]  # not x (rack r02)
+    drawn = sum(_model_point(g["model"], g["limit_w"], "matmul-bf16")[0] for g in gpus)
+    assert drawn <= 9000
+    assert doc["proposal"]["per_node"]["a"]["0"] == gpus[0]["limit_w"]

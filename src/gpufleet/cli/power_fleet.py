@@ -10,7 +10,7 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from gpufleet.cli.common import JsonOption, TokenFileOption, read_token
+from gpufleet.cli.common import JsonOption, SeedOption, SimOption, TokenFileOption, read_token
 from gpufleet.cli.output import console, emit_json, fit
 from gpufleet.errors import UsageError
 
@@ -157,6 +157,25 @@ def status_cmd(
     console.print(fit(table))
 
 
+def sim_gpus(sim: str, seed: int, rack: str) -> list[Any]:
+    """The GPUs of a simulated fleet's rack (or row: ``r1,r2``), for a budget without a
+    controller."""
+    from gpufleet.devices.sim import SimFleet, parse_fleet_spec
+    from gpufleet.energy.budget import BudgetGpu
+
+    racks = {r.strip() for r in rack.split(",") if r.strip()}
+    fleet = SimFleet(parse_fleet_spec(sim, seed=seed))
+    out = [
+        BudgetGpu(n.name, i, g.model.key)
+        for n in sorted(fleet.nodes.values(), key=lambda n: n.name)
+        if n.rack in racks
+        for i, g in enumerate(n.gpus)
+    ]
+    if not out:
+        raise UsageError(f"--rack {rack!r}: no node of {sim} is in it (give nodes a rack:)")
+    return out
+
+
 def budget_cmd(
     rack: str = typer.Option(
         ..., "--rack", help="The rack (as the controller knows it); a row: r1,r2,..."
@@ -171,26 +190,40 @@ def budget_cmd(
     revert_after: str | None = typer.Option(
         None, "--revert-after", help="With --accept: put the limits back after 8h, 30m..."
     ),
-    controller: str = typer.Option(..., "--controller", help="Control-plane URL.", metavar="URL"),
+    controller: str | None = typer.Option(
+        None, "--controller", help="Control-plane URL (its nodes' GPUs).", metavar="URL"
+    ),
     token: str | None = TokenOpt,
     token_file: Path | None = TokenFileOption,
+    sim: str | None = SimOption,
+    seed: int = SeedOption,
     as_json: bool = JsonOption,
 ) -> None:
     """Propose per-GPU limits keeping a rack's GPUs under a power budget with the least
     throughput lost (and apply them with --accept)."""
     from gpufleet.control.power_spec import parse_duration
+    from gpufleet.energy.budget import propose
 
     revert_s = parse_duration(revert_after) if revert_after else None
-    with client(controller, token, token_file) as c:
-        params = {"rack": rack, "watts": watts, "workload": workload}
-        prop = c.request("GET", "/power/budget", params=params)
-        order = None
+    order = None
+    if controller is None:
+        if sim is None:
+            raise UsageError("give --controller URL (the fleet's racks) or --sim FLEET.yaml")
         if accept:
-            body: dict[str, Any] = {"per_node": prop["per_node"]}
-            if revert_s is not None:
-                body["revert_after_s"] = revert_s
-            body["reason"] = f"rack {rack} budget {watts:g} W"
-            order = c.request("POST", "/power/orders", json=body)
+            raise UsageError("--accept applies through the controller: give --controller URL")
+        prop = propose(sim_gpus(sim, seed, rack), watts, workload).to_json(rack)
+    else:
+        if sim is not None:
+            raise UsageError("give --controller or --sim, not both")
+        with client(controller, token, token_file) as c:
+            params = {"rack": rack, "watts": watts, "workload": workload}
+            prop = c.request("GET", "/power/budget", params=params)
+            if accept:
+                body: dict[str, Any] = {"per_node": prop["per_node"]}
+                if revert_s is not None:
+                    body["revert_after_s"] = revert_s
+                body["reason"] = f"rack {rack} budget {watts:g} W"
+                order = c.request("POST", "/power/orders", json=body)
     if as_json:
         emit_json({"proposal": prop, "order": order})
         return

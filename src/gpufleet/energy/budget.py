@@ -23,7 +23,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -78,6 +79,10 @@ class Proposal:
     expected_w: float
     uncapped_w: float
     throughput_lost: float  # fraction of the rack's throughput at max limits
+
+    def to_json(self, rack: str) -> dict[str, Any]:
+        """The document ``GET /api/v1/power/budget`` and ``power budget --json`` print."""
+        return {**asdict(self), "rack": rack, "per_node": self.per_node()}
 
     def per_node(self) -> dict[str, dict[str, float]]:
         """The plan as a power order's ``per_node`` (GPU index as a string -> watts)."""

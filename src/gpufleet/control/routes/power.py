@@ -2,7 +2,6 @@
 own nodes), their status (viewers), restore, the agents' reports, and a rack's power budget
 proposal (global tokens: a rack is shared infrastructure)."""
 
-from dataclasses import asdict
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Path, Query
@@ -87,7 +86,6 @@ def router(store: ControlStore, auth: Auth) -> APIRouter:
         gpus = budget_gpus(store, rack)
         if not gpus:
             raise NotFound(f"rack {rack!r} has no GPU the controller knows")
-        p = propose(gpus, watts, workload)
-        return {**asdict(p), "rack": rack, "per_node": p.per_node()}
+        return propose(gpus, watts, workload).to_json(rack)
 
     return api
