@@ -124,10 +124,10 @@ def apply_each(backend: Any, limits: dict[int, float], state: Path) -> list[dict
     mine = previous.setdefault(node, {})
     fresh: set[str] = set()  # recorded by this apply (forgotten again if NVML refuses)
     for r in rows:
-        g = str(r["gpu"])
-        if r["from_w"] is not None and r["to_w"] is not None and g not in mine:
-            mine[g] = float(r["from_w"])
-            fresh.add(g)
+        key = str(r["gpu"])
+        if r["from_w"] is not None and r["to_w"] is not None and key not in mine:
+            mine[key] = float(r["from_w"])
+            fresh.add(key)
     write_state(state, previous)
     refused = False
     for r in rows:
