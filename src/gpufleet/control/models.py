@@ -277,3 +277,39 @@ class MaintStep(Base):
     step: Mapped[str] = mapped_column(String(16))
     at_s: Mapped[float] = mapped_column(Float)
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+class EnergyMinute(Base):
+    """Energy of one GPU in one minute (issue 16), additive parts so late or partial windows
+    merge by addition: joules measured by NVML's energy counter and the seconds it covered,
+    joules integrated from power samples and the seconds they covered (the fallback where the
+    counter is missing or reset), and the share of the latter while the GPU idled in service.
+    ``tenant`` and ``model`` are the node's tenant and the GPU's model when it was measured."""
+
+    __tablename__ = "energy_minutes"
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    minute_s: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    tenant: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    model: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    counter_j: Mapped[float] = mapped_column(Float, default=0.0)
+    counter_s: Mapped[float] = mapped_column(Float, default=0.0)
+    power_j: Mapped[float] = mapped_column(Float, default=0.0)
+    power_s: Mapped[float] = mapped_column(Float, default=0.0)
+    idle_j: Mapped[float] = mapped_column(Float, default=0.0)
+    idle_s: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+Index("ix_energy_minutes_minute", EnergyMinute.minute_s)
+
+
+class EnergyCounter(Base):
+    """The newest energy-counter reading of one GPU that the stored minutes account for: after
+    a restart the next reading's window starts here, so the counter covers the gap."""
+
+    __tablename__ = "energy_counters"
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    t_s: Mapped[float] = mapped_column(Float)
+    # millijoules as float64: NVML's counter is 64-bit unsigned, the wire carries JSON numbers
+    counter_mj: Mapped[float] = mapped_column(Float)
