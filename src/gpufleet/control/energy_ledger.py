@@ -9,8 +9,10 @@ Two sources, both additive per minute so partial and late windows merge by addit
   no more than `MAX_GAP_S` apart), always: it fills whatever part of a minute the counter does
   not cover (a GPU without the counter, a reset window, the time before the first reading).
 
-A minute's energy is ``counter_j + power_j * max(0, power_s - counter_s) / power_s``
-(`minute_joules`). The power segments of an in-service GPU whose utilisation is below the
+A counter window that the counter cannot measure (a reset) takes the exact integral of the
+power samples between its two readings instead (``fallback_j``). A minute's energy is
+``window_j + power_j * max(0, power_s - window_s) / power_s`` (`minute_joules`): the
+proportional share of the power integral fills only time no window covers. The power segments of an in-service GPU whose utilisation is below the
 policy's ``idle_util_pct`` also count as idle (``idle_j``, ``idle_s``): the idle waste.
 
 Everything here runs on the writer thread, after the batch's transaction committed (a replayed
@@ -24,7 +26,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,20 +37,22 @@ MAX_GAP_S = 120.0  # power samples further apart are not integrated across (the 
 MAX_WINDOW_S = 31 * 86400.0  # a longer counter window (node away a month) is not spread
 _PW = FIELD_INDEX["power_w"]
 _UT = FIELD_INDEX["gpu_util_pct"]
-# bucket columns
-COUNTER_J, COUNTER_S, POWER_J, POWER_S, IDLE_J, IDLE_S = range(6)
-COLUMNS = ("counter_j", "counter_s", "power_j", "power_s", "idle_j", "idle_s")
+HISTORY_S = 900.0  # power integral kept per GPU for fallback windows (a few counter windows)
+# bucket columns: counter windows (joules, seconds covered, joules of them from power), the
+# power integral of every sample (joules, seconds), its idle part (joules, seconds)
+WINDOW_J, WINDOW_S, FALLBACK_J, POWER_J, POWER_S, IDLE_J, IDLE_S = range(7)
+COLUMNS = ("window_j", "window_s", "fallback_j", "power_j", "power_s", "idle_j", "idle_s")
 
 Readings = Sequence[tuple[int, Sequence[float], Sequence[float | None]]]
 Key = tuple[str, int]
 
 
-def minute_joules(counter_j: float, counter_s: float, power_j: float, power_s: float) -> float:
-    """A minute's energy: the counter's, plus the power integral's share of the time the
-    counter did not cover."""
-    if power_s <= 0.0 or power_s <= counter_s:
-        return counter_j
-    return counter_j + power_j * (power_s - counter_s) / power_s
+def minute_joules(window_j: float, window_s: float, power_j: float, power_s: float) -> float:
+    """A minute's energy: its counter windows', plus the power integral's share of the time
+    no window covered."""
+    if power_s <= 0.0 or power_s <= window_s:
+        return window_j
+    return window_j + power_j * (power_s - window_s) / power_s
 
 
 @dataclass
@@ -58,6 +62,30 @@ class _GpuState:
     power_t: float = -math.inf
     power_w: float = math.nan
     util: float = math.nan
+    cum_j: float = 0.0  # running integral of power (J) and its recent history, for fallbacks
+    hist_t: list[np.ndarray] = field(default_factory=list)
+    hist_c: list[np.ndarray] = field(default_factory=list)
+
+    def power_between(self, t0: float, t1: float) -> float | None:
+        """Joules of the power integral from ``t0`` to ``t1``; None when the history does not
+        reach back to ``t0`` or forward to ``t1``."""
+        if not self.hist_t or self.hist_t[0][0] > t0 or self.hist_t[-1][-1] < t1:
+            return None
+        t = np.concatenate(self.hist_t)
+        c = np.concatenate(self.hist_c)
+        return float(np.interp(t1, t, c) - np.interp(t0, t, c))
+
+    def remember(self, t: np.ndarray, c: np.ndarray) -> None:
+        if self.hist_t and t[0] <= self.hist_t[-1][-1]:
+            keep = t > self.hist_t[-1][-1]
+            t, c = t[keep], c[keep]
+            if not len(t):
+                return
+        self.hist_t.append(t)
+        self.hist_c.append(c)
+        cutoff = t[-1] - HISTORY_S
+        while len(self.hist_t) > 1 and self.hist_t[1][0] <= cutoff:
+            del self.hist_t[0], self.hist_c[0]
 
 
 @dataclass(frozen=True)
@@ -95,7 +123,7 @@ class EnergyLedger:
         k = (node, gpu, minute_s)
         b = self._minutes.get(k)
         if b is None:
-            b = self._minutes[k] = [0.0] * 6
+            b = self._minutes[k] = [0.0] * len(COLUMNS)
         return b
 
     def forget(self, node: str) -> None:
@@ -176,6 +204,13 @@ class EnergyLedger:
                     b[IDLE_J] += float(sums[2][r])
                     b[IDLE_S] += float(sums[3][r])
                     self._labels[(node, gpu)] = labels.get(gpu, (None, None))
+        # running integral at each sample, for the windows the counter cannot measure
+        cum = np.cumsum(e, axis=1)
+        for r, st in enumerate(states):
+            present = have[r, 1:]
+            if bool(present.any()):
+                st.remember(cur_t[r][present], st.cum_j + cum[r][present])
+                st.cum_j += float(cum[r, -1])
         # newest present sample of each GPU becomes its state (only when newer)
         last = idx[:, -1]
         for r, st in enumerate(states):
@@ -194,32 +229,43 @@ class EnergyLedger:
             pairs = sorted(
                 (float(t), float(v))
                 for t, v in zip(ts, vals, strict=False)
-                if v is not None and 0.0 <= v < COUNTER_MAX and math.isfinite(t)
+                if v is not None and 0.0 <= v <= COUNTER_MAX and math.isfinite(t)
             )
             for t, mj in pairs:
                 if t <= st.counter_t:
                     continue  # older than what is accounted (out of order): already covered
                 if st.counter_mj is not None:
-                    delta = counter_delta_mj(int(st.counter_mj), int(mj))
+                    # float64 near the top rounds to 2**64 itself: modulo keeps it a counter value
+                    delta = counter_delta_mj(
+                        int(st.counter_mj) % COUNTER_MAX, int(mj) % COUNTER_MAX
+                    )
                     span = t - st.counter_t
                     if delta is not None and 0.0 < span <= MAX_WINDOW_S:
-                        self._spread(node, gpu, st.counter_t, t, delta / 1000.0)
+                        self._spread(node, gpu, st.counter_t, t, delta / 1000.0, False)
                         self.windows["counter"] += 1
-                    else:
-                        self.windows["power"] += 1  # reset or too long: power fills it
+                    elif 0.0 < span <= MAX_WINDOW_S:  # reset: the window from power samples
+                        joules = st.power_between(st.counter_t, t)
+                        if joules is not None:
+                            self._spread(node, gpu, st.counter_t, t, joules, True)
+                        self.windows["power"] += 1
                 st.counter_t, st.counter_mj = t, mj
                 self._counters_dirty.add(key)
                 self._labels[key] = labels.get(gpu, (None, None))
 
-    def _spread(self, node: str, gpu: int, t0: float, t1: float, joules: float) -> None:
+    def _spread(
+        self, node: str, gpu: int, t0: float, t1: float, joules: float, fallback: bool
+    ) -> None:
         span = t1 - t0
         m = math.floor(t0 / 60.0) * 60
         while m < t1:
             lo, hi = max(t0, m), min(t1, m + 60)
             if hi > lo:
                 b = self._bucket(node, gpu, int(m))
-                b[COUNTER_J] += joules * (hi - lo) / span
-                b[COUNTER_S] += hi - lo
+                part = joules * (hi - lo) / span
+                b[WINDOW_J] += part
+                b[WINDOW_S] += hi - lo
+                if fallback:
+                    b[FALLBACK_J] += part
             m += 60
 
     # -- flush -------------------------------------------------------------------------------

@@ -281,9 +281,10 @@ class MaintStep(Base):
 
 class EnergyMinute(Base):
     """Energy of one GPU in one minute (issue 16), additive parts so late or partial windows
-    merge by addition: joules measured by NVML's energy counter and the seconds it covered,
-    joules integrated from power samples and the seconds they covered (the fallback where the
-    counter is missing or reset), and the share of the latter while the GPU idled in service.
+    merge by addition: joules of counter windows and the seconds they covered (``fallback_j``:
+    those of them taken from power samples, where the counter was reset), joules integrated
+    from every power sample and the seconds they covered (fills time no window covers), and
+    the share of the latter while the GPU idled in service.
     ``tenant`` and ``model`` are the node's tenant and the GPU's model when it was measured."""
 
     __tablename__ = "energy_minutes"
@@ -292,8 +293,9 @@ class EnergyMinute(Base):
     minute_s: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
     tenant: Mapped[str | None] = mapped_column(String(64), nullable=True)
     model: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    counter_j: Mapped[float] = mapped_column(Float, default=0.0)
-    counter_s: Mapped[float] = mapped_column(Float, default=0.0)
+    window_j: Mapped[float] = mapped_column(Float, default=0.0)
+    window_s: Mapped[float] = mapped_column(Float, default=0.0)
+    fallback_j: Mapped[float] = mapped_column(Float, default=0.0)
     power_j: Mapped[float] = mapped_column(Float, default=0.0)
     power_s: Mapped[float] = mapped_column(Float, default=0.0)
     idle_j: Mapped[float] = mapped_column(Float, default=0.0)
