@@ -57,8 +57,14 @@ def test_accounted_energy_matches_the_integral_of_power_through_wrap_reset_and_r
     fleet = SimFleet(parse_fleet_spec("1x2xh100-sxm"), clock=clock)
     node = next(iter(fleet.nodes.values()))
     gpus = node.gpus
-    gpus[1].energy_offset_mj = 2**64 - 3_000_000 - int(gpus[1].state.energy_mj)  # 3 kJ below the top: wraps at once
-    agent = Agent(node.backend(), AgentConfig(controller="http://127.0.0.1:9", state_dir=tmp_path / "agent"), clock=clock)
+    gpus[1].energy_offset_mj = (
+        2**64 - 3_000_000 - int(gpus[1].state.energy_mj)
+    )  # 3 kJ below the top: wraps at once
+    agent = Agent(
+        node.backend(),
+        AgentConfig(controller="http://127.0.0.1:9", state_dir=tmp_path / "agent"),
+        clock=clock,
+    )
     svc = make_service()
     truth = [0.0, 0.0]
     last_p = [g.state.power_w for g in gpus]

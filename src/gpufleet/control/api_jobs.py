@@ -189,9 +189,7 @@ def register(
                 )
                 for a in service.scheduler.attempts(j.id)
             ],
-            energy=energy_query.job_energy(
-                store, j.id, service.scheduler, service.clock()
-            ),
+            energy=energy_query.job_energy(store, j.id, service.scheduler, service.clock()),
         )
 
     @api.post("/jobs/{job_id}/cancel", tags=["jobs"])

@@ -12,7 +12,8 @@ Two sources, both additive per minute so partial and late windows merge by addit
 A counter window that the counter cannot measure (a reset) takes the exact integral of the
 power samples between its two readings instead (``fallback_j``). A minute's energy is
 ``window_j + power_j * max(0, power_s - window_s) / power_s`` (`minute_joules`): the
-proportional share of the power integral fills only time no window covers. The power segments of an in-service GPU whose utilisation is below the
+proportional share of the power integral fills only time no window covers.
+The power segments of an in-service GPU whose utilisation is below the
 policy's ``idle_util_pct`` also count as idle (``idle_j``, ``idle_s``): the idle waste.
 
 Everything here runs on the writer thread, after the batch's transaction committed (a replayed

@@ -18,8 +18,8 @@ from sqlalchemy import insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpufleet.control import lifecycle as lc
-from gpufleet.control.energy_hook import account_energy
 from gpufleet.control.cache import FindingCache, GpuCache, IngestItem, NodeCache, info_digest
+from gpufleet.control.energy_hook import account_energy
 from gpufleet.control.lifecycle import NodeState
 from gpufleet.control.models import EventRow, FindingRow, Gpu, IngestedBatch, Node
 from gpufleet.control.remediation import decide
