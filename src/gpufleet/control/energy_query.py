@@ -226,8 +226,9 @@ def allocations(store: ControlStore, scheduler: SchedulerBackend | None) -> list
 
 
 def job_sums(store: ControlStore, allocs: Iterable[Allocation], now_s: float) -> dict[str, Sums]:
-    """Each job's energy: its GPUs' minutes between its start and end, the first and last
-    minute in proportion to the part of them the job held (several attempts add up)."""
+    """Each job's energy: its GPUs' minutes between its start and end; of a minute the job
+    held in part, the GPU's mean power over the minute's measured seconds times the seconds
+    the job held it (several attempts add up)."""
     e = EnergyMinute
     out: dict[str, Sums] = {}
     with store.sessions() as s:
@@ -242,12 +243,15 @@ def job_sums(store: ControlStore, allocs: Iterable[Allocation], now_s: float) ->
                     select(e.minute_s, *_aggregates())
                     .where(e.node == node, e.gpu_index.in_(gpus))
                     .where(e.minute_s >= first, e.minute_s < end)
-                    .group_by(e.minute_s)
+                    .group_by(e.minute_s, e.gpu_index)
                 )
                 for minute, *vals in s.execute(q):
+                    row = _sums_row(*vals)
                     lo, hi = max(al.start_s, minute), min(end, minute + 60)
-                    if hi > lo:
-                        acc.add(_sums_row(*vals), (hi - lo) / 60.0)
+                    if hi > lo and row.gpu_s > 0:
+                        # the GPU's mean power over the measured part of the minute, for the
+                        # part the job held it
+                        acc.add(row, min(hi - lo, row.gpu_s) / row.gpu_s)
     return out
 
 
