@@ -1,7 +1,6 @@
-"""``GET /api/v1/energy`` on a real controller: tenant scoping (tenant B reads none of tenant
-A's energy), a bad ``since`` is a clear 422, cost and CO2 appear only with a price and an
-intensity in the policy, the CLI's report prints the same figures, and a job's energy is
-attributed from its GPUs and times."""
+"""``GET /api/v1/energy`` on a real controller (SQLite and PostgreSQL): tenant scoping (tenant
+B reads none of tenant A's energy), a bad ``since`` is a clear 422, cost and CO2 appear only
+with a price and an intensity in the policy."""
 
 from __future__ import annotations
 
@@ -34,16 +33,17 @@ def _fleet(svc: ControlService, clock: ManualClock, minutes: int = 3) -> float:
     for n in WATTS:
         for m in range(minutes):
             push(svc, _body(n, m + 1, t0 + 60 * m, 60))
+            svc.store.flush_rollups()  # the controller's periodic flush (every 15 s)
     clock.advance(60 * minutes)
     svc.store.flush_rollups()
     return 60 * minutes - 1  # seconds integrated: samples at t0 .. t0 + 60*minutes - 1
 
 
 def test_tenant_b_reads_none_of_tenant_a(
-    make_service: Callable[..., ControlService], clock: ManualClock
+    make_service: Callable[..., ControlService], clock: ManualClock, db_config: dict[str, Any]
 ) -> None:
     policy = RemediationPolicy(energy_price_per_kwh=0.25, grid_gco2_per_kwh=350.0)
-    svc = make_service(policy=policy)
+    svc = make_service(policy=policy, **db_config)  # SQLite and PostgreSQL (the upserts)
     push(svc, _body("na", 100, clock() - 10, 1))
     push(svc, _body("nb", 100, clock() - 10, 1))
     for node, tenant in (("na", "ta"), ("nb", "tb")):

@@ -1,4 +1,6 @@
-"""Persisting the energy ledger (`gpufleet.control.energy_ledger`): the accumulated minutes are
+"""Persisting the energy ledger (`gpufleet.control.energy_ledger`), on the writer with the
+rollups (every 15 s): first the power samples the telemetry store received since the last
+flush are integrated in bulk and the queued counter readings accounted; then the minutes are
 added to the stored ones (an upsert that adds each part) and the counter readings they account
 for are replaced, in one transaction, so that after a restart the next counter reading's
 window starts exactly where the stored energy ends."""
@@ -14,33 +16,40 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from gpufleet.control.energy_ledger import COLUMNS, EnergyLedger
+from gpufleet.control.lifecycle import NodeState
 from gpufleet.control.models import EnergyCounter, EnergyMinute
 
 if TYPE_CHECKING:
     from gpufleet.control.store import ControlStore
 
 log = logging.getLogger("gpufleet.control.energy")
-CHUNK = 500  # rows per statement: 11 parameters each stays under SQLite's 32766
 
 
 def _upsert(s: Session, model: Any, rows: list[dict[str, Any]], add: bool) -> None:
+    """Insert ``rows``, or on a key already stored add each part (``add``) or replace; one
+    statement run for all rows (executemany)."""
     dialect = s.get_bind().dialect.name
     ins: Any = postgresql.insert if dialect == "postgresql" else sqlite.insert
     table = model.__table__
-    for i in range(0, len(rows), CHUNK):
-        stmt = ins(table).values(rows[i : i + CHUNK])
-        keys = [c.name for c in table.primary_key.columns]
-        if add:
-            sets = {c: table.c[c] + stmt.excluded[c] for c in COLUMNS}
-        else:
-            sets = {c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys}
-        s.execute(stmt.on_conflict_do_update(index_elements=keys, set_=sets))
+    stmt = ins(table)
+    keys = [c.name for c in table.primary_key.columns]
+    if add:
+        sets = {c: table.c[c] + stmt.excluded[c] for c in COLUMNS}
+    else:
+        sets = {c.name: stmt.excluded[c.name] for c in table.columns if c.name not in keys}
+    s.execute(stmt.on_conflict_do_update(index_elements=keys, set_=sets), rows)
 
 
 def flush_energy(store: ControlStore) -> int:
     """Persist what the ledger accumulated (writer thread); returns the minutes written. On
     failure the minutes go back into the ledger for the next flush."""
     ledger: EnergyLedger = store.energy
+    in_service = NodeState.IN_SERVICE.value
+    nodes = {
+        name: (nc.state == in_service, {i: (nc.tenant, g.model) for i, g in nc.gpus.items()})
+        for name, nc in store.nodes.items()
+    }
+    ledger.integrate(store.telemetry, nodes, store.policy.idle_util_pct)
     taken = ledger.take()
     if not taken.minutes and not taken.counters:
         return 0
