@@ -1,17 +1,24 @@
 """A job's energy (issue 16): the embedded scheduler places a one-GPU job on a node whose two
 GPUs draw different, constant power; the job's energy is its GPU's power times the time it
-held the GPU (computed here from the known watts), not the node's, and `gpufleet jobs show`
-prints it."""
+held the GPU (computed here from the known watts), not the node's; `gpufleet jobs show` and
+`gpufleet energy report` print the same over HTTP."""
 
 from __future__ import annotations
 
+import contextlib
+import csv
+import io
+import json
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from starlette.testclient import TestClient
+from typer.testing import CliRunner
 
+from gpufleet.cli.app import app
 from gpufleet.control.api import create_app
 from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.service import ControlService, ServiceConfig
@@ -20,7 +27,9 @@ from gpufleet.schedulers.base import JobSpec
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
 from gpufleet.wire import Batch
 
-from .conftest import T0, batch, push
+from .conftest import T0, batch, free_port, push, wait_for
+
+runner = CliRunner()
 
 WATTS = (300.0, 500.0)  # GPU 0, GPU 1
 PRICE = 0.3
@@ -67,7 +76,9 @@ def service(tmp_path: Path) -> Iterator[ControlService]:
     svc.stop()
 
 
-def test_a_job_is_charged_its_gpus_energy_while_it_held_them(service: ControlService) -> None:
+def test_a_job_is_charged_its_gpus_energy_while_it_held_them(
+    service: ControlService, tmp_path: Path
+) -> None:
     backend = service.scheduler
     assert isinstance(backend, EmbeddedBackend)
     clock = service.clock
@@ -96,3 +107,43 @@ def test_a_job_is_charged_its_gpus_energy_while_it_held_them(service: ControlSer
     ).json()
     assert [(r["key"], r["name"]) for r in rep["rows"]] == [(jid, "train")]
     assert rep["rows"][0]["kwh"] == pytest.approx(want_kwh, rel=0.01)
+    # the CLI against the controller over HTTP: jobs show and energy report (CSV, JSON)
+    tok_file = tmp_path / "token"
+    tok_file.write_text(tok)
+    tok_file.chmod(0o600)
+    with _serve(service) as url:
+        common = ["--controller", url, "--token-file", str(tok_file)]
+        r = runner.invoke(app, ["jobs", "show", jid, *common])
+        assert r.exit_code == 0, r.output
+        line = next(ln for ln in r.output.splitlines() if "energy:" in ln)
+        assert f"{want_kwh:.3f} kWh" in line and f"{want_kwh * PRICE:.2f} USD" in line
+        r = runner.invoke(app, ["energy", "report", "--by", "job", "--csv", *common])
+        assert r.exit_code == 0, r.output
+        rows = list(csv.DictReader(io.StringIO(r.output)))
+        assert rows[0]["key"] == jid
+        assert float(rows[0]["kwh"]) == pytest.approx(want_kwh, rel=0.01)
+        r = runner.invoke(app, ["energy", "report", "--by", "node", "--json", *common])
+        node_kwh = json.loads(r.output)["rows"][0]["kwh"]
+        assert node_kwh == pytest.approx(sum(WATTS) * 299 / 3.6e6, rel=0.01)  # both GPUs
+        r = runner.invoke(app, ["energy", "report", "--since", "yesterday", *common])
+        assert r.exit_code != 0 and "since" in str(r.exception)
+
+
+@contextlib.contextmanager
+def _serve(svc: ControlService) -> Iterator[str]:
+    import uvicorn
+
+    port = free_port()
+    server = uvicorn.Server(
+        uvicorn.Config(
+            create_app(svc), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
+        )
+    )
+    th = threading.Thread(target=server.run, daemon=True)
+    th.start()
+    try:
+        assert wait_for(lambda: server.started, 20)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        th.join(timeout=10)
