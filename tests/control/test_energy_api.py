@@ -85,3 +85,18 @@ def _set_tenant(svc: ControlService, node: str, tenant: str) -> None:
         svc.store.load([node])
 
     svc.store.writer.call(run)
+
+
+def test_energy_minutes_older_than_the_retention_are_deleted(
+    make_service: Callable[..., ControlService], clock: ManualClock
+) -> None:
+    from gpufleet.control.models import EnergyMinute
+
+    svc = make_service(energy_retention_s=3600.0)
+    _fleet(svc, clock, minutes=1)
+    with svc.store.sessions() as s:
+        assert s.query(EnergyMinute).count() >= 4  # 2 nodes x 2 GPUs, one or two minutes
+    clock.advance(3600.0 + 120)
+    svc.tick()
+    with svc.store.sessions() as s:
+        assert s.query(EnergyMinute).count() == 0

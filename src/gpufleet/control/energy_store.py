@@ -11,7 +11,7 @@ import logging
 import math
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import select
+from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -96,3 +96,9 @@ def load_counters(store: ControlStore) -> None:
             )
         )
         store.energy.restore((n, g, t, mj) for n, g, t, mj in got)
+
+
+def retain(store: ControlStore, before_s: float) -> None:
+    """Delete energy minutes older than ``before_s`` (writer thread)."""
+    with store.sessions.begin() as s:
+        s.execute(delete(EnergyMinute).where(EnergyMinute.minute_s < before_s))
