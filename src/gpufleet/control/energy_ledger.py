@@ -35,7 +35,7 @@ from dataclasses import dataclass
 import numpy as np
 import numpy.typing as npt
 
-from gpufleet.control.telemetry_store import FIELD_INDEX, SampleGroup, TelemetryStore
+from gpufleet.control.telemetry_store import FIELD_INDEX, TelemetryStore
 from gpufleet.energy.counter import COUNTER_MAX, counter_delta_mj
 
 MAX_GAP_S = 120.0  # power samples further apart are not integrated across (the gap is unknown)
@@ -96,8 +96,8 @@ class _NodePower:
 
     def remember(self, g: npt.NDArray[np.intp], t: Mat, cum: Mat) -> None:
         self.hist.append((g, t, cum))
-        cutoff = float(t.max()) - HISTORY_S
-        while len(self.hist) > 1 and float(self.hist[0][1].max()) < cutoff:
+        cutoff = _newest(t) - HISTORY_S  # rows without samples are NaN: ignored
+        while len(self.hist) > 1 and _newest(self.hist[0][1]) < cutoff:
             del self.hist[0]
 
     def power_between(self, gpu: int, t0: float, t1: float) -> float | None:
@@ -188,21 +188,6 @@ class EnergyLedger:
     def queue_readings(self, node: str, readings: Readings) -> None:
         """Counter readings of one batch, accounted at the next `integrate` (cheap: ingest)."""
         self._queued.append((node, readings))
-
-    def add_groups(
-        self,
-        node: str,
-        groups: Sequence[SampleGroup],
-        *,
-        in_service: bool,
-        idle_util_pct: float,
-        labels: dict[int, tuple[str | None, str | None]],
-    ) -> None:
-        """Integrate sample groups directly (tests, tools; the controller reads its rings)."""
-        for g in groups:
-            gi = np.asarray(g.gpus, dtype=np.intp)
-            self._add(node, gi, g.t, g.mat[:, _PW, :], g.mat[:, _UT, :], in_service, idle_util_pct)
-            self._node(node, int(gi.max()) + 1).labels = labels
 
     def _add(
         self,
@@ -345,3 +330,8 @@ def _compact(t: Mat, p: Mat, u: Mat, have: npt.NDArray[np.bool_]) -> tuple[Mat, 
     pp = np.where(ok, np.take_along_axis(p, order, axis=1), np.nan)
     uu = np.where(ok, np.take_along_axis(u, order, axis=1), np.nan)
     return tt, pp, uu
+
+
+def _newest(t: Mat) -> float:
+    """The latest time in ``t``, NaN ignored (-inf when there is none)."""
+    return float(np.fmax.reduce(t.ravel(), initial=-np.inf))
