@@ -69,6 +69,12 @@ def test_tenant_b_reads_none_of_tenant_a(
     assert [r["key"] for r in mine["rows"]] == ["nb"]
     assert mine["total"]["kwh"] == pytest.approx(kwh["tb"])
     assert [r["key"] for r in get(tb, by="tenant", since="30d").json()["rows"]] == ["tb"]
+    # by day (UTC) and by GPU model: one row each here, adding up to the total
+    day = get(admin, by="day", since="1d").json()
+    assert [r["key"] for r in day["rows"]] == ["2023-11-14"]  # T0 = 1.7e9 s
+    assert day["rows"][0]["kwh"] == pytest.approx(every["total"]["kwh"])
+    model = get(admin, by="model", since="1d").json()
+    assert [r["key"] for r in model["rows"]] == ["h100-sxm"]
     bad = get(admin, since="thirty days")
     assert bad.status_code == 422 and "since" in bad.text and "30d" in bad.text
     assert get(admin, by="rack").status_code == 422

@@ -136,7 +136,7 @@ def grouped(store: ControlStore, who: Principal, by: str, since_s: float) -> dic
         "node": e.node,
         "tenant": e.tenant,
         "model": e.model,
-        "day": (e.minute_s / 86400).cast(e.minute_s.type),
+        "day": e.minute_s // 86400,  # floor division in SQL on both dialects
     }[by]
     q = select(key, *_aggregates()).where(e.minute_s >= since_s).group_by(key)
     out: dict[str, Sums] = {}
