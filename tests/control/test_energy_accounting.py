@@ -144,3 +144,40 @@ def test_since_units() -> None:
     assert parse_since("12h") == 12 * 3600
     assert parse_since("90m") == 5400
     assert json.dumps(parse_since("1.5w"))
+
+
+def test_an_implausible_counter_jump_is_not_trusted(
+    make_service: Callable[..., ControlService], clock: ManualClock
+) -> None:
+    """A counter that jumps by more than any GPU could draw (a broken or hostile agent) is
+    treated like a reset: the window's energy comes from the power samples."""
+    svc = make_service()
+    t0 = clock()
+    body = {
+        "schema_version": 1,
+        "node": "n1",
+        "agent_id": "a",
+        "seq": 1,
+        "sent_at_s": t0,
+        "heartbeat_interval_s": 2.0,
+        "health": 0,
+        "findings": [],
+        "samples": [
+            {
+                "gpu_uuid": "GPU-1",
+                "gpu_index": 0,
+                "t": [t0 + i for i in range(61)],
+                "fields": {"power_w": [400.0] * 61, "gpu_util_pct": [90.0] * 61},
+            },
+            {  # 60 s apart, 1e15 mJ more: 1.7e10 W
+                "gpu_uuid": "GPU-1",
+                "gpu_index": 0,
+                "t": [t0, t0 + 60],
+                "fields": {"energy_mj": [1.0e6, 1.0e15]},
+            },
+        ],
+    }
+    parsed = parse_batch(json.dumps(body).encode())
+    svc.ingest.submit_sync(IngestItem(parsed.batch, AGENT, t0, parsed.arrays))
+    svc.store.flush_rollups()
+    assert _stored_joules(svc)[0] == pytest.approx(400.0 * 60, rel=1e-6)

@@ -37,9 +37,13 @@ import numpy.typing as npt
 
 from gpufleet.control.telemetry_store import FIELD_INDEX, TelemetryStore
 from gpufleet.energy.counter import COUNTER_MAX, counter_delta_mj
+from gpufleet.wire.limits import SAMPLE_RANGES
 
 MAX_GAP_S = 120.0  # power samples further apart are not integrated across (the gap is unknown)
 MAX_WINDOW_S = 31 * 86400.0  # a longer counter window (node away a month) is not spread
+# a counter window implying more than the wire's highest power (no GPU module draws 10 kW) is
+# not trusted: power fills it, as for a reset
+MAX_POWER_W = SAMPLE_RANGES["power_w"][1]
 _PW = FIELD_INDEX["power_w"]
 _UT = FIELD_INDEX["gpu_util_pct"]
 HISTORY_S = 900.0  # power integral kept per GPU for fallback windows (a few counter windows)
@@ -268,6 +272,8 @@ class EnergyLedger:
                     # float64 near the top rounds to 2**64 itself: modulo keeps it a counter
                     delta = counter_delta_mj(int(mj0) % COUNTER_MAX, int(mj) % COUNTER_MAX)
                     span = t - t0
+                    if delta is not None and delta / 1000.0 > MAX_POWER_W * span:
+                        delta = None  # more than any GPU draws: not a reading to trust
                     if delta is not None and 0.0 < span <= MAX_WINDOW_S:
                         self._spread(st, gpu, t0, t, delta / 1000.0, False)
                         self.windows["counter"] += 1
