@@ -25,8 +25,9 @@ def router(service: ControlService, auth: Auth) -> APIRouter:
         """Energy per job, tenant, node, GPU model or day since ``since``: kWh, GPU-hours,
         how it was measured (``counter``, ``power`` or ``mixed``), cost and CO2 when the
         policy has a price and a grid intensity, and the idle waste (in-service GPUs below
-        the policy's ``idle_util_pct``: kWh, GPU-hours, cost). ``total`` sums every row's
-        GPUs (jobs may share none or overlap nothing of it)."""
+        the policy's ``idle_util_pct``: kWh, GPU-hours, cost). ``total`` is the energy of
+        every GPU the token may see since ``since``, also for ``by=job`` (so it includes
+        time no job held a GPU)."""
         seconds = eq.parse_since(since)
         now = service.clock()
         return eq.report(service.store, who, by, seconds, now, service.scheduler)
