@@ -284,6 +284,10 @@ class Client:
         doc = self.request("GET", "/jobs", params={"state": state, "tenant": tenant})
         return [Job.model_validate(j) for j in doc["jobs"]]
 
+    def energy(self, by: str = "tenant", since: str = "30d") -> dict[str, Any]:
+        """The energy report (``GET /energy``): rows per job, tenant, node, model or day."""
+        return dict(self.request("GET", "/energy", params={"by": by, "since": since}))
+
     def job(self, job_id: str) -> dict[str, Any]:
         """One job with its spec and every attempt (the JSON document)."""
         return dict(self.request("GET", f"/jobs/{_seg(job_id)}"))

@@ -17,6 +17,8 @@ EXPECTED_TABLES = {
     "api_tokens",
     "audit_log",
     "controller_state",
+    "energy_counters",  # energy accounting (revision 0007)
+    "energy_minutes",
     "events",
     "findings",
     "gpus",
@@ -25,6 +27,8 @@ EXPECTED_TABLES = {
     "maint_nodes",
     "maint_steps",
     "nodes",
+    "power_order_nodes",  # fleet power orders (revision 0009)
+    "power_orders",
     "racks",
     "rollups",
     "sched_attempts",  # the embedded scheduler's tables (revision 0002)
@@ -44,7 +48,7 @@ def test_migrations_from_empty(db_config: dict[str, Any]) -> None:
     engine = make_engine(database_url(db_config.get("data_dir"), db_config.get("db_url")))
     assert current_revision(engine) is None
     rev = migrate(engine)
-    assert rev == head_revision() == "0006"
+    assert rev == head_revision() == "0009"
     assert set(table_names(engine)) == EXPECTED_TABLES
     assert migrate(engine) == rev  # a second run changes nothing
     engine.dispose()

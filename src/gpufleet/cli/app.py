@@ -39,6 +39,7 @@ COMMAND_MODULES = (
     "gpufleet.cli.config",
     "gpufleet.cli.maintenance",
     "gpufleet.cli.power",
+    "gpufleet.cli.energy",
 )
 
 

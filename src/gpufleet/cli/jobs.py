@@ -319,6 +319,14 @@ def show(
             console.print(
                 f"  attempt gen {a['generation']} on {','.join(a['nodes'])}: {a['outcome']}"
             )
+        e = d.get("energy")
+        if e:
+            cost = f", {e['cost']:.2f} {e['currency']}" if e.get("cost") is not None else ""
+            co2 = f", {e['co2_kg']:.2f} kg CO2" if e.get("co2_kg") is not None else ""
+            console.print(
+                f"  energy: {e['kwh']:.3f} kWh{cost}{co2} over {e['gpu_hours']:.2f} GPU-hours "
+                f"({e['method']})"
+            )
         return
     with local_scheduler(state_dir, discover=False) as eng:
         status = eng.job(job_id).status()

@@ -26,6 +26,7 @@ from gpufleet.control.bodylimits import WriteGuard
 from gpufleet.control.ingest_http import IngestFastPath, IngestReply, handle_ingest
 from gpufleet.control.lifecycle import TransitionError
 from gpufleet.control.routes import (
+    energy,
     findings,
     ingest,
     maintenance,
@@ -105,6 +106,7 @@ def create_app(service: ControlService) -> FastAPI:
     api.include_router(stream.router(service, auth))
     api.include_router(maintenance.router(store, auth))
     api.include_router(power.router(store, auth))
+    api.include_router(energy.router(service, auth))
     api_jobs.register(api, service, auth.need)
     app.include_router(api)
     app.add_middleware(WriteGuard, store=store)  # token and size before a write's body

@@ -20,6 +20,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
 from pydantic import BaseModel
 
+from gpufleet.control import energy_query
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.service import ControlService
 from gpufleet.control.store import NotFound
@@ -64,6 +65,9 @@ class JobDetail(JobOut):
     max_requeues: int
     checkpoint_dir: str | None
     attempts: list[AttemptOut]
+    # kWh, cost, CO2 of its GPUs while it held them (`gpufleet.control.energy_query`); None
+    # while nothing is known
+    energy: dict[str, Any] | None = None
 
 
 JobIn = JobSubmit  # the submission as it travels on the wire
@@ -185,6 +189,7 @@ def register(
                 )
                 for a in service.scheduler.attempts(j.id)
             ],
+            energy=energy_query.job_energy(store, j.id, service.scheduler, service.clock()),
         )
 
     @api.post("/jobs/{job_id}/cancel", tags=["jobs"])

@@ -167,6 +167,8 @@ class IngestItem:
     # the number of samples sent, and (GPU index, UUID) of the blocks' GPUs in first-seen order
     sample_count: int | None = None
     block_gpus: tuple[tuple[int, str], ...] = ()
+    # energy-counter readings of the blocks (GPU index, times, mJ), set with ``sample_count``
+    energy: tuple[tuple[int, list[Any], list[Any]], ...] = ()
 
 
 def agent_ack(

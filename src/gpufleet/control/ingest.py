@@ -215,10 +215,22 @@ def queue_item(parsed: Parsed, principal: Principal, received_s: float) -> Inges
     group commit (where the garbage collector would have to walk them again and again)."""
     gpus: dict[int, str] = {}
     count = 0
-    for uuid, gpu, t, _ in parsed.blocks:
+    energy = []
+    for uuid, gpu, t, fields in parsed.blocks:
         gpus.setdefault(gpu, uuid)
         count += len(t)
-    return IngestItem(parsed.head, principal, received_s, parsed.arrays, count, tuple(gpus.items()))
+        mj = fields.get("energy_mj")
+        if mj is not None:  # slow-tier blocks only: the energy ledger's counter readings
+            energy.append((gpu, t, mj))
+    return IngestItem(
+        parsed.head,
+        principal,
+        received_s,
+        parsed.arrays,
+        count,
+        tuple(gpus.items()),
+        tuple(energy),
+    )
 
 
 class IngestQueue:

@@ -19,6 +19,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.control import lifecycle as lc
 from gpufleet.control.cache import FindingCache, GpuCache, IngestItem, NodeCache, info_digest
+from gpufleet.control.energy_hook import account_energy
 from gpufleet.control.lifecycle import NodeState
 from gpufleet.control.models import EventRow, FindingRow, Gpu, IngestedBatch, Node
 from gpufleet.control.remediation import decide
@@ -123,6 +124,7 @@ def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
         else:
             for ws in item.batch.samples:
                 n += store.telemetry.add(node, ws.gpu_index, ws.t, ws.fields)
+        account_energy(store, item)
     store.stats["samples"] += n
     store.stats["batches"] += len(fresh)
     store.stats["duplicates"] += len(items) - len(fresh)

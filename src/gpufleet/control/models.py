@@ -309,3 +309,39 @@ class PowerOrderNode(Base):
     applied_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     restored: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     restored_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+class EnergyMinute(Base):
+    """Energy of one GPU in one minute (issue 16), additive parts so late or partial windows
+    merge by addition: joules of counter windows and the seconds they covered (``fallback_j``:
+    those of them taken from power samples, where the counter was reset), joules integrated
+    from every power sample and the seconds they covered (fills time no window covers), and
+    the share of the latter while the GPU idled in service.
+    ``tenant`` and ``model`` are the node's tenant and the GPU's model when it was measured."""
+
+    __tablename__ = "energy_minutes"
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    minute_s: Mapped[int] = mapped_column(BigInteger, primary_key=True, autoincrement=False)
+    tenant: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    model: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    window_j: Mapped[float] = mapped_column(Float, default=0.0)
+    window_s: Mapped[float] = mapped_column(Float, default=0.0)
+    fallback_j: Mapped[float] = mapped_column(Float, default=0.0)
+    power_j: Mapped[float] = mapped_column(Float, default=0.0)
+    power_s: Mapped[float] = mapped_column(Float, default=0.0)
+    idle_j: Mapped[float] = mapped_column(Float, default=0.0)
+    idle_s: Mapped[float] = mapped_column(Float, default=0.0)
+
+
+Index("ix_energy_minutes_minute", EnergyMinute.minute_s)
+
+
+class EnergyCounter(Base):
+    """The newest energy-counter reading of one GPU that the stored minutes account for: after
+    a restart the next reading's window starts here, so the counter covers the gap."""
+
+    __tablename__ = "energy_counters"
+    node: Mapped[str] = mapped_column(String(253), primary_key=True)
+    gpu_index: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=False)
+    t_s: Mapped[float] = mapped_column(Float)
+    # millijoules as float64: NVML's counter is 64-bit unsigned, the wire carries JSON numbers
+    counter_mj: Mapped[float] = mapped_column(Float)

@@ -79,6 +79,28 @@ class RemediationPolicy(BaseModel):
         "--controller` posts any level); when false, a node whose agent reports no fail "
         "finding goes in service at once.",
     )
+    # energy accounting (issue 16, docs/energy.md): unset price or intensity -> no cost or CO2
+    energy_price_per_kwh: float | None = Field(
+        None,
+        ge=0.0,
+        le=1e6,
+        description="Price of a kWh for energy reports (cost = kWh x price); unset: no cost.",
+    )
+    energy_currency: str = Field(
+        "USD", min_length=1, max_length=8, description="Currency the price is in (a label)."
+    )
+    grid_gco2_per_kwh: float | None = Field(
+        None,
+        ge=0.0,
+        le=1e5,
+        description="Grid carbon intensity, g CO2 per kWh, for energy reports; unset: no CO2.",
+    )
+    idle_util_pct: float = Field(
+        1.0,
+        ge=0.0,
+        le=100.0,
+        description="An in-service GPU below this utilisation counts as idle (idle waste).",
+    )
 
     def wants_drain(self, code: str, severity: int) -> bool:
         matches = [p for p in self.auto_drain if fnmatch.fnmatchcase(code, p)]

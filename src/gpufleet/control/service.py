@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.control import campaign_ops, power_ops
+from gpufleet.control import campaign_ops, energy_store, power_ops
 from gpufleet.control.db import database_url, make_engine, migrate
 from gpufleet.control.ingest import IngestQueue
 from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN, NodeQuota
@@ -44,6 +44,7 @@ class ServiceConfig:
     rollup_retention_s: float = 7 * 86400.0
     batch_retention_s: float = 7 * 86400.0  # idempotency window: agents replay within it
     event_retention_s: float = 30 * 86400.0
+    energy_retention_s: float = 400 * 86400.0  # energy minutes: a year of reports and more
     max_pending: int = 2000
     policy: RemediationPolicy | None = None
     # how often the token table is checked for changes made elsewhere (CLI, other replicas):
@@ -140,6 +141,8 @@ class ControlService:
                 batches_s=self.config.batch_retention_s,
                 events_s=self.config.event_retention_s,
             )
+            cutoff = now - self.config.energy_retention_s
+            self.store.writer.call(lambda: energy_store.retain(self.store, cutoff))
         return moved
 
     def _loop(self) -> None:

@@ -19,7 +19,7 @@ from typing import Any
 from sqlalchemy import Engine, select
 from sqlalchemy.orm import Session
 
-from gpufleet.control import ingest_writes, rollups
+from gpufleet.control import energy_store, ingest_writes, rollups
 from gpufleet.control import lifecycle as lc
 from gpufleet.control.auth import Principal, TokenStore
 from gpufleet.control.cache import (
@@ -35,6 +35,7 @@ from gpufleet.control.cache import (
     info_digest,
 )
 from gpufleet.control.db import session_factory
+from gpufleet.control.energy_ledger import EnergyLedger
 from gpufleet.control.lifecycle import LOSABLE, OUT_STATES, NodeState
 from gpufleet.control.models import (
     AuditEntry,
@@ -151,7 +152,9 @@ class ControlStore:
         self._notify: lc.PostCommit = []
         self.writer = Writer(self)
         self.sched = SchedulerCalls(lambda: self.hook, self.writer.submit)
+        self.energy = EnergyLedger()  # energy accounting (writer thread; issue 16)
         self.load()
+        energy_store.load_counters(self)
         self.publish()
 
     # -- cache --------------------------------------------------------------------------------
@@ -465,8 +468,15 @@ class ControlStore:
         self._bump()
 
     def flush_rollups(self, *, everything: bool = False) -> int:
-        """Persist closed minutes (all of them when ``everything``, at shutdown)."""
-        return self.writer.call(lambda: rollups.flush_rollups(self, everything=everything))
+        """Persist closed minutes (all of them when ``everything``, at shutdown), and the
+        energy ledger's minutes."""
+
+        def both() -> int:
+            n = rollups.flush_rollups(self, everything=everything)
+            energy_store.flush_energy(self)
+            return n
+
+        return self.writer.call(both)
 
     def apply_retention(self, *, rollups_s: float, batches_s: float, events_s: float) -> None:
         """Delete rollups, batch keys and events older than their retention: one writer command

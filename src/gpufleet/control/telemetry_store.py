@@ -243,6 +243,34 @@ class TelemetryStore:
             acc[g] = a
 
     # -- reads ------------------------------------------------------------------------------
+    def read_since(
+        self, node: str, since: npt.NDArray[np.int64] | None, fields: Sequence[int]
+    ) -> tuple[Mat, Mat, npt.NDArray[np.int64]] | None:
+        """The samples of ``node``'s GPUs written after the per-GPU sample counts ``since``,
+        in write order (the energy ledger reads power this way, in bulk): times (G, m) and
+        the ``fields`` columns (G, len(fields), m), NaN where a GPU has fewer; and the counts
+        now. What the ring overwrote meanwhile is gone (at most ``capacity`` per GPU)."""
+        with self._lock:
+            ring = self._rings.get(node)
+            if ring is None:
+                return None
+            n = ring.n.copy()
+            g, cap = ring.gpus, ring.cap
+            s = np.zeros(g, dtype=np.int64)
+            if since is not None:
+                s[: min(g, len(since))] = since[:g]
+            s = np.maximum(s, n - cap)
+            m = int((n - s).max()) if g else 0
+            if m <= 0:
+                return np.empty((g, 0)), np.empty((g, len(fields), 0)), n
+            pos = s[:, None] + np.arange(m)[None, :]
+            valid = pos < n[:, None]
+            idx = pos % cap
+            rows = np.arange(g)[:, None]
+            t = np.where(valid, ring.t[rows, idx], np.nan)
+            v = ring.v[rows, idx][:, :, list(fields)].astype(np.float64).transpose(0, 2, 1)
+        return t, np.where(valid[:, None, :], v, np.nan), n
+
     def _ring(self, node: str, gpu: int) -> _NodeRings | None:
         ring = self._rings.get(node)
         if ring is None or not 0 <= gpu < ring.gpus or ring.n[gpu] == 0:

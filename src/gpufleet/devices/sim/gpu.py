@@ -102,6 +102,9 @@ class SimGpu:
             sm_clock_mhz=ph.IDLE_SM_CLOCK_MHZ,
             reasons=int(R.GPU_IDLE),
         )
+        # added to the energy counter NVML reports (an integer, so a test can start it near
+        # the 64-bit top without the float state losing precision there)
+        self.energy_offset_mj = 0
         self.t = self.t0
         self._segments: list[_Segment] = []
         self._last_load_end: float | None = None
@@ -146,6 +149,10 @@ class SimGpu:
             return []
         names = self.mig_layout or (geometry.profiles[0].name,) * geometry.profiles[0].max_instances
         return [(i + 1, name, geometry.profile(name).memory_mib) for i, name in enumerate(names)]
+
+    def energy_counter_mj(self) -> int:
+        """NVML's total energy counter: unsigned 64-bit, so it wraps."""
+        return (int(self.state.energy_mj) + self.energy_offset_mj) % 2**64
 
     # ----- load schedule -------------------------------------------------------------------
     def run(

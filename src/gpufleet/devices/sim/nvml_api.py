@@ -375,7 +375,7 @@ class SimNvml:
         return round(self._gpu(h).state.power_w * 1000)
 
     def nvmlDeviceGetTotalEnergyConsumption(self, h: SimHandle) -> int:
-        return int(self._gpu(h).state.energy_mj)
+        return self._gpu(h).energy_counter_mj()
 
     def nvmlDeviceGetClockInfo(self, h: SimHandle, clock_type: int) -> int:
         gpu = self._gpu(h)
@@ -480,7 +480,7 @@ class SimNvml:
             pynvml.NVML_FI_DEV_ECC_SBE_AGG_TOTAL: None if ecc_off else (ull, gpu.ecc_sbe_aggregate),
             pynvml.NVML_FI_DEV_ECC_DBE_AGG_TOTAL: None if ecc_off else (ull, gpu.ecc_dbe_aggregate),
             pynvml.NVML_FI_DEV_MEMORY_TEMP: (ull, round(gpu.state.mem_temp_c)),
-            pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (ull, int(gpu.state.energy_mj)),
+            pynvml.NVML_FI_DEV_TOTAL_ENERGY_CONSUMPTION: (ull, gpu.energy_counter_mj()),
             pynvml.NVML_FI_DEV_PCIE_REPLAY_COUNTER: (ull, int(gpu.pcie_replays)),
             pynvml.NVML_FI_DEV_REMAPPED_COR: (ull, gpu.remapped_cor),
             pynvml.NVML_FI_DEV_REMAPPED_UNC: (ull, gpu.remapped_unc),
