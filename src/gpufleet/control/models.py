@@ -309,6 +309,8 @@ class PowerOrderNode(Base):
     applied_s: Mapped[float | None] = mapped_column(Float, nullable=True)
     restored: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     restored_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
 class EnergyMinute(Base):
     """Energy of one GPU in one minute (issue 16), additive parts so late or partial windows
     merge by addition: joules of counter windows and the seconds they covered (``fallback_j``:
