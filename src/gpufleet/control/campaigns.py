@@ -45,6 +45,7 @@ from gpufleet.control.campaign_spec import (
     LOST_CODES,
     NODE_DONE,
     PAUSED,
+    PROPOSED,
     REBOOTING,
     RUNNING,
     SELECTED,
@@ -87,6 +88,7 @@ __all__ = [
     "LOST_CODES",
     "NODE_DONE",
     "PAUSED",
+    "PROPOSED",
     "REBOOTING",
     "RUNNING",
     "SELECTED",
@@ -124,7 +126,8 @@ def _take(
     c.updated_s = now
     actor = f"campaign:{c.id}"
     data = {"campaign": c.id, "step": step, **(detail or {})}
-    s.add(MaintStep(campaign_id=c.id, node=mn.node, step=step, at_s=now, detail=data))
+    sample = {"capacity": list(capacity(store, s)[:2])}  # the dashboard's chart (status)
+    s.add(MaintStep(campaign_id=c.id, node=mn.node, step=step, at_s=now, detail=data | sample))
     s.add(
         AuditEntry(
             at_s=now,
