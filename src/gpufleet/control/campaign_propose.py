@@ -24,7 +24,11 @@ from gpufleet.control.store import ControlStore
 from gpufleet.maintenance.recurring import MaintenancePolicy, utc
 
 CHECK_EVERY_S = 30.0  # the drift check reads every node's GPUs: not on every tick
-_last: weakref.WeakKeyDictionary[ControlStore, float] = weakref.WeakKeyDictionary()
+# per store: (time of the last check, the policy and fleet size it saw); a new policy or a
+# node joining or leaving checks again at once
+_last: weakref.WeakKeyDictionary[ControlStore, tuple[float, int, int]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def next_occurrence(policy: MaintenancePolicy, now_s: float) -> dict[str, Any]:
@@ -51,9 +55,11 @@ def propose(store: ControlStore, *, force: bool = False) -> int | None:
     now_s = store.clock()
     if policy is None:
         return None
-    if not force and now_s - _last.get(store, -1e18) < CHECK_EVERY_S:
+    seen = (id(policy), len(store.nodes))
+    last = _last.get(store)
+    if not force and last is not None and last[1:] == seen and now_s - last[0] < CHECK_EVERY_S:
         return None
-    _last[store] = now_s
+    _last[store] = (now_s, *seen)
     start, _end = policy.next_occurrence(utc(now_s))
     if utc(now_s) < start - timedelta(days=policy.propose_days_before):
         return None
