@@ -205,11 +205,11 @@ def test_policy_proposes_and_an_operator_starts_it(tmp_path: Path) -> None:
         viewer.write_text(ctl.token("viewer"), encoding="utf-8")
         op.write_text(ctl.token("operator"), encoding="utf-8")
         args = ["maintenance", "start", "--proposal", str(proposal["id"]), "--controller", ctl.url]
-        r = runner.invoke(app, [*args, "--token-file", str(viewer)])
-        assert r.exit_code != 0 and "403" in str(r.exception)
-        r = runner.invoke(app, [*args, "--token-file", str(op), "--json"])
-        assert r.exit_code == 0, r.output
-        started = json.loads(r.output)
+        res = runner.invoke(app, [*args, "--token-file", str(viewer)])
+        assert res.exit_code != 0 and "403" in str(res.exception)
+        res = runner.invoke(app, [*args, "--token-file", str(op), "--json"])
+        assert res.exit_code == 0, res.output
+        started = json.loads(res.output)
         assert started["state"] == "running" and started["id"] == proposal["id"]
     finally:
         ctl.stop()

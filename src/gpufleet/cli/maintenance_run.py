@@ -127,8 +127,8 @@ def start_cmd(
         return
     if baseline is None or update_command is None:
         raise UsageError("give --baseline FILE and --update-command CMD (or --proposal ID)")
-    from gpufleet.maintenance.planner import parse_select
     from gpufleet.maintenance.baseline import load_baseline
+    from gpufleet.maintenance.planner import parse_select
 
     target = load_baseline(baseline)
     parse_schedule(window)  # a bad window is refused here, with its text

@@ -26,9 +26,7 @@ from gpufleet.maintenance.recurring import MaintenancePolicy, utc
 CHECK_EVERY_S = 30.0  # the drift check reads every node's GPUs: not on every tick
 # per store: (time of the last check, the policy and fleet size it saw); a new policy or a
 # node joining or leaving checks again at once
-_last: weakref.WeakKeyDictionary[ControlStore, tuple[float, int, int]] = (
-    weakref.WeakKeyDictionary()
-)
+_last: weakref.WeakKeyDictionary[ControlStore, tuple[float, int, int]] = weakref.WeakKeyDictionary()
 
 
 def next_occurrence(policy: MaintenancePolicy, now_s: float) -> dict[str, Any]:
