@@ -6,6 +6,7 @@ import { nodePage } from "./node.js";
 import { findingsView, eventsView, auditView } from "./lists.js";
 import { jobsView } from "./jobs.js";
 import { nodesView } from "./nodes.js";
+import { maintenanceView } from "./maintenance.js";
 
 const VIEWS = {
   "": overview,
@@ -15,6 +16,7 @@ const VIEWS = {
   events: eventsView,
   audit: auditView,
   jobs: jobsView,
+  maintenance: maintenanceView,
 };
 const MIN_REFRESH_MS = 2000; // periodic refreshes: at most every 2 s
 const URGENT_REFRESH_MS = 250; // lifecycle/finding events: right away
