@@ -138,3 +138,42 @@ def test_campaign_page_counts_chart_failures_and_buttons(fleet6: LiveFleet, page
     page.wait_for_selector("#mc-state[data-state='aborted']")
     assert fleet6.api(f"/maintenance/campaigns/{cid}")["state"] == "aborted"
     assert page.query_selector_all("#mc-buttons button") == []
+
+
+def test_policy_proposal_is_shown_and_started_from_the_page(fleet6: LiveFleet, page: Any) -> None:
+    """The recurring policy's next occurrence on the list page, its proposal with a Start
+    button; an operator starts it (runs after the first test, whose campaign it aborted)."""
+    pol = fleet6.api("/policy")
+    pol["maintenance"] = {  # weekly, proposed up to 8 days ahead: due now
+        "every": "weekly",
+        "on": "Saturday",
+        "window": "02:00-06:00 Europe/Berlin",
+        "baseline": {"models": {"h100-sxm": {"driver": "999.1.1"}}},
+        "update_command": "true",
+        "batch": "1",
+        "floor": "50%",
+        "propose_days_before": 8,
+    }
+    r = httpx.put(
+        f"{fleet6.url}/api/v1/policy",
+        json=pol,
+        headers={"Authorization": f"Bearer {fleet6.tokens['admin']}"},
+        timeout=10,
+    )
+    assert r.status_code == 200, r.text
+
+    def proposed() -> list[dict[str, Any]]:
+        return [c for c in fleet6.api("/maintenance/campaigns") if c["state"] == "proposed"]
+
+    assert wait_for(lambda: bool(proposed()), 30), fleet6.api("/maintenance/campaigns")
+    prop = proposed()[0]
+    _open(page, fleet6, "operator", "/maintenance")
+    start = fleet6.api("/maintenance/policy")["next"]["start"]  # ISO 8601, UTC
+    assert page.wait_for_selector("#mc-next").inner_text() == start[:19].replace("T", " ")
+    row = page.wait_for_selector(f"#mc-list tr[data-campaign='{prop['id']}']")
+    assert "proposed" in row.inner_text()
+    row.query_selector("a").click()
+    page.click("#mc-start")
+    page.click("#dlg-ok")
+    page.wait_for_selector("#mc-state[data-state='running']")
+    assert fleet6.api(f"/maintenance/campaigns/{prop['id']}")["state"] == "running"
