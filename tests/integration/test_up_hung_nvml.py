@@ -28,9 +28,9 @@ faults:
 """
 
 
-def _start_up(tmp: Path) -> tuple[subprocess.Popen[str], str, str]:
+def _start_up(tmp: Path, fleet: str = FLEET) -> tuple[subprocess.Popen[str], str, str]:
     spec = tmp / "fleet.yaml"
-    spec.write_text(FLEET)
+    spec.write_text(fleet)
     port = free_port()
     cmd = [sys.executable, "-m", "gpufleet", "up", "--sim", str(spec), "--port", str(port)]
     proc = subprocess.Popen(

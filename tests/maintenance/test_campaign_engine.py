@@ -349,3 +349,19 @@ def test_update_reports_come_from_the_nodes_agent(tmp_path: Path, clock: ManualC
     with pytest.raises(PermissionError):
         ops.report(svc.store, rep, Principal(4, "vic", Role.VIEWER))
     assert ops.report(svc.store, rep, Principal(None, "a", Role.AGENT, node="n0")) is False
+
+
+def test_capacity_history_follows_the_passes(tmp_path: Path, clock: ManualClock) -> None:
+    """The dashboard's chart: a sample at the start (12 of 12 GPUs) and after each pass that
+    took steps; with batch 2 at most two nodes (4 GPUs) are out, so the lowest is 8, and at the
+    end every node is back (12). The samples match what the test saw after those ticks."""
+    svc, fleet = setup(tmp_path, clock)
+    cid = ops.start(svc.store, spec(floor=0.6), OP)
+    seen = run(svc, fleet)
+    hist = ops.status(svc.store, cid)["capacity"]["history"]
+    assert hist[0] == {"t": T0, "in_service_gpus": 12, "fleet_gpus": 12}
+    assert all(h["fleet_gpus"] == 12 for h in hist)
+    assert min(h["in_service_gpus"] for h in hist) == 8 == round(min(seen) * 12)
+    assert hist[-1]["in_service_gpus"] == 12
+    times = [h["t"] for h in hist]
+    assert times == sorted(times) and len(set(times)) == len(times)

@@ -91,6 +91,7 @@ def compact_config(cfg: FleetConfig, state_dir: Path, node: str = "") -> AgentCo
         recent=0,
         heartbeat_interval_s=cfg.heartbeat_interval_s,
         seq_block=SEQ_BLOCK,
+        in_process=True,
     )
 
 
@@ -151,6 +152,9 @@ class FleetDriver:
     config: FleetConfig
     jobs: Mapping[str, AgentJobs] = field(default_factory=dict)
     transport: httpx.BaseTransport | None = None
+    # called with a node's name before its agent reopens after an update (`reopen_agent`):
+    # a simulated fleet re-reads its fleet file there (`sim_reloader`)
+    before_reopen: Callable[[str], None] | None = None
     agents: list[Agent] = field(init=False, default_factory=list)
     _stop: threading.Event = field(init=False, default_factory=threading.Event)
     _threads: list[threading.Thread] = field(init=False, default_factory=list)
@@ -172,18 +176,50 @@ class FleetDriver:
             transport=self.transport, timeout=cfg.push_timeout_s, limits=limits, verify=cfg.verify
         )
         self.validations = DaemonExecutor(cfg.validate_threads)
+        self._reopen_lock = threading.Lock()
+        self.reopened = 0  # agents reopened after an update (tests, logs)
         for b in self.backends:
-            agent = Agent(
-                b,
-                compact_config(cfg, cfg.state_dir / b.node_name, b.node_name),
-                calls=self.calls,
-                client=self.client,
-                validations=self.validations,
-            )
-            job_runner = self.jobs.get(b.node_name)
-            if job_runner is not None:
-                agent.enable_jobs(job_runner)
-            self.agents.append(agent)
+            self.agents.append(self._agent(b))
+
+    def _agent(self, backend: GpuBackend) -> Agent:
+        cfg = self.config
+        agent = Agent(
+            backend,
+            compact_config(cfg, cfg.state_dir / backend.node_name, backend.node_name),
+            calls=self.calls,
+            client=self.client,
+            validations=self.validations,
+        )
+        job_runner = self.jobs.get(backend.node_name)
+        if job_runner is not None:
+            if getattr(job_runner.slots, "__self__", None) is not None:
+                job_runner.slots = agent.gpu_slots  # the reopened agent's GPUs
+            agent.enable_jobs(job_runner)
+        return agent
+
+    def reopen_agent(self, k: int) -> Agent:
+        """The agent ``k`` after its update ended and was reported: what a separate agent
+        process does by re-executing itself, done in place. NVML (closed for the update) is
+        opened afresh through a new backend over the same library, and a new agent over the
+        same state directory (identity, sequence numbers, update keys) reports the devices'
+        versions as they are now."""
+        with self._reopen_lock:
+            old = self.agents[k]
+            if not old.restart_wanted:
+                return old  # another thread reopened it already
+            name = old.backend.node_name
+            if self.before_reopen is not None:
+                try:
+                    self.before_reopen(name)
+                except Exception:
+                    log.exception("%s: preparing the reopen failed", name)
+            fresh = getattr(old.backend, "reopened", None)
+            backend = fresh() if callable(fresh) else old.backend
+            new = self._agent(backend)
+            self.agents[k] = new
+            self.reopened += 1
+            log.warning("%s: agent reopened after its update (NVML opened afresh)", name)
+            return new
 
     # ----- running -----------------------------------------------------------------------
     def start(self) -> FleetDriver:
@@ -210,7 +246,10 @@ class FleetDriver:
                 return
             due, k = item
             try:
-                work(self.agents[k])
+                agent = self.agents[k]
+                if agent.restart_wanted:
+                    agent = self.reopen_agent(k)
+                work(agent)
             except Exception:  # an agent's parts never raise; this is the driver's own guard
                 log.exception("agent %s: round failed", self.agents[k].hostname)
             schedule.put_back(due, k)
@@ -315,6 +354,21 @@ def open_backends(sim: str | None, seed: int, default_sim: str) -> tuple[str, li
     fleet = open_sim(sim, seed=seed)
     fleet.sim.demo_activity()
     return "sim", list(fleet.backends), fleet.sim
+
+
+def sim_reloader(spec: str | None, sim: Any) -> Callable[[str], None] | None:
+    """For a simulated fleet read from a file: re-read a node's versions and new faults from
+    that file (the simulator's update command rewrites it) before its agent reopens."""
+    from pathlib import Path as _Path
+
+    if sim is None or not spec or not _Path(spec).is_file():
+        return None
+    from gpufleet.devices.sim import parse_fleet_spec
+
+    def reload(node: str) -> None:
+        sim.reload_node(node, parse_fleet_spec(spec))
+
+    return reload
 
 
 def job_runners(

@@ -71,7 +71,10 @@ class AgentMaintenance:
         client: httpx.Client,
         *,
         close_devices: Callable[[], object],
+        agent_pid: int | None = None,
     ) -> None:
+        """``agent_pid``: given to the command as GPUFLEET_AGENT_PID (it may restart the
+        agent); None for an agent inside a process of many (`gpufleet up`)."""
         self.root = state_dir / "maintenance"
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.node = node
@@ -79,6 +82,7 @@ class AgentMaintenance:
         self._headers = {"Authorization": f"Bearer {token}", "User-Agent": "gpufleet-agent"}
         self.client = client
         self.close_devices = close_devices
+        self.agent_pid = agent_pid
         self.updating = threading.Event()  # sampling paused: NVML is shut down
         self.restart_wanted = threading.Event()
         self._lock = threading.Lock()
@@ -121,8 +125,10 @@ class AgentMaintenance:
                 **os.environ,
                 "GPUFLEET_NODE": self.node,
                 "GPUFLEET_UPDATE_KEY": order.key,
-                "GPUFLEET_AGENT_PID": str(os.getpid()),
             }
+            env.pop("GPUFLEET_AGENT_PID", None)
+            if self.agent_pid is not None:
+                env["GPUFLEET_AGENT_PID"] = str(self.agent_pid)
             if use_systemd():
                 unit = f"gpufleet-update-{order.key}"
                 argv = ["systemd-run", f"--unit={unit}", "--collect", "--quiet", *argv]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -94,6 +95,10 @@ class AgentConfig:
     # this host's CPUs and memory (`gpufleet.devices.host.read_host`), sent with the devices;
     # None on simulated nodes (they are not this host)
     host: HostTopology | None = None
+    # one of many agents of one process (`gpufleet up`, `gpufleet sim-fleet`): an update
+    # command gets no GPUFLEET_AGENT_PID (signalling it would stop every agent), and the
+    # driver reopens the agent in place after an update (`FleetDriver`)
+    in_process: bool = False
 
 
 def finding_to_wire(f: Finding) -> wire.WireFinding:
@@ -213,6 +218,7 @@ class Agent:
                 cfg.token or "",
                 self.pusher.client,
                 close_devices=lambda: self.sampler.close(wait_s=5.0),
+                agent_pid=None if cfg.in_process else os.getpid(),
             )
             if self.maintenance.updating.is_set():  # an update ran while the agent was down
                 self.sampler.close(wait_s=5.0)

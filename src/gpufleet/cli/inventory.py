@@ -9,7 +9,15 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from gpufleet.cli.common import ImportOption, JsonOption, SeedOption, SimOption, paths
+from gpufleet.cli.common import (
+    ImportOption,
+    JsonOption,
+    SeedOption,
+    SimOption,
+    TokenFileOption,
+    paths,
+    read_token,
+)
 from gpufleet.cli.output import console, emit_json, fit, fmt, to_jsonable
 from gpufleet.devices.discovery import Fleet, node_inventory, open_fleet
 from gpufleet.devices.drift import DriftItem, find_drift
@@ -118,8 +126,36 @@ def inventory(
     seed: int = SeedOption,
     imports: list[Path] | None = ImportOption,
     as_json: bool = JsonOption,
+    baseline: Path | None = typer.Option(
+        None,
+        "--baseline",
+        help="List the nodes out of this baseline (YAML) and which field differs.",
+        metavar="FILE",
+    ),
+    controller: str | None = typer.Option(
+        None, "--controller", help="With --baseline: the controller's fleet.", metavar="URL"
+    ),
+    token: str | None = typer.Option(None, "--token", envvar="GPUFLEET_TOKEN", hidden=True),
+    token_file: Path | None = TokenFileOption,
 ) -> None:
     """Nodes and GPUs, with driver/VBIOS/CUDA/InfoROM drift and PCIe links below max."""
+    if baseline is not None:
+        from gpufleet.cli import inventory_baseline
+
+        code = inventory_baseline.run(
+            baseline,
+            sim=sim,
+            imports=paths(imports),
+            seed=seed,
+            controller=controller,
+            token=read_token(token, token_file),
+            as_json=as_json,
+        )
+        raise typer.Exit(code)
+    if controller is not None:
+        from gpufleet.errors import UsageError
+
+        raise UsageError("--controller is read with --baseline (`inventory --baseline FILE`)")
     fleet = open_fleet(sim=sim, imports=paths(imports), seed=seed).bounded()
     try:
         nodes, notes = collect(fleet)

@@ -23,6 +23,7 @@ from gpufleet.maintenance.planner import (
     StepDurations,
     batch_size,
     fraction,
+    parse_select,
     plan_campaign,
 )
 from gpufleet.maintenance.windows import parse_schedule
@@ -31,24 +32,7 @@ maintenance_app = typer.Typer(
     help="Rolling driver, firmware and OS updates: plan and run a campaign.", no_args_is_help=True
 )
 
-SELECT_KEYS = ("node", "model", "rack")
 SHOW_ORDER = 25  # rows of the order table on screen (--json and --html list every node)
-
-
-def parse_select(text: str | None) -> list[tuple[str, str]]:
-    """``model=h100-sxm,rack=r0*`` as [(key, glob), ...]; a clear error for a bad key."""
-    if not text:
-        return []
-    out = []
-    for part in text.split(","):
-        key, eq, glob = part.strip().partition("=")
-        if not eq or key not in SELECT_KEYS or not glob:
-            raise UsageError(
-                f"--select {text!r}: {part!r} should be KEY=GLOB with KEY one of "
-                f"{', '.join(SELECT_KEYS)} (e.g. model=h100-sxm,rack=r0*)"
-            )
-        out.append((key, glob))
-    return out
 
 
 def _matches(select: list[tuple[str, str]], attrs: dict[str, str | None]) -> bool:

@@ -66,12 +66,19 @@ def _print(doc: dict[str, Any]) -> None:
         console.print(fit(table))
 
 
+def _show(doc: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        emit_json(doc)
+    else:
+        _print(doc)
+
+
 def start_cmd(
-    baseline: Path = typer.Option(
-        ..., "--baseline", help="Target versions per GPU model (YAML).", metavar="FILE"
+    baseline: Path | None = typer.Option(
+        None, "--baseline", help="Target versions per GPU model (YAML).", metavar="FILE"
     ),
-    update_command: str = typer.Option(
-        ...,
+    update_command: str | None = typer.Option(
+        None,
         "--update-command",
         help="The site's update command, run on each node by its agent (its own unit).",
         metavar="CMD",
@@ -102,10 +109,26 @@ def start_cmd(
         30, "--back-timeout-minutes", min=0.01, help="Node back after its update within this."
     ),
     as_json: bool = JsonOption,
+    proposal: int | None = typer.Option(
+        None,
+        "--proposal",
+        min=1,
+        help="Start the campaign the maintenance policy proposed (its id; no other option).",
+        metavar="ID",
+    ),
 ) -> None:
     """Start a campaign on the controller over the nodes out of baseline."""
-    from gpufleet.cli.maintenance import parse_select
+    if proposal is not None:
+        if baseline is not None or update_command is not None:
+            raise UsageError("--proposal starts the proposed campaign as it is: no --baseline")
+        with _client(controller, token, token_file) as client:
+            doc = client.request("POST", f"/maintenance/campaigns/{proposal}/start")
+        _show(doc, as_json)
+        return
+    if baseline is None or update_command is None:
+        raise UsageError("give --baseline FILE and --update-command CMD (or --proposal ID)")
     from gpufleet.maintenance.baseline import load_baseline
+    from gpufleet.maintenance.planner import parse_select
 
     target = load_baseline(baseline)
     parse_schedule(window)  # a bad window is refused here, with its text

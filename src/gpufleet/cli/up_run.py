@@ -29,7 +29,13 @@ def run_up(
     tls: TlsFiles | None = None,
 ) -> None:
 
-    from gpufleet.agent.fleet import FleetConfig, FleetDriver, job_runners, open_backends
+    from gpufleet.agent.fleet import (
+        FleetConfig,
+        FleetDriver,
+        job_runners,
+        open_backends,
+        sim_reloader,
+    )
     from gpufleet.cli.process import check_gpu_limit, private_state
     from gpufleet.control.remediation import load_policy
     from gpufleet.control.up import (
@@ -77,6 +83,9 @@ def run_up(
             verify=pinned_verify(tls.cert) if tls else True,
         ),
         jobs=jobs,
+        # after an update a simulated node's agent reopens with the versions its fleet file
+        # now holds (the simulator's update command rewrote it)
+        before_reopen=sim_reloader(sim, simfleet),
     )
 
     def ready() -> None:

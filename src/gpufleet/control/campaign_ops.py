@@ -13,11 +13,12 @@ import weakref
 from typing import Any
 
 from sqlalchemy import select
+from sqlalchemy.orm import Session
 
 from gpufleet.control import campaigns as cp
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.lifecycle import NodeState, TransitionError
-from gpufleet.control.models import MaintCampaign, MaintNode, MaintStep
+from gpufleet.control.models import AuditEntry, EventRow, MaintCampaign, MaintNode, MaintStep
 from gpufleet.control.store import ControlStore, NotFound
 from gpufleet.maintenance.planner import CampaignNode, campaign_order
 from gpufleet.wire import WireUpdateOrder, WireUpdateReport
@@ -74,49 +75,67 @@ def _select_ok(spec: cp.CampaignSpec, name: str, model: str | None, rack: str | 
     return all(fnmatch.fnmatchcase(attrs.get(k) or "", g) for k, g in spec.select)
 
 
-def _start(store: ControlStore, spec: cp.CampaignSpec, who: Principal) -> int:
+def live_campaign(s: Session) -> int | None:
+    """The campaign running or paused now (one at a time)."""
+    q = select(MaintCampaign.id).where(MaintCampaign.state.in_((cp.RUNNING, cp.PAUSED)))
+    return s.scalars(q).first()
+
+
+def _members(
+    store: ControlStore, spec: cp.CampaignSpec
+) -> tuple[list[CampaignNode], list[dict[str, str]]]:
+    """The nodes out of baseline a campaign takes (in order), and those skipped with why."""
+    members: list[CampaignNode] = []
+    skipped: list[dict[str, str]] = []
+    for nc in store.nodes.values():
+        if not _select_ok(spec, nc.name, nc.model, nc.rack):
+            continue
+        if nc.model not in spec.baseline.models:
+            continue
+        if not cp.deviations(store, nc, spec.baseline):
+            continue
+        if nc.state not in (S.IN_SERVICE.value, S.DRAINED.value):
+            skipped.append({"node": nc.name, "reason": f"node is {nc.state}"})
+            continue
+        members.append(
+            CampaignNode(
+                nc.name, len(nc.gpus), nc.rack or nc.name, in_service=nc.state == S.IN_SERVICE.value
+            )
+        )
+    return campaign_order(members), skipped
+
+
+def _start(
+    store: ControlStore,
+    spec: cp.CampaignSpec,
+    who: Principal | None,
+    *,
+    state: str = cp.RUNNING,
+    created_by: str | None = None,
+) -> int:
+    """A new campaign (running; ``proposed`` by the policy, then ``who`` is None)."""
     now = store.clock()
     with store.sessions.begin() as s:
-        live = s.scalars(
-            select(MaintCampaign.id).where(MaintCampaign.state.in_((cp.RUNNING, cp.PAUSED)))
-        ).first()
-        if live is not None:
+        live = live_campaign(s)
+        if live is not None and state == cp.RUNNING:
             raise TransitionError(
                 f"campaign {live} is still running or paused",
                 hint="abort it or wait until it ends",
             )
-        members: list[CampaignNode] = []
-        skipped: list[dict[str, str]] = []
-        for nc in store.nodes.values():
-            if not _select_ok(spec, nc.name, nc.model, nc.rack):
-                continue
-            if nc.model not in spec.baseline.models:
-                continue
-            if not cp.deviations(store, nc, spec.baseline):
-                continue
-            if nc.state not in (S.IN_SERVICE.value, S.DRAINED.value):
-                skipped.append({"node": nc.name, "reason": f"node is {nc.state}"})
-                continue
-            members.append(
-                CampaignNode(
-                    nc.name,
-                    len(nc.gpus),
-                    nc.rack or nc.name,
-                    in_service=nc.state == S.IN_SERVICE.value,
-                )
-            )
+        members, skipped = _members(store, spec)
         c = MaintCampaign(
-            state=cp.RUNNING,
+            state=state,
             spec=spec.model_dump(mode="json"),
             created_s=now,
-            created_by=who.actor,
+            created_by=created_by or (who.actor if who else "policy:maintenance"),
             updated_s=now,
             failures=0,
-            reason="",
+            reason="proposed by the maintenance policy" if state == cp.PROPOSED else "",
         )
         s.add(c)
         s.flush()
-        for i, m in enumerate(campaign_order(members)):
+        sample = {"capacity": list(cp.capacity(store, s)[:2])}
+        for i, m in enumerate(members):
             s.add(
                 MaintNode(
                     campaign_id=c.id,
@@ -129,24 +148,43 @@ def _start(store: ControlStore, spec: cp.CampaignSpec, who: Principal) -> int:
                     reason="out of baseline",
                 )
             )
-            s.add(MaintStep(campaign_id=c.id, node=m.name, step=cp.SELECTED, at_s=now, detail={}))
+            s.add(
+                MaintStep(campaign_id=c.id, node=m.name, step=cp.SELECTED, at_s=now, detail=sample)
+            )
         if not members:
             c.state, c.reason = cp.DONE, "no node out of baseline"
-        store.audit(
-            s,
-            who,
-            "maintenance.start",
-            f"campaign:{c.id}",
-            detail={"nodes": len(members), "skipped": skipped},
-        )
+        detail = {"nodes": len(members), "skipped": skipped}
+        if who is not None:
+            store.audit(s, who, "maintenance.start", f"campaign:{c.id}", detail=detail)
+        else:
+            s.add(
+                AuditEntry(
+                    at_s=now,
+                    actor="policy:maintenance",
+                    role="operator",
+                    action="maintenance.propose",
+                    target=f"campaign:{c.id}",
+                    outcome="ok",
+                    detail=detail,
+                )
+            )
+            s.add(
+                EventRow(
+                    at_s=now,
+                    kind="maintenance_proposed",
+                    message=f"campaign {c.id} proposed: {len(members)} node(s) out of baseline",
+                    data={"campaign": c.id, "nodes": len(members)},
+                )
+            )
         return c.id
 
 
 # -- pause / resume / abort ----------------------------------------------------------------------
 CONTROL = {
+    "start": ((cp.PROPOSED,), cp.RUNNING),
     "pause": ((cp.RUNNING,), cp.PAUSED),
     "resume": ((cp.PAUSED,), cp.RUNNING),
-    "abort": ((cp.RUNNING, cp.PAUSED, cp.HALTED), cp.ABORTED),
+    "abort": ((cp.RUNNING, cp.PAUSED, cp.HALTED, cp.PROPOSED), cp.ABORTED),
 }
 
 
@@ -162,10 +200,29 @@ def _control(store: ControlStore, cid: int, action: str, who: Principal) -> None
             raise NotFound(f"campaign {cid} not found")
         if c.state not in sources:
             raise TransitionError(f"campaign {cid} is {c.state}: cannot {action}")
+        if action == "start":
+            live = live_campaign(s)
+            if live is not None:
+                raise TransitionError(
+                    f"campaign {live} is still running or paused",
+                    hint="abort it or wait until it ends",
+                )
+            _drop_compliant(store, s, c)
         c.state, c.updated_s = target, store.clock()
         c.reason = f"{action} by {who.actor}"
         store.audit(s, who, f"maintenance.{action}", f"campaign:{cid}")
     store._bump()
+
+
+def _drop_compliant(store: ControlStore, s: Session, c: MaintCampaign) -> None:
+    """A proposal being started: nodes that reached the baseline since are skipped."""
+    spec = cp.CampaignSpec.model_validate(c.spec)
+    now = store.clock()
+    for mn in s.scalars(select(MaintNode).where(MaintNode.campaign_id == c.id)):
+        nc = store.nodes.get(mn.node)
+        if nc is not None and not cp.deviations(store, nc, spec.baseline):
+            mn.step, mn.step_since_s, mn.reason = cp.SKIPPED, now, "at baseline when started"
+            s.add(MaintStep(campaign_id=c.id, node=mn.node, step=cp.SKIPPED, at_s=now, detail={}))
 
 
 # -- an agent's report ---------------------------------------------------------------------------
@@ -213,6 +270,9 @@ def status(store: ControlStore, cid: int | None = None) -> dict[str, Any]:
             )
         )
         in_gpus, total_gpus, out_nodes, total_nodes = cp.capacity(store, s)
+        history = capacity_history(s, c.id)
+    if c.state in cp.LIVE_CAMPAIGN or not history:  # a campaign that ended keeps its last
+        history.append({"t": store.clock(), "in_service_gpus": in_gpus, "fleet_gpus": total_gpus})
     spec = cp.CampaignSpec.model_validate(c.spec)
     by_step: dict[str, int] = {}
     for mn in nodes:
@@ -235,6 +295,7 @@ def status(store: ControlStore, cid: int | None = None) -> dict[str, Any]:
             "in_service_fraction": in_gpus / total_gpus if total_gpus else None,
             "nodes_out": out_nodes,
             "fleet_nodes": total_nodes,
+            "history": history,
         },
         "nodes": [
             {
@@ -249,3 +310,46 @@ def status(store: ControlStore, cid: int | None = None) -> dict[str, Any]:
             for mn in nodes
         ],
     }
+
+
+def capacity_history(s: Session, cid: int) -> list[dict[str, Any]]:
+    """In-service and fleet GPUs as sampled at each of the campaign's steps (each
+    ``maint_steps`` row carries the capacity of the moment it was taken), in time order."""
+    out: list[dict[str, Any]] = []
+    q = select(MaintStep.at_s, MaintStep.detail).where(MaintStep.campaign_id == cid)
+    for at_s, detail in s.execute(q.order_by(MaintStep.at_s, MaintStep.id)):
+        cap = (detail or {}).get("capacity")
+        if not cap:
+            continue
+        point = {"t": at_s, "in_service_gpus": cap[0], "fleet_gpus": cap[1]}
+        if out and out[-1]["t"] == at_s:
+            out[-1] = point  # steps of one instant: the last one stands
+        else:
+            out.append(point)
+    return out
+
+
+def campaigns(store: ControlStore, limit: int = 50) -> list[dict[str, Any]]:
+    """The newest campaigns, each with its node count per step."""
+    with store.sessions() as s:
+        rows = list(s.scalars(select(MaintCampaign).order_by(MaintCampaign.id.desc()).limit(limit)))
+        counts: dict[int, dict[str, int]] = {c.id: {} for c in rows}
+        q = select(MaintNode.campaign_id, MaintNode.step).where(
+            MaintNode.campaign_id.in_(list(counts))
+        )
+        for cid, step in s.execute(q):
+            counts[cid][step] = counts[cid].get(step, 0) + 1
+    return [
+        {
+            "id": c.id,
+            "state": c.state,
+            "reason": c.reason,
+            "created_s": c.created_s,
+            "created_by": c.created_by,
+            "updated_s": c.updated_s,
+            "failures": c.failures,
+            "nodes": sum(counts[c.id].values()),
+            "by_step": counts[c.id],
+        }
+        for c in rows
+    ]

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 # campaign states
 RUNNING, PAUSED, HALTED, ABORTED, DONE = "running", "paused", "halted", "aborted", "done"
+PROPOSED = "proposed"  # by the recurring policy: waits for an operator to start it
 LIVE_CAMPAIGN = (RUNNING, PAUSED, HALTED, ABORTED)  # the engine still has work in these
 # node steps
 SELECTED, CORDONED, DRAINING, UPDATING = "selected", "cordoned", "draining", "updating"

@@ -45,6 +45,7 @@ from gpufleet.control.campaign_spec import (
     LOST_CODES,
     NODE_DONE,
     PAUSED,
+    PROPOSED,
     REBOOTING,
     RUNNING,
     SELECTED,
@@ -87,6 +88,7 @@ __all__ = [
     "LOST_CODES",
     "NODE_DONE",
     "PAUSED",
+    "PROPOSED",
     "REBOOTING",
     "RUNNING",
     "SELECTED",
@@ -253,6 +255,7 @@ def tick(store: ControlStore) -> list[StepChange]:
 
 
 def _tick_campaign(store: ControlStore, cid: int, changes: list[StepChange]) -> None:
+    before = len(changes)
     with store.sessions() as s:
         state = s.scalar(select(MaintCampaign.state).where(MaintCampaign.id == cid))
         # selected nodes only need a pass when the campaign stopped (they are skipped)
@@ -270,6 +273,8 @@ def _tick_campaign(store: ControlStore, cid: int, changes: list[StepChange]) -> 
     with store.sessions.begin() as s:
         c = s.get(MaintCampaign, cid)
         assert c is not None
+        if len(changes) > before:
+            _sample_capacity(store, s, cid)
         left = s.scalars(
             select(MaintNode.node).where(
                 MaintNode.campaign_id == cid, MaintNode.step.not_in(FINAL_STEPS)
@@ -288,6 +293,17 @@ def _tick_campaign(store: ControlStore, cid: int, changes: list[StepChange]) -> 
                 data={"campaign": cid, "state": c.state, "failures": c.failures},
             )
         )
+
+
+def _sample_capacity(store: ControlStore, s: Session, cid: int) -> None:
+    """The in-service and fleet GPUs after a pass that took steps, kept on the pass's last
+    ``maint_steps`` row (the dashboard's capacity chart, `campaign_ops.capacity_history`):
+    one fleet-wide count per pass, not per step (the count reads every node)."""
+    row = s.scalars(
+        select(MaintStep).where(MaintStep.campaign_id == cid).order_by(MaintStep.id.desc())
+    ).first()
+    if row is not None:
+        row.detail = {**(row.detail or {}), "capacity": list(capacity(store, s)[:2])}
 
 
 def _one(store: ControlStore, cid: int, name: str, changes: list[StepChange]) -> None:

@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpufleet.errors import ConfigError
+from gpufleet.maintenance.recurring import MaintenancePolicy
 
 if TYPE_CHECKING:
     from sqlalchemy.orm import Session
@@ -101,6 +102,11 @@ class RemediationPolicy(BaseModel):
         le=100.0,
         description="An in-service GPU below this utilisation counts as idle (idle waste).",
     )
+    maintenance: MaintenancePolicy | None = Field(
+        None,
+        description="Recurring maintenance (docs/maintenance.md): when nodes drift from the "
+        "baseline and the next occurrence is near, the controller proposes a campaign.",
+    )
 
     def wants_drain(self, code: str, severity: int) -> bool:
         matches = [p for p in self.auto_drain if fnmatch.fnmatchcase(code, p)]
@@ -114,7 +120,7 @@ def load_policy(path: Path | None) -> RemediationPolicy:
         return RemediationPolicy()
     try:
         data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
-        return RemediationPolicy.model_validate(data)
+        return RemediationPolicy.model_validate(data, context={"policy_dir": path.parent})
     except OSError as exc:
         raise ConfigError(f"{path}: {exc.strerror}") from exc
     except yaml.YAMLError as exc:

@@ -17,7 +17,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.control import campaign_ops, energy_store, power_ops
+from gpufleet.control import campaign_ops, campaign_propose, energy_store, power_ops
 from gpufleet.control.db import database_url, make_engine, migrate
 from gpufleet.control.ingest import IngestQueue
 from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN, NodeQuota
@@ -133,6 +133,7 @@ class ControlService:
         moved = self.store.check_nodes()
         campaign_ops.tick(self.store)  # maintenance campaigns (issue 15), on the writer
         power_ops.tick(self.store)  # power orders: policy reverts (issue 16), on the writer
+        campaign_propose.tick(self.store)  # the recurring maintenance policy's proposals
         if now - self._last_slow >= 15.0:
             self._last_slow = now
             self.store.flush_rollups()

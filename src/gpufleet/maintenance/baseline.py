@@ -18,9 +18,10 @@ the node is listed as not verified, so a campaign updates or at least inspects i
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -113,23 +114,36 @@ def check_node(
     node: NodeInventory, baseline: BaselineFile, kernel: str | None = None
 ) -> NodeBaseline:
     """The deviations of one node; ``kernel`` is the node's OS kernel where known."""
-    model = node_model(node)
-    out = NodeBaseline(node.name, model)
+    gpus = [(g.index, {attr: getattr(g, attr) for attr in GPU_FIELDS.values()}) for g in node.gpus]
+    return check_versions(node.name, node_model(node), gpus, baseline, kernel)
+
+
+def check_versions(
+    name: str,
+    model: str | None,
+    gpus: Iterable[tuple[int, Mapping[str, Any]]],
+    baseline: BaselineFile,
+    kernel: str | None = None,
+) -> NodeBaseline:
+    """The deviations of one node from its GPUs' versions, each GPU given as (index, its
+    device info keyed by `DeviceInfo` attribute: ``driver_version``...). A version that is
+    absent or None is unknown and never matches."""
+    out = NodeBaseline(name, model)
     target = baseline.models.get(model or "")
     if target is None:
         out.no_target = True
         return out
     wanted = target.model_dump(exclude_none=True)
-    for gpu in node.gpus:
+    for index, info in gpus:
         for key, attr in GPU_FIELDS.items():
             if key not in wanted:
                 continue
-            found = getattr(gpu, attr)
+            found = info.get(attr)
             if found is None or str(found) != wanted[key]:
                 out.deviations.append(
                     Deviation(
-                        node.name,
-                        gpu.index,
+                        name,
+                        index,
                         key,
                         None if found is None else str(found),
                         wanted[key],
@@ -138,9 +152,7 @@ def check_node(
                 )
     if "kernel" in wanted and kernel != wanted["kernel"]:
         status: Literal["differs", "unknown"] = "unknown" if kernel is None else "differs"
-        out.deviations.append(
-            Deviation(node.name, None, "kernel", kernel, wanted["kernel"], status)
-        )
+        out.deviations.append(Deviation(name, None, "kernel", kernel, wanted["kernel"], status))
     return out
 
 

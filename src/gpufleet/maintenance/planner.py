@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from itertools import zip_longest
 
+from gpufleet.errors import UsageError
 from gpufleet.maintenance.windows import Schedule
 
 # Expected validation time per level, from DCGM's diagnostic run levels (r1 "quick, seconds",
@@ -285,4 +286,23 @@ def _compact(points: list[TimelinePoint]) -> list[TimelinePoint]:
             out[-1] = p
         elif not out or (out[-1].in_service, out[-1].updating) != (p.in_service, p.updating):
             out.append(p)
+    return out
+
+
+SELECT_KEYS = ("node", "model", "rack")
+
+
+def parse_select(text: str | None) -> list[tuple[str, str]]:
+    """``model=h100-sxm,rack=r0*`` as [(key, glob), ...]; a clear error for a bad key."""
+    if not text:
+        return []
+    out = []
+    for part in text.split(","):
+        key, eq, glob = part.strip().partition("=")
+        if not eq or key not in SELECT_KEYS or not glob:
+            raise UsageError(
+                f"--select {text!r}: {part!r} should be KEY=GLOB with KEY one of "
+                f"{', '.join(SELECT_KEYS)} (e.g. model=h100-sxm,rack=r0*)"
+            )
+        out.append((key, glob))
     return out

@@ -49,10 +49,11 @@ class Window:
             day = local_day + timedelta(days=offset)
             if day.weekday() not in self.days:
                 continue
-            out.append(self._interval(day, tz))
+            out.append(self.interval(day, tz))
         return out
 
-    def _interval(self, day: date, tz: ZoneInfo) -> tuple[datetime, datetime]:
+    def interval(self, day: date, tz: ZoneInfo) -> tuple[datetime, datetime]:
+        """The UTC span of the window that starts on the local ``day``."""
         start = datetime.combine(day, self.start, tzinfo=tz)
         if self.end is None:
             end = datetime.combine(day + timedelta(days=1), time(0), tzinfo=tz)

@@ -7,6 +7,7 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Depends, Path
 
 from gpufleet.control import campaign_ops as ops
+from gpufleet.control import campaign_propose
 from gpufleet.control.auth import Principal
 from gpufleet.control.campaigns import CampaignSpec
 from gpufleet.control.routes.deps import ERRORS, Auth
@@ -30,6 +31,28 @@ def scoped_status(
     return {**doc, "nodes": nodes, "by_step": by_step, "capacity": None}
 
 
+def scoped_list(
+    rows: list[dict[str, Any]], who: Principal, store: ControlStore
+) -> list[dict[str, Any]]:
+    """The campaign list as ``who`` may read it: a tenant token gets step counts over the
+    nodes it sees."""
+    if who.is_global:
+        return rows
+    out = []
+    for row in rows:
+        doc = scoped_status(ops.status(store, row["id"]), who, _tenant_of(store))
+        out.append({**row, "nodes": len(doc["nodes"]), "by_step": doc["by_step"]})
+    return out
+
+
+def _tenant_of(store: ControlStore) -> Callable[[str], str | None]:
+    def tenant_of(node: str) -> str | None:
+        view = store.view.nodes.get(node)
+        return view.tenant if view is not None else None
+
+    return tenant_of
+
+
 def router(store: ControlStore, auth: Auth) -> APIRouter:
     api = APIRouter(prefix="/maintenance", tags=["maintenance"], responses=ERRORS)
 
@@ -39,9 +62,23 @@ def router(store: ControlStore, auth: Auth) -> APIRouter:
         cid = ops.start(store, body, who)
         return ops.status(store, cid)
 
-    def tenant_of(node: str) -> str | None:
-        view = store.view.nodes.get(node)
-        return view.tenant if view is not None else None
+    tenant_of = _tenant_of(store)
+
+    @api.get("/campaigns")
+    def listing(who: Annotated[Principal, auth.viewer]) -> list[dict[str, Any]]:
+        """The newest 50 campaigns (proposed ones included), with node counts per step."""
+        return scoped_list(ops.campaigns(store), who, store)
+
+    @api.get("/policy")
+    def policy(who: Annotated[Principal, auth.viewer]) -> dict[str, Any]:
+        """The recurring maintenance policy (without its baseline and command) and its next
+        occurrence; ``policy`` is null when none is set."""
+        _ = who
+        p = store.policy.maintenance
+        if p is None:
+            return {"policy": None, "next": None}
+        shown = p.model_dump(mode="json", exclude={"baseline", "update_command"})
+        return {"policy": shown, "next": campaign_propose.next_occurrence(p, store.clock())}
 
     @api.get("/campaigns/latest")
     def latest(who: Annotated[Principal, auth.viewer]) -> dict[str, Any]:
@@ -54,7 +91,7 @@ def router(store: ControlStore, auth: Auth) -> APIRouter:
     @api.post("/campaigns/{cid}/{action}")
     def control(
         cid: CampaignId,
-        action: Literal["pause", "resume", "abort"],
+        action: Literal["start", "pause", "resume", "abort"],
         who: Annotated[Principal, auth.operator],
     ) -> dict[str, Any]:
         auth.global_only(who, f"maintenance.{action}", f"campaign:{cid}")

@@ -588,6 +588,12 @@ class NvmlBackend(GpmReadings):
                 f"({error_name(code)})"
             ) from exc
 
+    def reopened(self) -> NvmlBackend:
+        """A new backend over the same library, for an agent that closed this one for a
+        driver update: NVML is initialised afresh on its first call, and the handles, lost
+        GPUs and missing functions are learned again."""
+        return NvmlBackend(self._lib, node_name=self.node_name, clock=self._clock)
+
     def close(self) -> None:
         with self._lock:
             if self._initialised:

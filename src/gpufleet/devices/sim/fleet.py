@@ -99,6 +99,30 @@ class SimFleet:
             raise UnknownNameError("node", name, sorted(self.nodes))
         return self.nodes[name]
 
+    def reload_node(self, name: str, spec: FleetSpec) -> None:
+        """Take one node's versions and its new faults from ``spec`` (the fleet file read
+        again after a simulated update rewrote it, `gpufleet.devices.sim.update`): what an
+        agent restarted after the update would see."""
+        node = self.node(name)
+        ns = next((n for n in spec.nodes if n.name == name), None)
+        if ns is None:
+            return
+        driver = ns.driver_version or DEFAULT_DRIVER
+        node.driver_version = driver
+        for gpu in node.gpus:
+            with gpu.lock:
+                gpu.driver_version = driver
+                if ns.vbios_version is not None:
+                    gpu.vbios_version = ns.vbios_version
+        for fault in spec.faults:
+            if fault.node == name and fault not in self.spec.faults:
+                self.inject(fault)
+        self.spec = FleetSpec(
+            nodes=self.spec.nodes,
+            seed=self.spec.seed,
+            faults=(*self.spec.faults, *(f for f in spec.faults if f.node == name)),
+        )
+
     def inject(self, fault: Fault) -> None:
         """Add a fault to one GPU, every GPU of a node, or (no node) every GPU of the fleet."""
         nodes = [self.node(fault.node)] if fault.node else list(self.nodes.values())

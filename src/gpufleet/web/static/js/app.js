@@ -7,6 +7,7 @@ import { findingsView, eventsView, auditView } from "./lists.js";
 import { jobsView } from "./jobs.js";
 import { nodesView } from "./nodes.js";
 import { energyView } from "./energy.js";
+import { maintenanceView } from "./maintenance.js";
 
 const VIEWS = {
   "": overview,
@@ -17,6 +18,7 @@ const VIEWS = {
   audit: auditView,
   jobs: jobsView,
   energy: energyView,
+  maintenance: maintenanceView,
 };
 const MIN_REFRESH_MS = 2000; // periodic refreshes: at most every 2 s
 const URGENT_REFRESH_MS = 250; // lifecycle/finding events: right away
