@@ -186,7 +186,7 @@ def register(store: ControlStore, names: Sequence[str], now: float, racks_of: in
                     for i, n in enumerate(names)
                 ],
             )
-            ids = dict(s.execute(select(Node.name, Node.id)).tuples().all())
+            ids = {n: i for n, i in s.execute(select(Node.name, Node.id))}
             info = {
                 "model": "h100-sxm",
                 "name": "NVIDIA H100 80GB HBM3",
