@@ -52,7 +52,11 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from ingest import Connection, process_cpu_s, render_pool
+
+# the ingest benchmark's client and batch builder (run as a script: the repository root is not
+# on the path by itself)
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.ingest import Connection, process_cpu_s, render_pool
 
 PUSH_S = 5.0  # the agent's default push interval (gpufleet agent --push-interval)
 TARGET_NODES = 10_000
