@@ -6,6 +6,8 @@ attention worst first."""
 
 from __future__ import annotations
 
+import json
+import random
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -25,7 +27,7 @@ LOOSE = ["loose-a", "loose-b"]  # registered through ingest: no rack
 
 
 @pytest.fixture
-def api(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
+def svc(tmp_path: Path) -> Iterator[ControlService]:
     svc = ControlService(
         ServiceConfig(data_dir=tmp_path / "d", policy=RemediationPolicy(require_validation=False))
     )
@@ -34,9 +36,14 @@ def api(tmp_path: Path) -> Iterator[tuple[TestClient, dict[str, str]]]:
     bulkfleet.register(svc.store, names, now, racks_of=RACK)
     bulkfleet.fill(svc.store, names, now, devices=False, fail_every=50)  # nodes 7 and 57 fail
     bulkfleet.fill(svc.store, LOOSE, now, devices=True, fail_every=0, seed=3)
-    token = svc.store.tokens.create("viewer", name="t")[0]
-    yield TestClient(create_app(svc)), {"Authorization": f"Bearer {token}"}
+    yield svc
     svc.engine.dispose()
+
+
+@pytest.fixture
+def api(svc: ControlService) -> tuple[TestClient, dict[str, str]]:
+    token = svc.store.tokens.create("viewer", name="t")[0]
+    return TestClient(create_app(svc)), {"Authorization": f"Bearer {token}"}
 
 
 def get(api: tuple[TestClient, dict[str, str]], path: str, **params: Any) -> Any:
@@ -107,3 +114,31 @@ def test_node_list_sorts_searches_pages(api: tuple[TestClient, dict[str, str]]) 
     client, h = api
     bad = client.get("/api/v1/nodes", params={"sort": "nope"}, headers=h)
     assert bad.status_code == 422 and "sort" in bad.text
+
+
+def test_rows_read_in_one_pass_match_the_per_node_reads(
+    svc: ControlService, api: tuple[TestClient, dict[str, str]]
+) -> None:
+    """The fleet-wide read (one lock, arrays) gives what reading node by node gives, a GPU
+    whose samples stopped (older than its node's newest by more than STALE_GPU_S) included."""
+    from gpufleet.control import queries as qy
+    from gpufleet.control.auth import Principal, Role
+    from gpufleet.control.ingest import parse_batch, queue_item
+
+    # the other GPUs of gpu-00001 report 30 s later than GPU 3's newest sample (the fill's)
+    body = bulkfleet.node_batch("gpu-00001", random.Random(1), time.time() + 30, seq=9)
+    body["samples"] = [b for b in body["samples"] if b["gpu_index"] != 3]
+    item = queue_item(
+        parse_batch(json.dumps(body).encode(), time.time()),
+        Principal(None, "t", Role.AGENT),
+        time.time(),
+    )
+    svc.store.writer.call(lambda: svc.store.apply_batches([item]))
+    store = svc.store
+    for metric in ("gpu_util_pct", "power_pct", "gpu_temp_c", "health"):
+        got = get(api, "/heatmap", metric=metric)
+        want = [qy.heatmap_row(store, store.view.nodes[n], metric) for n in got["nodes"]]
+        assert got["values"] == want, metric
+    stale = get(api, "/heatmap", metric="gpu_util_pct")
+    row = stale["values"][stale["nodes"].index("gpu-00001")]
+    assert row[3] is None and row[2] is not None
