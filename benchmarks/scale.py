@@ -288,7 +288,9 @@ def main() -> None:
     ap.add_argument("--nodes", type=int, default=1000)
     ap.add_argument("--duration", type=float, default=60.0, help="paced window, seconds")
     ap.add_argument("--replicas", type=int, default=1, choices=(1, 2))
-    ap.add_argument("--db-url", help="an existing PostgreSQL (emptied first: use a scratch one)")
+    ap.add_argument(
+        "--db-url", help="a scratch PostgreSQL database (migrated, then filled with the nodes)"
+    )
     ap.add_argument("--concurrency", type=int, default=64)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--poll", nargs=3, metavar=("BASE", "TOKEN", "SECONDS"), help=argparse.SUPPRESS)

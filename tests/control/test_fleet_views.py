@@ -142,3 +142,30 @@ def test_rows_read_in_one_pass_match_the_per_node_reads(
     stale = get(api, "/heatmap", metric="gpu_util_pct")
     row = stale["values"][stale["nodes"].index("gpu-00001")]
     assert row[3] is None and row[2] is not None
+
+
+def test_empty_selections_and_nodes_without_gpus(
+    svc: ControlService, api: tuple[TestClient, dict[str, str]]
+) -> None:
+    from gpufleet.control import fleet_views as fv
+    from gpufleet.control.auth import Principal, Role
+    from gpufleet.control.ingest import parse_batch, queue_item
+
+    none = get(api, "/heatmap", group_by="rack", state="failed")  # no max_cells: always fold
+    assert none["groups"] == [] and none["nodes"] == []
+    # with max_cells, an empty selection fits: plain rows (none)
+    assert get(api, "/heatmap", group_by="rack", max_cells=0, state="failed")["groups"] is None
+    body = bulkfleet.node_batch("bare-0", random.Random(2), time.time(), devices=False)
+    body["samples"] = []  # a node that reported no GPU at all
+    now = time.time()
+    item = queue_item(
+        parse_batch(json.dumps(body).encode(), now), Principal(None, "t", Role.AGENT), now
+    )
+    svc.store.writer.call(lambda: svc.store.apply_batches([item]))
+    bare = svc.store.view.nodes["bare-0"]
+    assert not bare.gpus
+    got = fv.heatmap(svc.store, [bare], "gpu_temp_c", group_by="rack", max_cells=None, expand=[""])
+    assert got.nodes == ["bare-0"] and got.values == [[]]
+    assert got.groups is not None
+    g = got.groups[0]
+    assert (g.key, g.nodes, g.gpus, g.mean, g.no_data) == (None, 1, 0, None, 0)

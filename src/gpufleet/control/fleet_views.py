@@ -103,12 +103,16 @@ def heatmap(
     if group_by is None or (max_cells is not None and sum(widths) <= max_cells):
         vals = cells(store, nodes, widths, metric)
         return qy.heatmap(store, nodes, metric, values=_rows(vals, widths))
+    if not nodes:
+        return qy.heatmap(store, [], metric, values=[], group_by=group_by, groups=[])
     members: dict[str | None, list[tuple[NodeView, int]]] = {}
     for nc, w in zip(nodes, widths, strict=True):
         members.setdefault(group_key(nc, group_by), []).append((nc, w))
     keys = sorted(members, key=lambda k: (k is None, k or ""))
     ordered = [nw for k in keys for nw in members[k]]
     vals = cells(store, [n for n, _ in ordered], [w for _, w in ordered], metric)
+    if not vals.shape[1]:  # no node has a GPU (or none is selected): nothing to reduce
+        vals = np.full((len(ordered), 1), np.nan)
     valid = ~np.isnan(vals)
     starts = np.cumsum([0] + [len(members[k]) for k in keys[:-1]])
     stats = {
