@@ -25,8 +25,9 @@ PostgreSQL: a private server (Debian's `postgresql`, initdb as the `postgres` us
 tests) unless `--db-url` names one. `--replicas 2` starts two controllers on the same database
 and splits the nodes between them (the agents' `--controller URL1,URL2`); a second controller
 needs the high-availability release (leader election: one leader runs the timers, every
-replica ingests and serves reads). Without it the second one may refuse to start or race the
-first on lifecycle timers; the figures in docs/control-plane.md are with one replica.
+replica ingests and serves reads). Without it both start and ingest, but each serves only the
+nodes that pushed to it and both run the lifecycle timers; the figures in docs/control-plane.md
+are with one replica.
 
     python benchmarks/scale.py [--nodes 1000] [--duration 60] [--replicas 1|2] [--json]
 """
