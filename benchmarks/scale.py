@@ -368,6 +368,7 @@ def run(a: argparse.Namespace, db_url: str, pg_pid: int | None) -> dict[str, Any
         for p, _ in procs:
             p.wait(timeout=60)
     ticks = loop_ticks(db_url)
+    shutil.rmtree(tmp, ignore_errors=True)  # controller logs: kept only when a run fails
     samples = load["batches"] * per_batch
     return {
         "nodes": a.nodes,
