@@ -289,19 +289,21 @@ class TelemetryStore:
         report (the widest sets the array's). ``stale_s`` as in `latest_field`. One lock and
         a few array copies per node: the fleet-wide reads (heatmap groups, the node table's
         sorts) at 10,000 nodes."""
-        cols: list[int] | int = [FIELD_INDEX[n] for n in names]
-        if len(names) == 1:  # a basic index: a view, no fancy-indexing copy
-            cols = FIELD_INDEX[names[0]]
+        cols: list[int] | slice = [FIELD_INDEX[n] for n in names]
+        if len(names) == 1:  # a basic slice: a view, no fancy-indexing copy
+            cols = slice(FIELD_INDEX[names[0]], FIELD_INDEX[names[0]] + 1)
         width = max((w for _, w in nodes), default=0)
         out = np.full((len(nodes), width, len(names)), np.nan, dtype=np.float32)
         seen = np.full((len(nodes), width), -np.inf)
+        rings = self._rings
         with self._lock:
             for i, (node, w) in enumerate(nodes):
-                ring = self._rings.get(node)
+                ring = rings.get(node)
                 if ring is None:
                     continue
-                have = min(w, ring.gpus)
-                out[i, :have, :] = ring.last[:have, cols].reshape(have, -1)
+                last = ring.last
+                have = min(w, last.shape[0])
+                out[i, :have] = last[:have, cols]
                 seen[i, :have] = ring.last_t[:have]
         if stale_s is not None and width:
             newest = seen.max(axis=1, keepdims=True)
