@@ -1,19 +1,21 @@
 """Dashboard benchmark: time to first render of the fleet page (counts, heatmap, attention
-list drawn with data) in headless Chromium, for 1,000 nodes x 8 GPUs against the 2 s target of
-issue 6, with a 64-node baseline measured in the same run and the ratio between them.
+list drawn with data) in headless Chromium, for 10,000 nodes x 8 GPUs against the targets of
+issue 18 (under 1 s, and within 2x of the 1,000-node page measured in the same run).
 
-A real controller (uvicorn on loopback, SQLite in a temporary directory) is filled through the
-ingest path (`parse_batch` + the writer, as the HTTP route does) with one wire batch per node:
-8 H100 GPUs, 2 samples each, seeded values (utilization 0-100 %, power up to the 700 W limit,
-temperature 30-80 C), racks of 16 nodes, 1 % of the nodes with a fail finding (drained by the
-remediation policy). The controller's background loop is not started, so nodes do not go
-`lost` while the browser measures.
+A real controller (uvicorn on loopback, SQLite in a temporary directory) holds the nodes
+registered in bulk (`gpufleet.testing.bulkfleet.register`: 8 H100 GPUs each, racks of 16,
+in service) and one wire batch per node through the ingest path (`parse_batch` + the writer's
+group commit): 2 samples per GPU, seeded values (utilization 0-100 %, power up to the 700 W
+limit, temperature 30-80 C), 1 % of the nodes with a fail finding (drained by the remediation
+policy). The controller's background loop is not started, so nodes do not go `lost` while the
+browser measures. Past the page's cell budget the overview asks for rack groups (625 tiles at
+10,000 nodes) instead of 80,000 cells.
 
 "First render" is `window.__gpufleetFirstRender`: `performance.now()` (ms since navigation
 start) right after the overview drew the heatmap and the attention list from the API's
 answers. Each size gets one warm-up load, then RUNS fresh browser contexts; the median counts.
 
-    python benchmarks/dashboard_render.py [--nodes 1000] [--baseline 64] [--runs 5] [--json]
+    python benchmarks/dashboard_render.py [--nodes 10000] [--baseline 1000] [--runs 5] [--json]
 """
 
 from __future__ import annotations
@@ -21,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import random
 import socket
 import statistics
 import sys
@@ -31,7 +32,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-TARGET_MS = 2000.0
+TARGET_MS = 1000.0
+TARGET_RATIO = 2.0
 CHROMIUM = "/usr/bin/chromium"
 ARGS = [
     "--headless",
@@ -51,82 +53,16 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def node_batch(name: str, rng: random.Random, now: float, fail: bool) -> dict[str, Any]:
-    """One wire batch (schema v1) for an 8 x H100 SXM node (700 W limit: NVIDIA datasheet)."""
-    gpus = 8
-    busy = rng.random() < 0.7
-    samples = []
-    devices = []
-    for g in range(gpus):
-        util = rng.uniform(85, 100) if busy else rng.uniform(0, 5)
-        power = 700 * (0.9 + 0.1 * rng.random()) if busy else rng.uniform(70, 90)
-        temp = rng.uniform(55, 80) if busy else rng.uniform(30, 40)
-        uuid = f"GPU-{name}-{g}"
-        samples.append(
-            {
-                "gpu_uuid": uuid,
-                "gpu_index": g,
-                "t": [now - 1.0, now],
-                "fields": {
-                    "gpu_util_pct": [util, util],
-                    "power_w": [power, power],
-                    "gpu_temp_c": [temp, temp],
-                    "sm_clock_mhz": [1755.0 if busy else 345.0] * 2,
-                },
-            }
-        )
-        devices.append(
-            {
-                "index": g,
-                "uuid": uuid,
-                "info": {
-                    "model": "h100-sxm",
-                    "name": "NVIDIA H100 80GB HBM3",
-                    "power_limit_enforced_w": 700.0,
-                },
-            }
-        )
-    findings = []
-    if fail:
-        findings.append(
-            {
-                "rule": "xid",
-                "code": "XID_79",
-                "severity": 2,
-                "component": f"GPU-{name}-0",
-                "message": "GPU has fallen off the bus",
-                "action": "drain_and_inspect",
-                "sticky": True,
-                "gpu_index": 0,
-            }
-        )
-    return {
-        "schema_version": 1,
-        "node": name,
-        "agent_id": f"bench-{name}",
-        "seq": 1,
-        "sent_at_s": now,
-        "heartbeat_interval_s": 2.0,
-        "health": 2 if fail else 0,
-        "samples": samples,
-        "findings": findings,
-        "devices": devices,
-    }
-
-
 class Controller:
     """A controller filled with ``nodes`` nodes, served by uvicorn on a loopback port."""
 
     def __init__(self, nodes: int, root: Path) -> None:
         import uvicorn
 
-        from gpufleet.control import actions as act
         from gpufleet.control.api import create_app
-        from gpufleet.control.auth import Principal, Role
-        from gpufleet.control.ingest import parse_batch
         from gpufleet.control.remediation import RemediationPolicy
         from gpufleet.control.service import ControlService, ServiceConfig
-        from gpufleet.control.store import IngestItem
+        from gpufleet.testing import bulkfleet
 
         # hand-built batches, no agent to validate: nodes go in service without the gate
         policy = RemediationPolicy(require_validation=False)
@@ -135,20 +71,11 @@ class Controller:
         )
         self.svc.ingest.start()
         store = self.svc.store
-        rng = random.Random(7)
-        agent = Principal(None, "bench", Role.AGENT)
         now = time.time()
-        names = [f"gpu-{i:04d}" for i in range(nodes)]
-        fail_every = 100  # 1 % of the nodes
-        for i, n in enumerate(names):
-            body = json.dumps(node_batch(n, rng, now, fail=(i % fail_every == 7))).encode()
-            parsed = parse_batch(body)
-            self.svc.ingest.submit_sync(IngestItem(parsed.batch, agent, now, parsed.arrays))
+        names = [f"gpu-{i:05d}" for i in range(nodes)]
+        bulkfleet.register(store, names, now, racks_of=16)
+        bulkfleet.fill(store, names, now, devices=False, fail_every=100)
         self.token = store.tokens.create("operator", name="bench")[0]
-        admin = store.tokens.resolve(store.tokens.create("admin", name="bench-admin")[0])
-        assert admin is not None
-        for i, n in enumerate(names):
-            act.update_node(store, n, admin, rack=f"r{i // 16:02d}")
         self.port = free_port()
         self.server = uvicorn.Server(
             uvicorn.Config(
@@ -182,6 +109,7 @@ class Controller:
 def measure(browser: Any, url: str, runs: int) -> dict[str, Any]:
     """Median first render (ms) over ``runs`` fresh contexts after one warm-up load."""
     times: list[float] = []
+    api_ms: dict[str, list[float]] = {}
     dom = 0
     for k in range(runs + 1):
         ctx = browser.new_context(viewport={"width": 1440, "height": 900})
@@ -190,6 +118,14 @@ def measure(browser: Any, url: str, runs: int) -> dict[str, Any]:
         page.wait_for_function("window.__gpufleetFirstRender !== undefined", timeout=60_000)
         ms = float(page.evaluate("window.__gpufleetFirstRender"))
         dom = int(page.evaluate("document.getElementsByTagName('*').length"))
+        # each API call of the page so far: path -> duration (ms), the largest of repeats
+        for path, dur in page.evaluate(
+            """performance.getEntriesByType('resource')
+                 .filter((e) => e.name.includes('/api/v1/') && !e.name.includes('/stream'))
+                 .map((e) => [new URL(e.name).pathname.replace('/api/v1', ''), e.duration])"""
+        ):
+            if k > 0:
+                api_ms.setdefault(path, []).append(float(dur))
         cells = page.inner_text("#hm-caption")
         ctx.close()
         if k > 0:
@@ -201,13 +137,14 @@ def measure(browser: Any, url: str, runs: int) -> dict[str, Any]:
         "runs_ms": [round(t, 1) for t in times],
         "dom_elements": dom,
         "caption": cells,
+        "api_median_ms": {p: round(statistics.median(v), 1) for p, v in sorted(api_ms.items())},
     }
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--nodes", type=int, default=1000)
-    ap.add_argument("--baseline", type=int, default=64)
+    ap.add_argument("--nodes", type=int, default=10000)
+    ap.add_argument("--baseline", type=int, default=1000)
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--chromium", default=CHROMIUM)
     ap.add_argument("--json", action="store_true")
@@ -234,7 +171,7 @@ def main() -> None:
             browser.close()
     ratio = out["fleet"]["median_ms"] / out["baseline"]["median_ms"]
     out["ratio"] = round(ratio, 2)
-    out["meets_target"] = out["fleet"]["median_ms"] < TARGET_MS
+    out["meets_target"] = out["fleet"]["median_ms"] < TARGET_MS and ratio <= TARGET_RATIO
     if a.json:
         print(json.dumps(out, indent=2))
         return
@@ -243,11 +180,13 @@ def main() -> None:
         print(
             f"{r['nodes']:>5} nodes x 8 GPUs: first render median {r['median_ms']:7.1f} ms "
             f"(min {r['min_ms']:.1f}, max {r['max_ms']:.1f}; {a.runs} runs), "
-            f"{r['dom_elements']} DOM elements"
+            f"{r['dom_elements']} DOM elements; API calls (median ms): "
+            + ", ".join(f"{p} {ms}" for p, ms in r["api_median_ms"].items())
         )
     verdict = "meets" if out["meets_target"] else "MISSES"
     print(
-        f"ratio {a.nodes}/{a.baseline} nodes: {ratio:.2f}x; {verdict} the {TARGET_MS:.0f} ms target"
+        f"ratio {a.nodes}/{a.baseline} nodes: {ratio:.2f}x; {verdict} the targets "
+        f"(< {TARGET_MS:.0f} ms, <= {TARGET_RATIO:.0f}x)"
     )
 
 

@@ -105,25 +105,38 @@ def node_out(store: ControlStore, nc: NodeView, with_gpus: bool = True) -> sc.No
 
 def summary(store: ControlStore, who: Principal, pending: int = 0) -> sc.FleetSummary:
     view = store.view
-    nodes = [n for n in view.nodes.values() if visible(n, who)]
-    by_state = Counter(n.state for n in nodes)
+    # one pass (10,000 nodes: the stream builds this every second for every open page)
+    by_state: Counter[str] = Counter()
+    health: Counter[int] = Counter()
+    by_model: Counter[str] = Counter()
+    racks: set[str] = set()
+    count = gpus = findings = 0
+    lost = NodeState.LOST.value
+    for n in view.nodes.values():
+        if not visible(n, who):
+            continue
+        count += 1
+        gpus += len(n.gpus)
+        findings += len(n.findings)
+        by_state[n.state] += 1
+        # a lost node's last reported health is history: it counts as unknown (as in the
+        # heatmap and the GPU rows)
+        health[3 if n.state == lost else n.health] += 1
+        by_model[n.model or "unknown"] += 1
+        if n.rack:
+            racks.add(n.rack)
     b, policy = view.breaker, view.policy
     return sc.FleetSummary(
         generation=view.generation,
         now_s=store.clock(),
         version=__version__,
-        nodes=len(nodes),
-        gpus=sum(len(n.gpus) for n in nodes),
+        nodes=count,
+        gpus=gpus,
         by_state={s.value: by_state.get(s.value, 0) for s in NodeState},
-        # a lost node's last reported health is history: it counts as unknown (as in
-        # the heatmap and the GPU rows)
-        by_health={
-            w: sum(1 for n in nodes if (3 if n.state == NodeState.LOST else n.health) == k)
-            for k, w in HEALTH_WORDS.items()
-        },
-        by_model=dict(Counter(n.model or "unknown" for n in nodes)),
-        racks=sorted({n.rack for n in nodes if n.rack}),
-        findings_active=sum(len(n.findings) for n in nodes),
+        by_health={w: health.get(k, 0) for k, w in HEALTH_WORDS.items()},
+        by_model=dict(by_model),
+        racks=sorted(racks),
+        findings_active=findings,
         remediation=sc.RemediationState(
             circuit_open=b.open,
             circuit_message=b.message,
@@ -173,23 +186,35 @@ def filtered_nodes(
 STALE_GPU_S = 10.0
 
 
-def heatmap(store: ControlStore, nodes: list[NodeView], metric: str) -> sc.Heatmap:
-    values: list[list[float | None]] = []
-    for nc in nodes:
-        width = (max(nc.gpus) + 1) if nc.gpus else 0
-        if metric == "health":
-            gh = _gpu_health(nc)
-            lost = nc.state == NodeState.LOST
-            values.append([3.0 if lost else float(gh.get(i, 0)) for i in range(width)])
-        elif metric == "power_pct":
-            watts = store.telemetry.latest_field(nc.name, width, "power_w", stale_s=STALE_GPU_S)
-            row: list[float | None] = []
-            for i, w in enumerate(watts):
-                lim = nc.gpus[i].power_limit_w if i in nc.gpus else None
-                row.append(100.0 * w / lim if (w is not None and lim) else None)
-            values.append(row)
-        else:
-            values.append(store.telemetry.latest_field(nc.name, width, metric, stale_s=STALE_GPU_S))
+def heatmap_row(store: ControlStore, nc: NodeView, metric: str) -> list[float | None]:
+    """One node's heatmap cells: ``metric`` of GPUs 0..max index (None: no data)."""
+    width = (max(nc.gpus) + 1) if nc.gpus else 0
+    if metric == "health":
+        gh = _gpu_health(nc)
+        lost = nc.state == NodeState.LOST
+        return [3.0 if lost else float(gh.get(i, 0)) for i in range(width)]
+    if metric == "power_pct":
+        watts = store.telemetry.latest_field(nc.name, width, "power_w", stale_s=STALE_GPU_S)
+        row: list[float | None] = []
+        for i, w in enumerate(watts):
+            lim = nc.gpus[i].power_limit_w if i in nc.gpus else None
+            row.append(100.0 * w / lim if (w is not None and lim) else None)
+        return row
+    return store.telemetry.latest_field(nc.name, width, metric, stale_s=STALE_GPU_S)
+
+
+def heatmap(
+    store: ControlStore,
+    nodes: list[NodeView],
+    metric: str,
+    *,
+    values: list[list[float | None]] | None = None,
+    group_by: str | None = None,
+    groups: list[sc.HeatmapGroup] | None = None,
+) -> sc.Heatmap:
+    """Rows of ``nodes`` (``values``: computed already, one row per node); with ``groups``
+    (`gpufleet.control.fleet_views`), the fleet's groups too, and ``nodes`` are only those of
+    the expanded groups."""
     return sc.Heatmap(
         metric=metric,
         generation=store.view.generation,
@@ -198,7 +223,10 @@ def heatmap(store: ControlStore, nodes: list[NodeView], metric: str) -> sc.Heatm
         health=[n.health for n in nodes],
         racks=[n.rack for n in nodes],
         models=[n.model for n in nodes],
-        values=values,
+        cordoned=[n.cordoned for n in nodes],
+        values=values if values is not None else [heatmap_row(store, nc, metric) for nc in nodes],
+        group_by=group_by,
+        groups=groups,
     )
 
 

@@ -140,6 +140,24 @@ class FleetSummary(_Out):
     ingest: IngestStats
 
 
+class HeatmapGroup(_Out):
+    """The nodes of one rack or model folded into one heatmap tile: counts by lifecycle state
+    and health (a lost node counts as unknown), and the metric over its GPUs with data."""
+
+    key: str | None  # the rack or model; None: nodes without one
+    nodes: int
+    gpus: int
+    by_state: dict[str, int]
+    by_health: dict[str, int]
+    worst_health: int  # fail, else unknown, else warn, else ok (as health codes 2, 3, 1, 0)
+    out: int  # nodes out of service (draining, drained, repair, lost, failed)
+    cordoned: int
+    min: float | None
+    mean: float | None
+    max: float | None
+    no_data: int  # GPU cells without a current value
+
+
 class Heatmap(_Out):
     """Nodes x GPUs of one metric; ``values[i][j]`` is GPU j of ``nodes[i]`` (null: no data)."""
 
@@ -151,6 +169,11 @@ class Heatmap(_Out):
     racks: list[str | None]
     models: list[str | None]
     values: list[list[float | None]]
+    cordoned: list[bool] = []
+    # with ``group_by`` (rack or model) and more GPU cells than ``max_cells``: the groups, and
+    # the rows above are only the nodes of the groups asked for with ``expand``
+    group_by: str | None = None
+    groups: list[HeatmapGroup] | None = None
 
 
 class Series(_Out):

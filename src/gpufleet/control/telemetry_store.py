@@ -305,6 +305,39 @@ class TelemetryStore:
             out = [None if newest - t > stale_s else v for v, t in zip(out, seen, strict=True)]
         return out + [None] * (gpus - have)
 
+    def latest_many(
+        self,
+        nodes: Sequence[tuple[str, int]],
+        names: Sequence[str],
+        *,
+        stale_s: float | None = None,
+    ) -> npt.NDArray[np.float32]:
+        """The newest values of ``names`` for many nodes at once, as an array (nodes, width,
+        fields) with NaN for no data; ``nodes`` are (node, width) pairs, width the GPU count to
+        report (the widest sets the array's). ``stale_s`` as in `latest_field`. One lock and
+        a few array copies per node: the fleet-wide reads (heatmap groups, the node table's
+        sorts) at 10,000 nodes."""
+        cols: list[int] | slice = [FIELD_INDEX[n] for n in names]
+        if len(names) == 1:  # a basic slice: a view, no fancy-indexing copy
+            cols = slice(FIELD_INDEX[names[0]], FIELD_INDEX[names[0]] + 1)
+        width = max((w for _, w in nodes), default=0)
+        out = np.full((len(nodes), width, len(names)), np.nan, dtype=np.float32)
+        seen = np.full((len(nodes), width), -np.inf)
+        rings = self._rings
+        with self._lock:
+            for i, (node, w) in enumerate(nodes):
+                ring = rings.get(node)
+                if ring is None:
+                    continue
+                last = ring.last
+                have = min(w, last.shape[0])
+                out[i, :have] = last[:have, cols]
+                seen[i, :have] = ring.last_t[:have]
+        if stale_s is not None and width:
+            newest = seen.max(axis=1, keepdims=True)
+            out[(newest - seen) > stale_s] = np.nan
+        return out
+
     def series(
         self, node: str, gpu: int, names: Sequence[str], since_s: float | None = None
     ) -> tuple[list[float], dict[str, list[float | None]]]:

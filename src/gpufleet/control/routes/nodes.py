@@ -7,6 +7,7 @@ from typing import Annotated
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
 from gpufleet.control import actions as act
+from gpufleet.control import fleet_views as fv
 from gpufleet.control import queries as qy
 from gpufleet.control import schemas as sc
 from gpufleet.control.auth import Principal, Role
@@ -44,11 +45,33 @@ def router(service: ControlService, auth: Auth) -> APIRouter:
         gpus: bool = True,
         limit: Limit = 1000,
         offset: Offset = 0,
+        attention: Annotated[
+            bool, Query(description="only nodes not in service, not healthy, or cordoned")
+        ] = False,
+        q: Annotated[
+            str | None, Query(max_length=253, description="name, rack or state contains this")
+        ] = None,
+        sort: Annotated[
+            str,
+            Query(
+                pattern="^(" + "|".join(fv.NODE_SORTS) + ")$",
+                description="util/power/temp: mean utilisation, total power, hottest GPU "
+                "(no samples last); attention: fail, unknown, warn, ok",
+            ),
+        ] = "name",
+        desc: bool = False,
     ) -> sc.NodeList:
-        """Nodes with (``gpus=true``) each GPU's newest sample."""
+        """Nodes with (``gpus=true``) each GPU's newest sample; ``total`` counts the whole
+        selection, ``limit``/``offset`` page it."""
         sel = qy.filtered_nodes(
             store, who, state=state.value if state else None, rack=rack, model=model, health=health
         )
+        if attention:
+            sel = [n for n in sel if fv.needs_attention(n)]
+        if q:
+            sel = fv.search(sel, q)
+        if sort != "name" or desc:
+            sel = fv.sort_nodes(store, sel, sort, desc)
         page = sel[offset : offset + limit]
         return sc.NodeList(total=len(sel), nodes=[qy.node_out(store, n, gpus) for n in page])
 
@@ -61,12 +84,29 @@ def router(service: ControlService, auth: Auth) -> APIRouter:
         state: Annotated[NodeState | None, Query()] = None,
         rack: Rack = None,
         model: Model = None,
+        group_by: Annotated[
+            str | None,
+            Query(
+                pattern="^(rack|model)$",
+                description="fold nodes into one tile per rack or model (with max_cells: only "
+                "when the selection has more GPU cells than that)",
+            ),
+        ] = None,
+        max_cells: Annotated[int | None, Query(ge=0, le=10**7)] = None,
+        expand: Annotated[
+            list[str] | None,
+            Query(max_length=64, description='groups whose nodes come as rows ("": none)'),
+        ] = None,
     ) -> sc.Heatmap:
-        """Nodes x GPUs of one metric in compact arrays (the overview's heatmap)."""
+        """Nodes x GPUs of one metric in compact arrays (the overview's heatmap); with
+        ``group_by``, one group per rack or model when there are more cells than the page
+        can show."""
         sel = qy.filtered_nodes(
             store, who, state=state.value if state else None, rack=rack, model=model
         )
-        return qy.heatmap(store, sel, metric)
+        return fv.heatmap(
+            store, sel, metric, group_by=group_by, max_cells=max_cells, expand=expand or []
+        )
 
     @api.get("/nodes/{name}", tags=["nodes"])
     def node(name: NodeName, who: Viewer) -> sc.NodeDetail:

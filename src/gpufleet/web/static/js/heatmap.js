@@ -1,7 +1,16 @@
 // The fleet heatmap: one tile per node (its GPUs as cells), racks as blocks, drawn on one
-// <canvas> so 1,000 nodes x 8 GPUs cost 8,000 fillRect calls and no DOM.
+// <canvas> so 1,000 nodes x 8 GPUs cost 8,000 fillRect calls and no DOM. Past what the page
+// can show (cellBudget), the server folds nodes into rack or model groups: one tile per group
+// (hmgroups.js) on top, the nodes of the groups the user expanded below.
 
 import { esc, num, words, HEALTH, OUT_STATES } from "./util.js";
+import { layoutGroups, drawGroups, groupTip } from "./hmgroups.js";
+
+// Page area one GPU cell needs at the smallest drawn size: an 8-GPU tile at 5 px cells is
+// 27 x 15 px plus 3 px gaps (30 x 18 = 540 px^2, 67.5 per GPU). More GPUs than the page's
+// area over this, and the heatmap asks for groups.
+const PX2_PER_GPU = 68;
+const EXPANDED_CELL = 12; // expanded groups' nodes: cells large enough to carry names
 
 // Viridis (perceptually uniform, colour-blind safe): matplotlib's default colormap,
 // stops from "A Better Default Colormap for Matplotlib" (van der Walt & Smith, SciPy 2015).
@@ -16,17 +25,18 @@ const STATE_COLORS = {
 };
 
 /**
- * Metrics the picker offers. Ranges: utilization and power as % (of 100 / of the enforced
+ * Metrics the picker offers; ``agg`` is what colours a group's tile (its hottest GPU, its
+ * slowest clock, the mean utilization, the worst health). Ranges: utilization and power as % (of 100 / of the enforced
  * limit); temperature 25-90 C (H100 SXM slowdown is 87 C, the simulator's device info);
  * SM clock 0-2000 MHz (H100 SXM max 1980 MHz, NVIDIA H100 datasheet).
  */
 export const METRICS = {
-  gpu_util_pct: { label: "Utilization", unit: "%", min: 0, max: 100, scale: VIRIDIS, digits: 0 },
-  gpu_temp_c: { label: "Temperature", unit: "°C", min: 25, max: 90, scale: RDYLBU, digits: 0 },
-  power_pct: { label: "Power (% of limit)", unit: "%", min: 0, max: 100, scale: VIRIDIS, digits: 0 },
-  health: { label: "Health", unit: "", min: 0, max: 3, scale: null, digits: 0 },
-  sm_clock_mhz: { label: "SM clock", unit: "MHz", min: 0, max: 2000, scale: VIRIDIS, digits: 0 },
-  mem_util_pct: { label: "Memory util", unit: "%", min: 0, max: 100, scale: VIRIDIS, digits: 0 },
+  gpu_util_pct: { label: "Utilization", unit: "%", min: 0, max: 100, scale: VIRIDIS, digits: 0, agg: "mean" },
+  gpu_temp_c: { label: "Temperature", unit: "°C", min: 25, max: 90, scale: RDYLBU, digits: 0, agg: "max" },
+  power_pct: { label: "Power (% of limit)", unit: "%", min: 0, max: 100, scale: VIRIDIS, digits: 0, agg: "mean" },
+  health: { label: "Health", unit: "", min: 0, max: 3, scale: null, digits: 0, agg: "worst" },
+  sm_clock_mhz: { label: "SM clock", unit: "MHz", min: 0, max: 2000, scale: VIRIDIS, digits: 0, agg: "min" },
+  mem_util_pct: { label: "Memory util", unit: "%", min: 0, max: 100, scale: VIRIDIS, digits: 0, agg: "mean" },
 };
 
 function lerpScale(stops, t) {
@@ -58,7 +68,7 @@ export function legendHtml(metric) {
 }
 
 export class Heatmap {
-  constructor(host, { onClick } = {}) {
+  constructor(host, { onClick, onGroup } = {}) {
     this.host = host;
     this.canvas = document.createElement("canvas");
     this.canvas.className = "heatmap";
@@ -68,13 +78,34 @@ export class Heatmap {
     host.append(this.canvas, this.tip);
     this.tiles = [];
     this.data = null;
+    this.groupTiles = [];
     this.onClick = onClick;
+    this.onGroup = onGroup;
     this.canvas.addEventListener("mousemove", (e) => this._hover(e));
     this.canvas.addEventListener("mouseleave", () => { this.tip.hidden = true; });
     this.canvas.addEventListener("click", (e) => {
       const hit = this._hit(e);
-      if (hit && this.onClick) this.onClick(hit.tile.name, hit.gpu);
+      if (hit && hit.group && this.onGroup) this.onGroup(hit.group.key ?? "");
+      else if (hit && hit.tile && this.onClick) this.onClick(hit.tile.name, hit.gpu);
     });
+  }
+
+  _width() {
+    return Math.max(320, this.host.clientWidth - 4);
+  }
+
+  _target() {
+    return Math.max(360, window.innerHeight - this.host.getBoundingClientRect().top - 24);
+  }
+
+  /** How many GPU cells the page has room for: past this, ask the server for groups. */
+  cellBudget() {
+    return Math.floor((this._width() * this._target()) / PX2_PER_GPU);
+  }
+
+  /** Y (CSS px, within the canvas) where the expanded groups' nodes start. */
+  get nodesTop() {
+    return this.y0 || 0;
   }
 
   /** Shelf layout of rack blocks at cell size ``c``; returns height and tiles. */
@@ -107,45 +138,76 @@ export class Heatmap {
     return { height: y + shelfH + 2, tiles, labels, cols, pitch, pad, c, named, th };
   }
 
-  /** Draw heatmap data (the /heatmap answer) for ``metric``; ``extra`` maps node -> {cordoned}. */
+  /** Draw heatmap data (the /heatmap answer) for ``metric``; ``extra`` maps node -> {cordoned}
+   * (older answers without the ``cordoned`` array). With ``data.groups``: group tiles, then the
+   * rows of the expanded groups. */
   draw(data, metric, extra = {}) {
     this.data = data;
     this.metric = metric;
-    const width = Math.max(320, this.host.clientWidth - 4);
+    const width = this._width();
     const n = data.nodes.length;
     const maxG = data.values.reduce((a, r) => Math.max(a, r.length), 1);
-    const byRack = new Map();
+    const grouped = Array.isArray(data.groups);
+    const byModel = grouped && data.group_by === "model";
+    const blockOf = (i) => (byModel ? data.models[i] || "no model" : data.racks[i] || "no rack");
+    const byBlock = new Map();
     for (let i = 0; i < n; i++) {
-      const r = data.racks[i] || "no rack";
-      if (!byRack.has(r)) byRack.set(r, []);
-      byRack.get(r).push(i);
+      const r = blockOf(i);
+      if (!byBlock.has(r)) byBlock.set(r, []);
+      byBlock.get(r).push(i);
     }
-    const groups = [...byRack.entries()].sort((a, b) => (a[0] === "no rack") - (b[0] === "no rack") || a[0].localeCompare(b[0])).map(([rack, idx]) => ({ rack, idx }));
-    const target = Math.max(360, window.innerHeight - this.host.getBoundingClientRect().top - 24);
+    const none = byModel ? "no model" : "no rack";
+    const blocks = [...byBlock.entries()].sort((a, b) => (a[0] === none) - (b[0] === none) || a[0].localeCompare(b[0])).map(([rack, idx]) => ({ rack, idx }));
+    const target = this._target();
+    let G = null;
+    this.y0 = 0;
+    if (grouped) {
+      G = layoutGroups(data.groups, width, n ? Math.max(120, target * 0.6) : target);
+      this.y0 = G.height + (n ? 14 : 0);
+    }
     let L = null;
-    for (let c = 22; c >= 5; c--) {
-      L = this._layout(groups, maxG, width, c);
-      if (L.height <= target) break;
+    if (n || !grouped) {
+      for (let c = grouped ? EXPANDED_CELL : 22; c >= 5; c--) {
+        L = this._layout(blocks, maxG, width, c);
+        if (grouped || L.height <= target) break;
+      }
     }
     this.L = L;
+    this.G = G;
+    const height = this.y0 + (L ? L.height : 0);
     const dpr = window.devicePixelRatio || 1;
     const cv = this.canvas;
     cv.width = Math.round(width * dpr);
-    cv.height = Math.round(L.height * dpr);
+    cv.height = Math.round(height * dpr);
     cv.style.width = `${width}px`;
-    cv.style.height = `${L.height}px`;
+    cv.style.height = `${height}px`;
     const g = cv.getContext("2d");
     g.setTransform(dpr, 0, 0, dpr, 0, 0);
-    g.clearRect(0, 0, width, L.height);
+    g.clearRect(0, 0, width, height);
     g.font = "10px ui-monospace, SFMono-Regular, Menlo, Consolas, monospace";
     g.textBaseline = "top";
-    for (const lb of L.labels) {
-      g.fillStyle = "#8b96a3";
-      g.fillText(`${lb.text} · ${lb.n}`, lb.x, lb.y + 1);
+    this.groupTiles = [];
+    if (G) {
+      const keyOf = (i) => (byModel ? data.models[i] : data.racks[i]) ?? "";
+      const expanded = new Set(data.nodes.map((_, i) => keyOf(i)));
+      drawGroups(g, G, {
+        metric, agg: (METRICS[metric] || {}).agg, colorFor, healthColors: HEALTH_COLORS, stateColors: STATE_COLORS, expanded,
+      });
+      this.groupTiles = G.tiles.map((t) => ({ ...t, expanded: expanded.has(t.key ?? "") }));
     }
     this.tiles = [];
+    if (L) this._drawNodes(g, data, metric, extra, L, this.y0);
+    this.byName = new Map(this.tiles.map((t) => [t.name, t]));
+  }
+
+  _drawNodes(g, data, metric, extra, L, y0) {
+    for (const lb of L.labels) {
+      g.fillStyle = "#8b96a3";
+      g.fillText(`${lb.text} · ${lb.n}`, lb.x, y0 + lb.y + 1);
+    }
     const { pitch, pad, c, cols } = L;
-    for (const t of L.tiles) {
+    for (const t0 of L.tiles) {
+      const t = { ...t0, y: t0.y + y0 };
       const i = t.i;
       const name = data.nodes[i];
       const state = data.states[i];
@@ -153,6 +215,7 @@ export class Heatmap {
       const health = state === "lost" ? 3 : data.health[i];
       const row = data.values[i];
       const out = OUT_STATES.has(state);
+      const cordoned = data.cordoned ? data.cordoned[i] : extra[name] && extra[name].cordoned;
       // tile background + frame: red for fail, amber for warn, the state's colour when out
       g.fillStyle = "#171b21";
       g.fillRect(t.x, t.y, t.w, t.h);
@@ -160,7 +223,7 @@ export class Heatmap {
       if (health === 2) { frame = HEALTH_COLORS[2]; lw = 2; }
       else if (out) { frame = STATE_COLORS[state]; lw = 2; }
       else if (health === 1) frame = HEALTH_COLORS[1];
-      else if (extra[name] && extra[name].cordoned) frame = "#c9d1d9";
+      else if (cordoned) frame = "#c9d1d9";
       g.globalAlpha = out && health !== 2 ? 0.55 : 1;
       for (let j = 0; j < row.length; j++) {
         g.fillStyle = colorFor(metric, row[j]);
@@ -178,7 +241,12 @@ export class Heatmap {
       }
       this.tiles.push({ ...t, name, state, health });
     }
-    this.byName = new Map(this.tiles.map((t) => [t.name, t]));
+  }
+
+  /** Centre of group ``key``'s tile in CSS pixels (null: no such group shown). */
+  groupCenter(key) {
+    const t = this.groupTiles.find((x) => (x.key ?? "") === (key ?? ""));
+    return t ? { x: t.x + t.w / 2, y: t.y + t.h / 2 } : null;
   }
 
   /** Centre of GPU ``gpu``'s cell of node ``name`` in CSS pixels (tests sample it). */
@@ -192,6 +260,9 @@ export class Heatmap {
   _hit(e) {
     const r = this.canvas.getBoundingClientRect();
     const x = e.clientX - r.left, y = e.clientY - r.top;
+    for (const t of this.groupTiles) {
+      if (x >= t.x && x < t.x + t.w && y >= t.y && y < t.y + t.h) return { group: t };
+    }
     for (const t of this.tiles) {
       if (x >= t.x && x < t.x + t.w && y >= t.y && y < t.y + t.h) {
         const { pitch, pad, cols } = this.L;
@@ -208,8 +279,14 @@ export class Heatmap {
     const hit = this._hit(e);
     if (!hit) { this.tip.hidden = true; this.canvas.style.cursor = ""; return; }
     this.canvas.style.cursor = "pointer";
-    const t = hit.tile;
     const m = METRICS[this.metric];
+    if (hit.group) {
+      const by = this.data.group_by === "model" ? "model" : "rack";
+      this.tip.innerHTML = groupTip(hit.group.g, by, this.metric, m, hit.group.expanded);
+      this._placeTip(e);
+      return;
+    }
+    const t = hit.tile;
     let line = "";
     if (hit.gpu !== null) {
       const v = this.data.values[t.i][hit.gpu];
@@ -218,6 +295,10 @@ export class Heatmap {
     }
     this.tip.innerHTML = `<div class="tip-h">${esc(t.name)}</div><div>${esc(this.data.racks[t.i] || "no rack")} · ${esc(this.data.models[t.i] || "")}</div>`
       + `<div>${esc(words(t.state))} · health ${esc(HEALTH[t.health] ?? t.health)}</div>${line}`;
+    this._placeTip(e);
+  }
+
+  _placeTip(e) {
     this.tip.hidden = false;
     const r = this.host.getBoundingClientRect();
     const x = e.clientX - r.left + 14, y = e.clientY - r.top + 14;

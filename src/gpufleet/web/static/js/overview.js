@@ -1,19 +1,22 @@
 // Fleet overview: counts by lifecycle state and health, the heatmap with its metric picker
-// and filters, and the list of nodes that need attention.
+// and filters, and the list of nodes that need attention. Fleets larger than the page come as
+// rack or model groups (the server folds them past the heatmap's cell budget); a click on a
+// group adds its nodes below (``expanded``).
 import * as api from "./api.js";
 import { $, html, setHtml, words, ago, stateBadge, nodeHealthBadge, shownHealth, attentionReason, STATES, HEALTH } from "./util.js";
 import { Heatmap, METRICS, legendHtml } from "./heatmap.js";
 
 const ATTENTION_MAX = 200;
 let hm = null;
-let filters = { metric: "gpu_util_pct", rack: "", model: "", state: "" };
+let filters = { metric: "gpu_util_pct", rack: "", model: "", state: "", group: "rack" };
+const GROUP_BY = ["rack", "model"];
+let expanded = new Set(); // group keys ("" for nodes without a rack/model) whose nodes are drawn
 let resizeObs = null;
 let lastData = null;
-let lastExtra = {};
 
 function syncHash() {
   const q = new URLSearchParams();
-  for (const [k, v] of Object.entries(filters)) if (v && !(k === "metric" && v === "gpu_util_pct")) q.set(k, v);
+  for (const [k, v] of Object.entries(filters)) if (v && !(k === "metric" && v === "gpu_util_pct") && !(k === "group" && v === "rack")) q.set(k, v);
   const s = q.toString();
   history.replaceState(null, "", `#/${s ? `?${s}` : ""}`);
 }
@@ -37,17 +40,17 @@ function controlsHtml(s) {
     <label>rack <select id="f-rack">${opt("", "all")}${s.racks.map((r) => opt(r, r, filters.rack))}</select></label>
     <label>model <select id="f-model">${opt("", "all")}${Object.keys(s.by_model).sort().map((m) => opt(m, m, filters.model))}</select></label>
     <label>state <select id="f-state">${opt("", "all")}${STATES.map((k) => opt(k, words(k), filters.state))}</select></label>
+    <label title="when the fleet has more GPUs than the page has room for, one tile per rack or model">group by <select id="f-group">${GROUP_BY.map((g) => opt(g, g, filters.group))}</select></label>
     <span class="legend" id="legend"></span>
   </div>`;
 }
 
-function attentionHtml(nodes, now, worst) {
-  const bad = nodes.filter((n) => n.state !== "in_service" || n.health !== 0 || n.cordoned);
-  // a lost node counts by what is known now (unknown), right after the failing ones
-  const rank = (n) => [2, 0, 1, 3][shownHealth(n)] ?? 0; // fail, unknown, warn, ok
-  bad.sort((a, b) => rank(a) - rank(b) || a.state.localeCompare(b.state) || a.name.localeCompare(b.name));
+function attentionHtml(list, now, worst) {
+  // the server picks and orders them: fail, unknown (a lost node counts by what is known
+  // now), warn, ok; then by state and name
+  const bad = list.nodes;
   if (!bad.length) return html`<p class="muted">Every node shown is in service and healthy.</p>`;
-  const rows = bad.slice(0, ATTENTION_MAX).map((n) => {
+  const rows = bad.map((n) => {
     const why = attentionReason(n, now, worst.get(n.name));
     return html`
     <tr data-node="${n.name}" class="row-h${shownHealth(n)}">
@@ -57,16 +60,32 @@ function attentionHtml(nodes, now, worst) {
       <td>${n.rack ?? ""}</td><td class="reason" title="${why}">${why}</td>
       <td class="muted nowrap">${ago(n.state_since_s, now)}</td></tr>`;
   });
-  const more = bad.length > ATTENTION_MAX ? html`<p class="muted">and ${bad.length - ATTENTION_MAX} more: see <a href="#/nodes">Nodes</a>.</p>` : "";
+  const more = list.total > bad.length ? html`<p class="muted">and ${list.total - bad.length} more: see <a href="#/nodes">Nodes</a>.</p>` : "";
   return html`<table class="grid" id="attention-table"><thead><tr><th>node</th><th>state</th><th>health</th><th class="num">findings</th><th>rack</th><th>reason</th><th>since</th></tr></thead><tbody>${rows}</tbody></table>${more}`;
 }
 
+function captionText(data) {
+  const m = METRICS[filters.metric];
+  const cells = data.values.reduce((a, r) => a + r.length, 0);
+  if (!data.groups) return `${data.nodes.length} nodes × ${cells} GPUs shown · ${m.label.toLowerCase()}`;
+  const nodes = data.groups.reduce((a, g) => a + g.nodes, 0);
+  const gpus = data.groups.reduce((a, g) => a + g.gpus, 0);
+  const by = data.group_by === "model" ? "models" : "racks";
+  const fig = { mean: "mean", max: "hottest GPU", min: "lowest", worst: "worst node" }[m.agg] || m.agg;
+  const open = data.nodes.length ? ` · ${data.nodes.length} nodes of ${expanded.size} expanded shown below` : "";
+  return `${data.groups.length} ${by} of ${nodes} nodes × ${gpus} GPUs (more than the page can show one by one) · colour: ${m.label.toLowerCase()}, ${fig} per ${data.group_by}; frame: its worst node · click a ${data.group_by} to show its nodes${open}`;
+}
+
 async function load(el, ctx) {
-  const q = { metric: filters.metric, rack: filters.rack, model: filters.model, state: filters.state };
+  const q = {
+    metric: filters.metric, rack: filters.rack, model: filters.model, state: filters.state,
+    group_by: filters.group, max_cells: hm.cellBudget(), expand: [...expanded],
+  };
+  const sel = { rack: filters.rack, model: filters.model, state: filters.state };
   // the summary is fetched with the heatmap so counts and tiles tell the same story
-  const [data, nodes, summary, findings] = await Promise.all([
+  const [data, attention, summary, findings] = await Promise.all([
     api.get("/heatmap", q),
-    api.get("/nodes", { rack: filters.rack, model: filters.model, state: filters.state, gpus: "false", limit: 5000 }),
+    api.get("/nodes", { ...sel, attention: "true", sort: "attention", gpus: "false", limit: ATTENTION_MAX }),
     api.get("/summary"),
     api.get("/findings", { active: "true", limit: 2000 }).catch(() => []),
   ]);
@@ -79,13 +98,24 @@ async function load(el, ctx) {
   ctx.setSummary(summary);
   renderCounts(el, ctx);
   lastData = data;
-  lastExtra = Object.fromEntries(nodes.nodes.map((n) => [n.name, n]));
-  hm.draw(data, filters.metric, lastExtra);
-  $("#hm-caption", el).textContent = `${data.nodes.length} nodes × ${data.values.reduce((a, r) => a + r.length, 0)} GPUs shown · ${METRICS[filters.metric].label.toLowerCase()}`;
-  setHtml($("#attention", el), attentionHtml(nodes.nodes, ctx.summary ? ctx.summary.now_s : undefined, worst));
+  hm.draw(data, filters.metric);
+  $("#hm-caption", el).textContent = captionText(data);
+  $("#hm-collapse", el).hidden = !(data.groups && expanded.size);
+  setHtml($("#attention", el), attentionHtml(attention, ctx.summary ? ctx.summary.now_s : undefined, worst));
   if (window.__gpufleetFirstRender === undefined) {
     window.__gpufleetFirstRender = performance.now();
     performance.mark("gpufleet:first-render");
+  }
+}
+
+async function toggleGroup(el, ctx, key) {
+  if (expanded.has(key)) expanded.delete(key);
+  else expanded.add(key);
+  await load(el, ctx);
+  if (expanded.has(key)) {
+    // bring the group's nodes into view (they are drawn under the group tiles)
+    const top = $("#hm-host", el).getBoundingClientRect().top + window.scrollY + hm.nodesTop - 60;
+    window.scrollTo({ top: Math.max(0, top) });
   }
 }
 
@@ -93,8 +123,12 @@ function wire(el, ctx) {
   for (const b of el.querySelectorAll("[data-metric]")) {
     b.onclick = () => { filters.metric = b.dataset.metric; syncHash(); renderControls(el, ctx); load(el, ctx); };
   }
-  for (const [id, key] of [["#f-rack", "rack"], ["#f-model", "model"], ["#f-state", "state"]]) {
-    $(id, el).onchange = (e) => { filters[key] = e.target.value; syncHash(); renderCounts(el, ctx); load(el, ctx); };
+  for (const [id, key] of [["#f-rack", "rack"], ["#f-model", "model"], ["#f-state", "state"], ["#f-group", "group"]]) {
+    $(id, el).onchange = (e) => {
+      filters[key] = e.target.value;
+      if (key === "group") expanded = new Set(); // rack keys mean nothing as models
+      syncHash(); renderCounts(el, ctx); load(el, ctx);
+    };
   }
   $("#legend", el).innerHTML = legendHtml(filters.metric);
 }
@@ -117,21 +151,27 @@ function renderCounts(el, ctx) {
 export const overview = {
   title: () => "fleet",
   async render(el, ctx, route) {
-    filters = { metric: "gpu_util_pct", rack: "", model: "", state: "", ...route.params };
+    filters = { metric: "gpu_util_pct", rack: "", model: "", state: "", group: "rack", ...route.params };
     if (!METRICS[filters.metric]) filters.metric = "gpu_util_pct";
+    if (!GROUP_BY.includes(filters.group)) filters.group = "rack";
     setHtml(el, html`
       <section id="counts"></section>
       <section class="panel"><div id="controls"></div>
-        <div id="hm-host" class="hm-host"></div><div class="caption" id="hm-caption"></div></section>
+        <div id="hm-host" class="hm-host"></div><div class="caption"><span id="hm-caption"></span>
+        <button class="btn small" id="hm-collapse" hidden>collapse all</button></div></section>
       <section class="panel"><h2>Needs attention</h2><div id="attention"></div></section>`);
     renderCounts(el, ctx);
     renderControls(el, ctx);
-    hm = new Heatmap($("#hm-host", el), { onClick: (name) => ctx.navigate(`#/node/${encodeURIComponent(name)}`) });
+    hm = new Heatmap($("#hm-host", el), {
+      onClick: (name) => ctx.navigate(`#/node/${encodeURIComponent(name)}`),
+      onGroup: (key) => toggleGroup(el, ctx, key),
+    });
+    $("#hm-collapse", el).onclick = () => { expanded = new Set(); load(el, ctx); };
     window.__gpufleetHeatmap = hm;
     let w = 0;
     resizeObs = new ResizeObserver((entries) => {
       const nw = entries[0].contentRect.width;
-      if (lastData && Math.abs(nw - w) > 8) { w = nw; hm.draw(lastData, filters.metric, lastExtra); }
+      if (lastData && Math.abs(nw - w) > 8) { w = nw; hm.draw(lastData, filters.metric); }
       w = nw;
     });
     resizeObs.observe($("#hm-host", el));
