@@ -109,7 +109,8 @@ def test_a_leader_stopped_inside_its_transaction_does_not_block_the_takeover(
                 c.execute(text("SELECT 1"))
                 inside.set()
                 time.sleep(1.0)  # "SIGSTOP" past its lease, inside its transaction
-                c.execute(insert(EventRow).values(at_s=1, kind="a", severity=0, message="", data={}))
+                row = {"at_s": 1, "kind": "a", "severity": 0, "message": "", "data": {}}
+                c.execute(insert(EventRow).values(**row))
             outcome.append("committed")
         except Exception as exc:
             outcome.append(type(exc).__name__)

@@ -21,6 +21,7 @@ EXPECTED_TABLES = {
     "findings",
     "gpus",
     "ingested_batches",
+    "leader_lease",  # leader election among replicas (revision 0008)
     "maint_campaigns",  # maintenance campaigns (revision 0006)
     "maint_nodes",
     "maint_steps",
@@ -44,7 +45,7 @@ def test_migrations_from_empty(db_config: dict[str, Any]) -> None:
     engine = make_engine(database_url(db_config.get("data_dir"), db_config.get("db_url")))
     assert current_revision(engine) is None
     rev = migrate(engine)
-    assert rev == head_revision() == "0006"
+    assert rev == head_revision() == "0008"
     assert set(table_names(engine)) == EXPECTED_TABLES
     assert migrate(engine) == rev  # a second run changes nothing
     engine.dispose()

@@ -132,13 +132,12 @@ class Leadership:
         mine, self.epoch = self.epoch, None
         if mine is None:
             return
-        with contextlib.suppress(Exception):
-            with self.engine.begin() as conn:
-                conn.execute(
-                    update(LeaderLease)
-                    .where(LeaderLease.id == LEASE_ID, LeaderLease.epoch == mine)
-                    .values(expires_s=0.0)
-                )
+        with contextlib.suppress(Exception), self.engine.begin() as conn:
+            conn.execute(
+                update(LeaderLease)
+                .where(LeaderLease.id == LEASE_ID, LeaderLease.epoch == mine)
+                .values(expires_s=0.0)
+            )
 
     def _loop(self) -> None:
         while not self._stop.wait(self.renew_s):
@@ -216,7 +215,8 @@ class Leadership:
     def _db_now(self, conn: Connection) -> float:
         """The database's clock (PostgreSQL), so every replica judges expiry alike."""
         if self.postgres:
-            return float(conn.exec_driver_sql("SELECT extract(epoch from clock_timestamp())").scalar_one())
+            q = "SELECT extract(epoch from clock_timestamp())"
+            return float(conn.exec_driver_sql(q).scalar_one())
         return time.time()
 
     def _refused(self, what: str, epoch: int, holder: str) -> None:
