@@ -152,7 +152,12 @@ def test_leader_killed_or_stopped_over_seeds(
             leader.proc.send_signal(signal.SIGSTOP)
         else:
             leader.kill9()
-        wait_for(lambda: role(other) == "leader", 30.0, "the other replica leads", step_s=0.05)
+        wait_for(
+            lambda c=other: role(c) == "leader",  # type: ignore[misc]
+            30.0,
+            f"seed {seed}: a new leader",
+            step_s=0.05,
+        )
         took = time.monotonic() - t0
         failovers.append(took)
         assert took < FAILOVER_BOUND_S, f"seed {seed}: {took:.1f} s to a new leader"

@@ -23,7 +23,9 @@ A leader stopped (SIGSTOP) past its lease and resumed has every write refused, i
 too (``UPDATE ... WHERE epoch = mine`` finds no row); the refusals are counted (``refusals``)
 and logged ("fencing token refused"). A stopped leader inside such a transaction holds the
 share lock: ``idle_in_transaction_session_timeout`` (the lease) makes PostgreSQL end that
-session, so the takeover waits at most that long.
+session, so the takeover waits at most that long; the same holds inside the election's own
+transaction, and every other session of a replica ends after twice the lease (at least 10 s)
+idle in a transaction, so a stopped replica's row locks hold nobody up for longer.
 
 On SQLite only one controller runs per database (the data directory's lock file,
 `gpufleet.control.backup.controller_lock`): the same code runs with ``exclusive``, taking the
@@ -96,6 +98,18 @@ class Leadership:
         self._thread: threading.Thread | None = None
         self._on_change: Callable[[bool], None] = lambda _leading: None
         event.listen(engine, "begin", self._on_begin)
+        if self.postgres:
+            event.listen(engine, "connect", self._on_connect)
+
+    def _on_connect(self, dbapi_conn: Any, _record: Any) -> None:
+        """Every session of this replica: a transaction left idle (the process stopped, or
+        hung) ends after twice the lease, at least 10 s, so the row locks it held do not stop
+        the other replicas' writes for longer."""
+        ms = int(max(2 * self.lease_s, 10.0) * 1000)
+        cur = dbapi_conn.cursor()
+        cur.execute(f"SET idle_in_transaction_session_timeout = {ms}")
+        cur.close()
+        dbapi_conn.commit()
 
     # -- state ----------------------------------------------------------------------------------
     @property
@@ -176,8 +190,11 @@ class Leadership:
         """The epoch this replica leads with after one transaction, or None."""
         with self.engine.begin() as conn:
             if self.postgres:
+                # neither wait long for the row, nor hold it if stopped inside this transaction
                 ms = int(self.renew_s * 1000)
                 conn.exec_driver_sql(f"SET LOCAL lock_timeout = {ms}")
+                idle = int(self.lease_s * 1000)
+                conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {idle}")
             now = self._db_now(conn)
             row = conn.execute(
                 select(LeaderLease.holder, LeaderLease.epoch, LeaderLease.expires_s)
