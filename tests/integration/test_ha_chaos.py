@@ -187,10 +187,10 @@ def test_leader_killed_or_stopped_over_seeds(
         assert not overlaps(runs), f"{job}: two generations alive at once: {runs}"
     engine = create_engine(url)
     try:
-        with engine.connect() as c:
-            epoch = c.execute(select(LeaderLease.epoch)).scalar_one()
-            audit = c.execute(select(AuditEntry.action, AuditEntry.target)).all()
-            chain = c.execute(
+        with engine.connect() as conn:
+            epoch = conn.execute(select(LeaderLease.epoch)).scalar_one()
+            audit = conn.execute(select(AuditEntry.action, AuditEntry.target)).all()
+            chain = conn.execute(
                 select(Transition.node, Transition.from_state, Transition.to_state).order_by(
                     Transition.id
                 )
