@@ -10,8 +10,9 @@ action, attribute change and finding change moves one of those; the event log, w
 agent event grows, does not take part). When it moved, the whole cache is read again
 (`ControlStore.load`); otherwise only the nodes' ``last_seen_s`` are merged (the newest
 wins), which is what the leader's lost detection needs of nodes that push to another
-replica. The update orders of maintenance campaigns are read again too. A write made from a stale cache is refused anyway (`ControlStore._move` checks
-the node's row under a row lock), so this bounds how stale a read is, not what is written.
+replica. The update orders of maintenance campaigns are read again too. A write made from a
+stale cache is refused anyway (`ControlStore._move` checks the node's row under a row lock),
+so this bounds how stale a read is, not what is written.
 """
 
 from __future__ import annotations
