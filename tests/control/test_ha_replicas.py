@@ -1,23 +1,25 @@
 """Two controller replicas in one process on one real PostgreSQL (issue 18): one leads, the
 other follows; each sees what the other wrote within its refresh; a write from a stale cache
 is refused and redone from fresh state; the follower sends jobs reports to the leader (503);
-only the leader declares nodes lost, and not one whose agent pushes to the follower."""
+only the leader declares nodes lost, and not one whose agent pushes to the follower; a stale
+leader's periodic work is refused by the fencing token."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 
 from gpufleet.control.actions import node_action
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.ingest_http import ingest_body
 from gpufleet.control.lifecycle import Action
-from gpufleet.control.models import Transition
+from gpufleet.control.models import LeaderLease, Transition
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.devices.sim import ManualClock
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
@@ -138,3 +140,33 @@ def test_only_the_leader_declares_lost_and_not_a_node_heard_elsewhere(
     sync(b)
     assert b.store.view.nodes["n1"].state == "lost"
     assert wait_for(lambda: b.store.view.nodes["n2"].state == "in_service")
+
+
+def test_a_stale_leaders_periodic_work_is_refused_by_the_fencing_token(
+    pair: Callable[..., tuple[ControlService, ControlService]],
+) -> None:
+    """The service's own leader work goes through the fence: a leader whose lease another
+    replica took while it was stopped, and which still believes it leads (its clock did not
+    see the stop), has its lost detection refused in the database: nothing written."""
+    a, b = pair(lost_after_intervals=3, stall_s=1000.0)
+    push(a, batch("n1", 1, t=T0, interval=2.0))
+    a.leader._stop.set()  # a is "stopped": its election thread tries no more
+    assert a.leader._thread is not None
+    a.leader._thread.join(5)
+    with a.store.sessions.begin() as s:  # a's lease runs out while it is "stopped"
+        s.execute(update(LeaderLease).values(expires_s=0.0))
+    assert b.leader.step() and b.leader.epoch == 2
+    a.leader._valid_until = time.monotonic() + 60.0  # resumed: its own clock says it leads
+    assert a.leading
+    clock = a.clock
+    assert isinstance(clock, ManualClock)
+    clock.advance(60.0)  # n1 would be lost
+    before = a.leader.refusals
+    assert a.tick() == []
+    assert a.leader.refusals == before + 1 and not a.leading
+    with a.store.sessions() as s:
+        lost = s.scalar(
+            select(func.count()).select_from(Transition).where(Transition.to_state == "lost")
+        )
+    assert lost == 0
+    assert ("n1", "lost") in b.tick()  # the new leader does it, once
