@@ -23,6 +23,7 @@ EXPECTED_TABLES = {
     "findings",
     "gpus",
     "ingested_batches",
+    "leader_lease",  # leader election among replicas (revision 0008)
     "maint_campaigns",  # maintenance campaigns (revision 0006)
     "maint_nodes",
     "maint_steps",

@@ -23,9 +23,11 @@ from gpufleet.cli.controller_common import (
     DataDirOption,
     DbUrlOption,
     KubeconfigOption,
+    LeaseOption,
     MaxNodesOption,
     NotifyOption,
     PrometheusOption,
+    RenewOption,
     SchedulerOption,
     SlurmConfOption,
     _controller_lock,
@@ -63,6 +65,8 @@ def register(app: typer.Typer) -> None:
         tls_key: Path | None = TlsKeyOption,
         max_nodes: int = MaxNodesOption,
         prometheus_url: str | None = PrometheusOption,
+        lease_s: float = LeaseOption,
+        renew_s: float = RenewOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane (the default when no subcommand is given)."""
@@ -82,6 +86,7 @@ def register(app: typer.Typer) -> None:
                 max_nodes,
                 notify,
                 prometheus_url,
+                (lease_s, renew_s),
             )
 
     @ctl.command("serve")
@@ -99,6 +104,8 @@ def register(app: typer.Typer) -> None:
         tls_key: Path | None = TlsKeyOption,
         max_nodes: int = MaxNodesOption,
         prometheus_url: str | None = PrometheusOption,
+        lease_s: float = LeaseOption,
+        renew_s: float = RenewOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane."""
@@ -116,6 +123,7 @@ def register(app: typer.Typer) -> None:
             max_nodes,
             notify,
             prometheus_url,
+            (lease_s, renew_s),
         )
 
     @ctl.command("migrate")
@@ -261,6 +269,7 @@ def _serve(
     max_nodes: int = DEFAULT_MAX_NODES_PER_TOKEN,
     notify: Path | None = None,
     prometheus_url: str | None = None,
+    lease: tuple[float, float] = (6.0, 2.0),
 ) -> None:
     from gpufleet.cli.process import private_state
     from gpufleet.control.notify import attach, build_notifier, database_id
@@ -269,6 +278,10 @@ def _serve(
     from gpufleet.control.series_source import check_url
     from gpufleet.control.up import build_service, serve
 
+    if not lease[1] < lease[0]:
+        raise UsageError(
+            f"--renew-seconds {lease[1]:g} must be less than --lease-seconds {lease[0]:g}"
+        )
     notifier = build_notifier(load_notify(notify), str(notify)) if notify else None
     prometheus_url = check_url(prometheus_url) if prometheus_url else None
 
@@ -280,6 +293,8 @@ def _serve(
         scheduler=scheduler,
         policy=load_policy(policy),
         max_nodes_per_token=max_nodes,
+        lease_s=lease[0],
+        renew_s=lease[1],
     )
     if notifier is not None:  # issue 18: webhooks and email on node and breaker events
         attach(service.store.sessions, notifier.start(), database_id(service.url))
@@ -295,6 +310,8 @@ def _serve(
                     "api": f"{url}/api/v1",
                     "database": service.url.split("@")[-1],
                     "series": "prometheus" if prometheus_url else "memory",
+                    "leader": service.leading,
+                    "replicated": service.replicated,
                 }
             )
         else:

@@ -60,6 +60,19 @@ NotifyOption = typer.Option(
     help="Notifications YAML: webhooks (HMAC-signed, or Slack) and email on node state "
     "changes, circuit breaker, failed validations (docs/alerts.md).",
 )
+LeaseOption = typer.Option(
+    6.0,
+    "--lease-seconds",
+    min=0.2,
+    help="Replicas on one PostgreSQL: the leader's lease; another replica leads at most "
+    "lease + renew seconds after the leader dies (docs/control-plane.md, High availability).",
+)
+RenewOption = typer.Option(
+    2.0,
+    "--renew-seconds",
+    min=0.05,
+    help="How often each replica renews or tries to take the lease (less than the lease).",
+)
 PrometheusOption = typer.Option(
     None,
     "--prometheus-url",

@@ -96,7 +96,7 @@ def create_app(service: ControlService) -> FastAPI:
 
     auth = Auth(store)
     api = APIRouter(prefix="/api/v1", responses=ERRORS)
-    api.include_router(meta.router(auth))
+    api.include_router(meta.router(auth, service))
     api.include_router(nodes.router(service, auth))
     api.include_router(findings.router(store, auth))
     api.include_router(policy.router(store, auth))

@@ -154,6 +154,23 @@ class EnergyLedger:
         for node, gpu, t, mj in counters:
             self._counter[(node, gpu)] = (t, mj)
 
+    def queued_nodes(self) -> set[str]:
+        """Nodes whose counter readings wait for the next `integrate`."""
+        return {node for node, _ in self._queued}
+
+    def merge_newer(self, counters: Iterable[tuple[str, int, float, float]]) -> int:
+        """Counter readings another replica accounted (node, gpu, t, mJ): each one newer than
+        this ledger's becomes the start of the next window, so a window an agent pushed to the
+        other replica is not counted again here. Returns how many were taken."""
+        taken = 0
+        for node, gpu, t, mj in counters:
+            cur = self._counter.get((node, gpu))
+            if cur is None or t > cur[0]:
+                self._counter[(node, gpu)] = (t, mj)
+                self._counters_dirty.discard((node, gpu))
+                taken += 1
+        return taken
+
     def _node(self, node: str, gpus: int) -> _NodePower:
         np_ = self._nodes.get(node)
         if np_ is None:

@@ -49,6 +49,8 @@ def flush_energy(store: ControlStore) -> int:
         name: (nc.state == in_service, {i: (nc.tenant, g.model) for i, g in nc.gpus.items()})
         for name, nc in store.nodes.items()
     }
+    if store.engine.dialect.name != "sqlite":  # replicas share the counters (docs/energy.md)
+        _merge_other_replicas(store, ledger.queued_nodes())
     ledger.integrate(store.telemetry, nodes, store.policy.idle_util_pct)
     taken = ledger.take()
     if not taken.minutes and not taken.counters:
@@ -82,6 +84,22 @@ def flush_energy(store: ControlStore) -> int:
         ledger.give_back(taken)
         raise
     return len(rows)
+
+
+def _merge_other_replicas(store: ControlStore, names: set[str]) -> None:
+    """Before accounting a batch of readings: the newer counter readings another replica
+    stored for the same GPUs (an agent that failed over between replicas)."""
+    if not names:
+        return
+    cols = (
+        EnergyCounter.node,
+        EnergyCounter.gpu_index,
+        EnergyCounter.t_s,
+        EnergyCounter.counter_mj,
+    )
+    with store.sessions() as s:
+        got = s.execute(select(*cols).where(EnergyCounter.node.in_(sorted(names)))).all()
+    store.energy.merge_newer((n, g, t, mj) for n, g, t, mj in got)
 
 
 def load_counters(store: ControlStore) -> None:

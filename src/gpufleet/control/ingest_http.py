@@ -140,6 +140,10 @@ async def _admit(
             if who.node is not None and who.node != batch.node:
                 return _problem(403, f"this agent token is bound to node {who.node!r}")
             return _problem(403, f"node {batch.node!r} is not of this token's tenant")
+        if batch.jobs is not None and service.exchange_elsewhere():
+            # the embedded scheduler's command channel is the leader's (issue 18): 503 makes
+            # the agent move to the next replica at once (`gpufleet.replicas`)
+            raise IngestRejected(503, "this replica does not lead: jobs reports go to the leader")
         refusal = await service.node_quota.check(who, batch.node)
         if refusal is not None:
             return _problem(403, refusal)

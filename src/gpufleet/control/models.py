@@ -232,6 +232,19 @@ class ControllerState(Base):
     value: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
+class LeaderLease(Base):
+    """The one row of the leader election (issue 18, `gpufleet.control.leader`): who leads
+    (``holder``), until when (``expires_s``, the database's clock), and the fencing token
+    (``epoch``, one more at every change of holder)."""
+
+    __tablename__ = "leader_lease"
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    holder: Mapped[str] = mapped_column(String(128))
+    epoch: Mapped[int] = mapped_column(BigInteger)
+    expires_s: Mapped[float] = mapped_column(Float)
+    acquired_s: Mapped[float] = mapped_column(Float)
+
+
 class MaintCampaign(Base):
     """A maintenance campaign (issue 15): its spec (baseline, limits, windows, update command,
     timeouts), its state (running, paused, halted, aborted, done) and its failure count."""

@@ -2,6 +2,12 @@
 the background loop (lost detection, drain completion, rollups, retention), with an injectable
 clock. The loop only sends commands to the writer; it never writes itself.
 
+With several replicas on one PostgreSQL (issue 18) every replica serves the API and ingests,
+and only the leader (`gpufleet.control.leader`) runs the loop's lifecycle work, campaigns and
+retention and the embedded scheduler's placement, each write checked against its fencing
+token; every replica re-reads what the others wrote every ``refresh_s``
+(`gpufleet.control.replica_sync`). On SQLite the one controller is always the leader.
+
 The loop watches its own pulse: when two of its ticks are further apart than ``stall_s`` (the
 process was stopped, the machine suspended, the loop starved), the controller was down, not
 the nodes, so every node gets a fresh grace period before it can be declared lost. A freshly
@@ -17,9 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.control import campaign_ops, campaign_propose, energy_store, power_ops
+from gpufleet.control import campaign_ops, campaign_propose, energy_store, power_ops, replica_sync
 from gpufleet.control.db import database_url, make_engine, migrate
 from gpufleet.control.ingest import IngestQueue
+from gpufleet.control.leader import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Leadership, StaleLeader
 from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN, NodeQuota
 from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.scheduling import SchedulerEvents, fail_drain, node_facts
@@ -53,6 +60,13 @@ class ServiceConfig:
     max_nodes_per_token: int = DEFAULT_MAX_NODES_PER_TOKEN  # unbound agent tokens; 0: no limit
     # series API reads from this Prometheus (gpufleet.control.series_source); None: memory
     prometheus_url: str | None = None
+    # leader election among replicas (issue 18): the lease, how often it is renewed, how often
+    # a replica re-reads what others wrote, and how often a node's last heartbeat is written
+    # (with replicas, at most every second: the leader reads it for nodes that push elsewhere)
+    lease_s: float = DEFAULT_LEASE_S
+    renew_s: float = DEFAULT_RENEW_S
+    refresh_s: float = 1.0
+    seen_persist_s: float = 10.0
 
 
 class ControlService:
@@ -75,6 +89,14 @@ class ControlService:
         # The scheduler backend (embedded, slurm, kubernetes; none: NoScheduler): lifecycle
         # events reach it through `events`, the jobs API and the agents' exchange call it.
         self.scheduler: SchedulerBackend = scheduler or NoScheduler()
+        # several replicas share a PostgreSQL database; SQLite has one controller (lock file)
+        self.replicated = not self.url.startswith("sqlite")
+        self.leader = Leadership(
+            self.engine,
+            lease_s=config.lease_s,
+            renew_s=config.renew_s,
+            exclusive=not self.replicated,
+        )
         self.events = SchedulerEvents(self.scheduler, lambda node: fail_drain(self.store, node))
         self.store = ControlStore(
             self.engine,
@@ -84,15 +106,24 @@ class ControlService:
             telemetry=TelemetryStore(config.ring_capacity),
             lost_after_intervals=config.lost_after_intervals,
             min_drain_s=config.min_drain_s,
+            seen_persist_s=min(config.seen_persist_s, 1.0)
+            if self.replicated
+            else config.seen_persist_s,
         )
         self.ingest = IngestQueue(self.store, max_pending=config.max_pending)
         self.node_quota = NodeQuota(self.store.sessions, config.max_nodes_per_token)
         self._last_tick: float | None = None
         self._last_slow = 0.0
+        self._last_refresh = 0.0
+        self._synced: replica_sync.Fingerprint | None = None
+        self._started = False
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self) -> None:
+        self.leader.start(self._leader_changed)
+        self.store.lead = self.leader.wrap
+        self._started = True
         self.scheduler.start(
             SchedulerContext(
                 self.engine,
@@ -100,6 +131,8 @@ class ControlService:
                 lambda node: node_facts(self.store, node),
                 deliver=self.store.sched.deliver,
                 secrets_dir=self.config.data_dir,
+                leading=lambda: self.leader.is_leader,
+                fenced=self.leader.fenced,
             )
         )
         self.events.start()
@@ -122,7 +155,33 @@ class ControlService:
         self.store.sched.stop()
         self.events.stop()
         self.scheduler.stop()
+        self.leader.stop()  # the lease goes back: another replica leads at its next try
         self.engine.dispose()
+
+    def exchange_elsewhere(self) -> bool:
+        """Must an agent's jobs report go to another replica? With the embedded scheduler,
+        its commands and the copies it knows of live in the leader's memory
+        (`RemoteAgentExecutor`): a replica that does not lead answers such a batch 503."""
+        return getattr(self.scheduler, "exchange_on_leader", False) and not self.leading
+
+    @property
+    def leading(self) -> bool:
+        """Does this controller run the leader's work now? (Always, before ``start``: tests
+        drive ``tick`` by hand.)"""
+        return not self._started or self.leader.is_leader
+
+    def _leader_changed(self, leading: bool) -> None:
+        """On the election's thread: a new leader starts as a restarted controller does, its
+        cache read afresh and every node given a grace period (nodes that pushed to the old
+        leader are failing over to this one)."""
+        if leading and self._started and not self._stop.is_set():
+            self.store.writer.call(self.store.load)
+            self.store.begin_grace()
+
+    def _refresh_orders(self) -> None:
+        """The maintenance and power orders waiting for agents, re-read (writer thread)."""
+        campaign_ops.refresh_orders(self.store)
+        power_ops.refresh_orders(self.store)
 
     def tick(self) -> list[tuple[str, str]]:
         """One pass of the background loop (called every ``tick_s``)."""
@@ -130,20 +189,42 @@ class ControlService:
         if self._last_tick is not None and now - self._last_tick > self.config.stall_s:
             self.store.note_own_gap(now - self._last_tick)
         self._last_tick = now
-        moved = self.store.check_nodes()
-        campaign_ops.tick(self.store)  # maintenance campaigns (issue 15), on the writer
-        power_ops.tick(self.store)  # power orders: policy reverts (issue 16), on the writer
-        campaign_propose.tick(self.store)  # the recurring maintenance policy's proposals
+        if self.replicated and now - self._last_refresh >= self.config.refresh_s:
+            self._last_refresh = now
+            self._synced = self.store.writer.call(
+                lambda: replica_sync.refresh(self.store, self._synced)
+            )
+        moved: list[tuple[str, str]] = []
+        leading = self.leading
+        if leading:
+            try:
+                moved = self.store.check_nodes()
+                # maintenance campaigns (issue 15), power orders' policy reverts (issue 16) and
+                # the recurring maintenance policy's proposals: on the writer, fenced like
+                # check_nodes
+                store = self.store
+                store.writer.call(store.lead(lambda: campaign_ops.run_pass(store)))
+                store.writer.call(store.lead(lambda: power_ops.run_pass(store)))
+                if store.policy.maintenance is not None:
+                    store.writer.call(store.lead(lambda: campaign_propose.propose(store)))
+            except StaleLeader as exc:  # the lease moved on while this replica thought it led
+                log.warning("leader work refused: %s", exc)
+                leading = False
+        if not leading:  # a follower still hands agents the orders the leader recorded
+            self.store.writer.call(self._refresh_orders)
         if now - self._last_slow >= 15.0:
             self._last_slow = now
-            self.store.flush_rollups()
-            self.store.apply_retention(
-                rollups_s=self.config.rollup_retention_s,
-                batches_s=self.config.batch_retention_s,
-                events_s=self.config.event_retention_s,
-            )
-            cutoff = now - self.config.energy_retention_s
-            self.store.writer.call(lambda: energy_store.retain(self.store, cutoff))
+            self.store.flush_rollups()  # this replica's own minutes (and energy)
+            if leading:
+                self.store.apply_retention(
+                    rollups_s=self.config.rollup_retention_s,
+                    batches_s=self.config.batch_retention_s,
+                    events_s=self.config.event_retention_s,
+                )
+                cutoff = now - self.config.energy_retention_s
+                self.store.writer.call(
+                    self.store.lead(lambda: energy_store.retain(self.store, cutoff))
+                )
         return moved
 
     def _loop(self) -> None:

@@ -77,6 +77,11 @@ def restart_grace_extra_s(interval_s: float) -> float:
     return AGENT_PUSH_TIMEOUT_S + min(AGENT_MAX_BACKOFF_S, interval_s) + interval_s
 
 
+class StaleCache(RuntimeError):
+    """The cache disagreed with the database (another replica wrote): the transaction rolls
+    back and the cache is reloaded."""
+
+
 class NotFound(LookupError):
     """A named node, finding or token does not exist (the API answers 404)."""
 
@@ -150,6 +155,9 @@ class ControlStore:
         self._dirty: set[str] = set()
         self._dirty_all = True
         self._notify: lc.PostCommit = []
+        # wraps the leader's periodic writes in the fencing token's check (the service sets
+        # it to `Leadership.wrap`; alone, as in tests and one-shot commands: as they are)
+        self.lead: Callable[[Callable[..., Any]], Callable[..., Any]] = lambda fn: fn
         self.writer = Writer(self)
         self.sched = SchedulerCalls(lambda: self.hook, self.writer.submit)
         self.energy = EnergyLedger()  # energy accounting (writer thread; issue 16)
@@ -325,8 +333,14 @@ class ControlStore:
         reason: str,
         after: lc.PostCommit,
     ) -> None:
-        row = s.get(Node, nc.id)
-        assert row is not None
+        # locked, and checked against the cache: another replica may have moved the node since
+        # this cache last read it (`gpufleet.control.replica_sync`); then nothing is written
+        row = s.get(Node, nc.id, with_for_update=True, populate_existing=True)
+        if row is None or row.state != nc.state:
+            raise StaleCache(
+                f"node {nc.name}: {row.state if row else 'gone'} in the database, "
+                f"{nc.state} in this replica's cache"
+            )
         now = self.clock()
         lc.transition(
             s, row, to, actor=actor, reason=reason, now_s=now, hook=self.hook, after=after
@@ -405,7 +419,7 @@ class ControlStore:
         """Declare lost nodes, complete drains; returns (node, new state) pairs. Whether a
         draining node is idle is asked of the scheduler off the writer (`SchedulerCalls.idle`);
         the answer completes the drain later (`_idle_answer`)."""
-        return self.writer.call(self._check_nodes)
+        return self.writer.call(self.lead(self._check_nodes))
 
     def _check_nodes(self) -> list[tuple[str, str]]:
         now = self.clock()
@@ -419,6 +433,8 @@ class ControlStore:
                     limit = self.lost_after_intervals * nc.interval_s
                     if (nc.last_seen_s or 0.0) < self.grace_from_s:  # not heard since it began
                         limit += restart_grace_extra_s(nc.interval_s)
+                    if now - seen > limit and self._heard_elsewhere(s, nc, now - limit):
+                        continue
                     if now - seen > limit:
                         self._move(
                             s,
@@ -434,7 +450,7 @@ class ControlStore:
                 if (
                     st is S.DRAINING
                     and now - nc.state_since_s >= self.min_drain_s
-                    and self.sched.idle(nc.name, nc.state_since_s, self._idle_answer)
+                    and self.sched.idle(nc.name, nc.state_since_s, self.lead(self._idle_answer))
                 ):
                     self._complete_drain(s, nc, after)
                     moved.append((nc.name, S.DRAINED.value))
@@ -444,6 +460,16 @@ class ControlStore:
         if moved:
             self._bump()
         return moved
+
+    def _heard_elsewhere(self, s: Session, nc: NodeCache, after_s: float) -> bool:
+        """Did the node push to another replica since ``after_s`` (its row's ``last_seen_s``,
+        which this cache may not have read yet)? Then this cache learns it."""
+        seen = s.scalar(select(Node.last_seen_s).where(Node.id == nc.id))
+        if seen is None or seen <= after_s:
+            return False
+        nc.last_seen_s = max(nc.last_seen_s or 0.0, seen)
+        self.dirty(nc.name)
+        return True
 
     def _complete_drain(self, s: Session, nc: NodeCache, after: lc.PostCommit) -> None:
         self._move(

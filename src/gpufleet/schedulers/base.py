@@ -11,8 +11,10 @@ by name in `gpufleet.schedulers.registry`.
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
@@ -189,6 +191,11 @@ class SchedulerContext:
     # the controller's private data directory (0700): where a scheduler keeps a key to seal
     # what it stores (the embedded scheduler's job specs); None: no directory (a database URL)
     secrets_dir: Path | None = None
+    # with several controller replicas (issue 18): does this one lead now, and the guard of
+    # a leader's transactions (its fencing token, `gpufleet.control.leader`); a scheduler with
+    # periodic work of its own (the embedded one's placement) does it only while leading
+    leading: Callable[[], bool] = lambda: True
+    fenced: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
 
 
 @runtime_checkable

@@ -56,13 +56,15 @@ def _spawn(args: list[str], log_path: Path, env: dict[str, str]) -> subprocess.P
         )
 
 
-def create_tokens(data_dir: Path, wanted: dict[str, tuple[str, str | None]]) -> dict[str, str]:
+def create_tokens(
+    data_dir: Path | None, wanted: dict[str, tuple[str, str | None]], db_url: str | None = None
+) -> dict[str, str]:
     """Tokens straight into the controller's database (migrated here if new): ``{label: (role,
     node)}`` to ``{label: token}``; one process instead of one CLI call per token."""
     from gpufleet.control.auth import TokenStore
     from gpufleet.control.db import database_url, make_engine, migrate, session_factory
 
-    engine = make_engine(database_url(data_dir, None))
+    engine = make_engine(database_url(data_dir, db_url))
     try:
         migrate(engine)
         tokens = TokenStore(session_factory(engine), time.time)
@@ -76,7 +78,9 @@ def create_tokens(data_dir: Path, wanted: dict[str, tuple[str, str | None]]) -> 
 
 @dataclass
 class ControllerProcess:
-    """``python -m gpufleet controller`` on a fixed port and database."""
+    """``python -m gpufleet controller`` on a fixed port and database (``db_url``: a shared
+    PostgreSQL, one of several replicas, with ``args`` such as ``--lease-seconds``; the data
+    directory then holds only its policy and logs)."""
 
     data_dir: Path
     admin: str
@@ -84,6 +88,8 @@ class ControllerProcess:
     scheduler: str = "embedded"
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    db_url: str | None = None
+    args: list[str] = field(default_factory=list)
 
     @property
     def url(self) -> str:
@@ -94,11 +100,12 @@ class ControllerProcess:
         policy = self.data_dir / "policy.yaml"
         policy.write_text("max_out_fraction: 1.0\n", encoding="utf-8")
         self.starts += 1
+        where = ("--db-url", self.db_url) if self.db_url else ("--data-dir", str(self.data_dir))
         self.proc = _spawn(
             [
-                *("controller", "--data-dir", str(self.data_dir)),
+                *("controller", *where),
                 *("--port", str(self.port), "--scheduler", self.scheduler),
-                *("--policy", str(policy)),
+                *("--policy", str(policy), *self.args),
             ],
             self.data_dir / f"controller-{self.starts}.log",
             _env(),

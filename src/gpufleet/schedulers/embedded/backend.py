@@ -46,6 +46,9 @@ class EmbeddedBackend:
     """The embedded scheduler inside the controller: protocol + agents' exchange + tick thread."""
 
     name = "embedded"
+    # its command channel (the copies agents report, the commands they get back) lives in the
+    # leader's memory: with several replicas, agents that run jobs push to the leader
+    exchange_on_leader = True
 
     def __init__(self, executor: RemoteAgentExecutor | None = None, *, tick_s: float = 0.5) -> None:
         self._remote = executor
@@ -59,6 +62,7 @@ class EmbeddedBackend:
         self.unverified: set[str] = set()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._leading = True
 
     def capabilities(self) -> Capabilities:
         return embedded_capabilities()
@@ -77,6 +81,7 @@ class EmbeddedBackend:
             store, self._remote, (), clock=context.clock, usable=self._usable
         )
         self.unverified = {j.id for j in store.jobs(ACTIVE)}
+        self._leading = context.leading()
         self._thread = threading.Thread(target=self._loop, name="gpufleet-sched", daemon=True)
         self._thread.start()
 
@@ -145,9 +150,36 @@ class EmbeddedBackend:
             if self._stop.is_set():
                 return
             try:
-                self.tick()
+                self._lead_tick()
             except Exception:
                 log.exception("scheduler tick failed")
+
+    def _lead_tick(self) -> None:
+        """A tick, on the leader only (issue 18), its transactions fenced. A replica that just
+        became leader starts as a restarted controller does: every active job unverified until
+        its nodes report to this replica, whose executor knows nothing from before."""
+        assert self._context is not None
+        leading = self._context.leading()
+        if leading and not self._leading:
+            with self.lock:
+                old = self.executor
+                remote = RemoteAgentExecutor(
+                    clock=self._context.clock,
+                    stale_s=old.stale_s,
+                    start_timeout_s=old.start_timeout_s,
+                    default_lease_s=old.lease_s - old.stale_s,
+                )
+                remote.deliver = self._context.deliver
+                self._remote = remote
+                self._eng = EmbeddedScheduler(
+                    self.eng.store, remote, (), clock=self._context.clock, usable=self._usable
+                )
+                self.unverified = {j.id for j in self.eng.store.jobs(ACTIVE)}
+            log.info("leading: the embedded scheduler places work from now on")
+        self._leading = leading
+        if leading:
+            with self._context.fenced():
+                self.tick()
 
     def _verify(self) -> None:
         """After a restart: an active job whose nodes all report again but lack its copy.

@@ -1,7 +1,7 @@
 """power orders: power_orders, power_order_nodes
 
 Revision ID: 0009
-Revises: 0007
+Revises: 0008
 Create Date: 2026-12-01
 
 Issue 16: a fleet-wide power order lives in the database so a controller killed between the
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision = "0009"
-down_revision = "0007"
+down_revision = "0008"
 branch_labels = None
 depends_on = None
 

@@ -1,0 +1,143 @@
+"""Leader election and the fencing token (`gpufleet.control.leader`) on the real databases:
+one leader at a time, a takeover only after the lease expired, the epoch growing at every
+change of holder, and every transaction of a stale leader refused before it writes."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+from sqlalchemy import Engine, insert, select, text
+
+from gpufleet.control.db import database_url, make_engine, migrate
+from gpufleet.control.leader import Leadership, StaleLeader
+from gpufleet.control.models import EventRow, LeaderLease
+
+
+@pytest.fixture
+def engine(db_config: dict[str, Any]) -> Engine:
+    url = database_url(db_config.get("data_dir"), db_config.get("db_url"))
+    eng = make_engine(url)
+    migrate(eng)
+    return eng
+
+
+def _lease(engine: Engine) -> tuple[str, int]:
+    with engine.connect() as c:
+        row = c.execute(select(LeaderLease.holder, LeaderLease.epoch)).one()
+    return str(row[0]), int(row[1])
+
+
+def _write(engine: Engine, who: Leadership, kind: str) -> None:
+    with who.fenced(), engine.begin() as c:
+        c.execute(insert(EventRow).values(at_s=1.0, kind=kind, severity=0, message="", data={}))
+
+
+def _kinds(engine: Engine) -> list[str]:
+    with engine.connect() as c:
+        return list(c.execute(select(EventRow.kind).order_by(EventRow.id)).scalars())
+
+
+def test_one_leader_then_takeover_after_expiry_with_a_new_epoch(engine: Engine) -> None:
+    exclusive = engine.dialect.name == "sqlite"
+    a = Leadership(engine, lease_s=1.0, renew_s=0.2, exclusive=exclusive, holder="a")
+    b = Leadership(engine, lease_s=1.0, renew_s=0.2, exclusive=exclusive, holder="b")
+    assert a.step() is True and a.epoch == 1
+    if not exclusive:  # PostgreSQL: b waits for a's lease
+        assert b.step() is False and b.epoch is None
+        assert a.step() is True  # renewal keeps the epoch
+        assert _lease(engine) == ("a", 1)
+        time.sleep(1.2)  # a stops renewing (killed, stopped): its lease runs out
+    assert b.step() is True
+    assert _lease(engine) == ("b", 2)
+    _write(engine, b, "by-b")
+    # a comes back believing it leads: its renewal and its writes are refused
+    with pytest.raises(StaleLeader):
+        _write(engine, a, "by-a")
+    assert a.is_leader is False
+    # SQLite: a's own lease still ran, so the database refused it; PostgreSQL: a's lease ran
+    # out on its own clock, so it refused itself before asking
+    assert a.refusals == (1 if exclusive else 0)
+    with pytest.raises(StaleLeader):  # not even tried: it knows it does not lead
+        _write(engine, a, "by-a-again")
+    assert _kinds(engine) == ["by-b"]
+    if not exclusive:  # (SQLite: the lock file makes whoever asks the only controller)
+        assert a.step() is False
+        assert _lease(engine) == ("b", 2)
+
+
+def test_a_stale_leader_resumed_before_its_own_renewal_is_refused(
+    engine: Engine, tmp_path: Path
+) -> None:
+    """The SIGSTOP case in one process: a's local lease is still valid when it writes (its
+    clock did not see the stop), the database's epoch moved on: the fence refuses."""
+    if engine.dialect.name == "sqlite":
+        pytest.skip("one controller per SQLite database (lock file): no second leader")
+    a = Leadership(engine, lease_s=0.6, renew_s=0.2, holder="a")
+    b = Leadership(engine, lease_s=0.6, renew_s=0.2, holder="b")
+    assert a.step()
+    time.sleep(0.7)
+    assert b.step() and b.epoch == 2
+    a._valid_until = time.monotonic() + 10  # as if its clock had not moved while stopped
+    assert a.is_leader
+    with pytest.raises(StaleLeader):
+        _write(engine, a, "stale")
+    assert a.refusals == 1
+    assert "stale" not in _kinds(engine)
+
+
+def test_a_leader_stopped_inside_its_transaction_does_not_block_the_takeover(
+    engine: Engine,
+) -> None:
+    """The fence's share lock would hold a takeover back while a stopped leader sits in its
+    transaction: PostgreSQL ends that session after the lease (idle in transaction), the
+    stopped leader's write is lost with it, and the other replica takes over."""
+    if engine.dialect.name == "sqlite":
+        pytest.skip("PostgreSQL row locks")
+    a = Leadership(engine, lease_s=0.5, renew_s=0.2, holder="a")
+    b = Leadership(engine, lease_s=0.5, renew_s=0.2, holder="b")
+    assert a.step()
+    outcome: list[str] = []
+    inside = threading.Event()
+
+    def stopped_leader_write() -> None:
+        try:
+            with a.fenced(), engine.begin() as c:
+                c.execute(text("SELECT 1"))
+                inside.set()
+                time.sleep(1.0)  # "SIGSTOP" past its lease, inside its transaction
+                row = {"at_s": 1, "kind": "a", "severity": 0, "message": "", "data": {}}
+                c.execute(insert(EventRow).values(**row))
+            outcome.append("committed")
+        except Exception as exc:
+            outcome.append(type(exc).__name__)
+
+    t = threading.Thread(target=stopped_leader_write)
+    t.start()
+    assert inside.wait(5)
+    deadline = time.monotonic() + 3.0
+    while not b.step():
+        assert time.monotonic() < deadline, "the takeover waited for the stopped leader"
+    t.join(10)
+    assert outcome and outcome[0] != "committed"
+    assert _kinds(engine) == []
+    assert _lease(engine) == ("b", 2)
+
+
+def test_stop_hands_the_lease_over(engine: Engine) -> None:
+    if engine.dialect.name == "sqlite":
+        pytest.skip("one controller per SQLite database")
+    a = Leadership(engine, lease_s=30.0, renew_s=1.0, holder="a")
+    b = Leadership(engine, lease_s=30.0, renew_s=1.0, holder="b")
+    a.start()
+    assert a.is_leader and not b.step()
+    a.stop()
+    assert b.step() and b.epoch == 2
+
+
+def test_bad_intervals_are_refused(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="renew"):
+        Leadership(engine, lease_s=1.0, renew_s=2.0)
