@@ -16,11 +16,23 @@ from gpufleet.control.db import database_url, make_engine, migrate
 from gpufleet.control.leader import Leadership, StaleLeader
 from gpufleet.control.models import EventRow, LeaderLease
 
+from .conftest import _reset_pg
+
 
 @pytest.fixture
 def engine(db_config: dict[str, Any]) -> Engine:
     url = database_url(db_config.get("data_dir"), db_config.get("db_url"))
     eng = make_engine(url)
+    migrate(eng)
+    return eng
+
+
+@pytest.fixture
+def pg_engine(pg_url: str) -> Engine:
+    """A migrated engine on the suite's PostgreSQL, emptied first (replicas need it: SQLite
+    takes one controller per database, by its lock file)."""
+    _reset_pg(pg_url)
+    eng = make_engine(pg_url)
     migrate(eng)
     return eng
 
@@ -70,12 +82,11 @@ def test_one_leader_then_takeover_after_expiry_with_a_new_epoch(engine: Engine) 
 
 
 def test_a_stale_leader_resumed_before_its_own_renewal_is_refused(
-    engine: Engine, tmp_path: Path
+    pg_engine: Engine, tmp_path: Path
 ) -> None:
     """The SIGSTOP case in one process: a's local lease is still valid when it writes (its
     clock did not see the stop), the database's epoch moved on: the fence refuses."""
-    if engine.dialect.name == "sqlite":
-        pytest.skip("one controller per SQLite database (lock file): no second leader")
+    engine = pg_engine
     a = Leadership(engine, lease_s=0.6, renew_s=0.2, holder="a")
     b = Leadership(engine, lease_s=0.6, renew_s=0.2, holder="b")
     assert a.step()
@@ -90,13 +101,12 @@ def test_a_stale_leader_resumed_before_its_own_renewal_is_refused(
 
 
 def test_a_leader_stopped_inside_its_transaction_does_not_block_the_takeover(
-    engine: Engine,
+    pg_engine: Engine,
 ) -> None:
     """The fence's share lock would hold a takeover back while a stopped leader sits in its
     transaction: PostgreSQL ends that session after the lease (idle in transaction), the
     stopped leader's write is lost with it, and the other replica takes over."""
-    if engine.dialect.name == "sqlite":
-        pytest.skip("PostgreSQL row locks")
+    engine = pg_engine
     a = Leadership(engine, lease_s=0.5, renew_s=0.2, holder="a")
     b = Leadership(engine, lease_s=0.5, renew_s=0.2, holder="b")
     assert a.step()
@@ -127,9 +137,8 @@ def test_a_leader_stopped_inside_its_transaction_does_not_block_the_takeover(
     assert _lease(engine) == ("b", 2)
 
 
-def test_stop_hands_the_lease_over(engine: Engine) -> None:
-    if engine.dialect.name == "sqlite":
-        pytest.skip("one controller per SQLite database")
+def test_stop_hands_the_lease_over(pg_engine: Engine) -> None:
+    engine = pg_engine
     a = Leadership(engine, lease_s=30.0, renew_s=1.0, holder="a")
     b = Leadership(engine, lease_s=30.0, renew_s=1.0, holder="b")
     a.start()
