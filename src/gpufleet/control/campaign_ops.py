@@ -16,6 +16,7 @@ from sqlalchemy import select
 
 from gpufleet.control import campaigns as cp
 from gpufleet.control.auth import Principal, Role
+from gpufleet.control.campaign_drain import requeue_counts
 from gpufleet.control.lifecycle import NodeState, TransitionError
 from gpufleet.control.models import MaintCampaign, MaintNode, MaintStep
 from gpufleet.control.store import ControlStore, NotFound
@@ -213,6 +214,7 @@ def status(store: ControlStore, cid: int | None = None) -> dict[str, Any]:
             )
         )
         in_gpus, total_gpus, out_nodes, total_nodes = cp.capacity(store, s)
+        requeued = requeue_counts(s, c.id)
     spec = cp.CampaignSpec.model_validate(c.spec)
     by_step: dict[str, int] = {}
     for mn in nodes:
@@ -229,6 +231,8 @@ def status(store: ControlStore, cid: int | None = None) -> dict[str, Any]:
         "floor": spec.floor,
         "windows": spec.windows or ["always"],
         "by_step": by_step,
+        # jobs the drain deadline requeued after the checkpoint signal / killed without it
+        "requeued": requeued,
         "capacity": {
             "in_service_gpus": in_gpus,
             "fleet_gpus": total_gpus,

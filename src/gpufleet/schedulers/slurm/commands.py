@@ -182,6 +182,12 @@ class SlurmCommands:
         """Clear the begin time a requeue sets (now + cred_expire + 1, 121 s by default)."""
         return [self.binaries.scontrol, "update", f"JobId={job_id}", "StartTime=now"]
 
+    def signal_args(self, job_id: str, signal: str) -> list[str]:
+        """Signal the job's batch shell only (scancel(1) ``--batch``: the script decides what
+        to forward, as with ``sbatch --signal=B:SIG@TIME``)."""
+        name = signal.upper().removeprefix("SIG")
+        return [self.binaries.scancel, "--batch", f"--signal={name}", job_id]
+
     def cancel_args(self, job_id: str) -> list[str]:
         return [self.binaries.scancel, job_id]
 
