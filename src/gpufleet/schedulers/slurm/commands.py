@@ -105,10 +105,12 @@ def gres_arg(gpus: int, gres_type: str | None = None) -> str:
 
 
 def job_script(spec: JobSpec) -> str:
-    """The batch script body for ``--wrap``: the command argument list quoted for sh, or a sleep
-    of ``duration_s`` for a job that only occupies GPUs."""
+    """The batch script body for ``--wrap``: the command argument list quoted for sh (run with
+    ``exec``, so the job's own process is the batch shell and a checkpoint signal sent to it,
+    ``scancel --batch --signal``, reaches the job itself), or a sleep of ``duration_s`` for a
+    job that only occupies GPUs."""
     if spec.command:
-        return shlex.join(spec.command)
+        return "exec " + shlex.join(spec.command)
     if spec.duration_s is not None:
         return f"sleep {spec.duration_s:g}"
     raise GpufleetError(f"job {spec.name!r}: give a command or a duration")
