@@ -19,7 +19,7 @@ BASE: dict[str, Any] = {
 def test_defaults_signal_usr1_with_slurms_60_s_grace_before_the_timeout() -> None:
     s = CampaignSpec.model_validate(BASE)
     assert (s.drain_deadline_s, s.checkpoint_signal, s.checkpoint_grace_s) == (1800, "USR1", 60)
-    assert s.drain_deadline_s < s.drain_timeout_s
+    assert s.drain_deadline_s is not None and s.drain_deadline_s < s.drain_timeout_s
 
 
 def test_a_short_timeout_moves_the_default_deadline_to_half_of_it() -> None:

@@ -96,7 +96,11 @@ def start_cmd(
         None, "--window", help="'DAYS HH:MM-HH:MM ZONE' (repeatable; default: always)."
     ),
     validate_level: int = typer.Option(
-        1, "--validate-level", min=0, max=1, help="1: the node's agent validates; 0: none."
+        1,
+        "--validate-level",
+        min=0,
+        max=3,
+        help="0: none; 1: the agent's gate; 2, 3: the agent runs gpufleet validate --level N.",
     ),
     max_failures: int = typer.Option(2, "--max-failures", min=0, help="Halt after N failures."),
     update_timeout: float = typer.Option(

@@ -27,6 +27,8 @@ S = NodeState
 _orders: weakref.WeakKeyDictionary[ControlStore, dict[str, WireUpdateOrder]] = (
     weakref.WeakKeyDictionary()
 )
+# node -> the validation level a campaign asks of it now (only levels above 1)
+_levels: weakref.WeakKeyDictionary[ControlStore, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
 def orders(store: ControlStore) -> dict[str, WireUpdateOrder]:
@@ -34,10 +36,26 @@ def orders(store: ControlStore) -> dict[str, WireUpdateOrder]:
     return _orders.get(store, {})
 
 
+def validation_level(store: ControlStore, node: str) -> int | None:
+    """The level a campaign asks ``node`` to validate at now (None: the ordinary level 1)."""
+    return _levels.get(store, {}).get(node)
+
+
 def refresh_orders(store: ControlStore) -> None:
-    """Rebuild the order map from the database (on the writer, after each pass)."""
+    """Rebuild the order and validation-level maps from the database (on the writer, after
+    each pass)."""
     out: dict[str, WireUpdateOrder] = {}
+    levels: dict[str, int] = {}
     with store.sessions() as s:
+        q2 = (
+            select(MaintNode.node, MaintCampaign.spec)
+            .join(MaintCampaign, MaintCampaign.id == MaintNode.campaign_id)
+            .where(MaintNode.step == cp.VALIDATING)
+        )
+        for node, spec_doc in s.execute(q2):
+            level = int((spec_doc or {}).get("validate_level", 1))
+            if level >= 2:
+                levels[node] = level
         q = (
             select(MaintNode, MaintCampaign)
             .join(MaintCampaign, MaintCampaign.id == MaintNode.campaign_id)
@@ -51,6 +69,7 @@ def refresh_orders(store: ControlStore) -> None:
                 timeout_s=spec.update_timeout_s,
             )
     _orders[store] = out
+    _levels[store] = levels
 
 
 def run_pass(store: ControlStore) -> list[cp.StepChange]:

@@ -60,7 +60,8 @@ class CampaignSpec(BaseModel):
     back_timeout_s: float = Field(1800.0, gt=0)
     verify_timeout_s: float = Field(300.0, gt=0)
     validate_timeout_s: float = Field(1800.0, gt=0)
-    validate_level: int = Field(1, ge=0, le=1)
+    # 0: none; 1: the agent's gate; 2, 3: the agent runs `gpufleet validate --level N`
+    validate_level: int = Field(1, ge=0, le=3)
 
     @field_validator("windows")
     @classmethod
