@@ -128,9 +128,9 @@ def test_drain_deadline_checkpoint_signals_and_requeues_a_job(tmp_path: Path) ->
         runs = log.read_text(encoding="utf-8").split()
         assert runs[0::2] == [where]  # the update ran once, after the job left
         ev = ctl.call("GET", "/api/v1/events", params={"kind": "maintenance_evacuated"})
-        if ev.status_code == 200:
-            text = ev.text
-            assert "requeued after USR1" in text, text
+        assert ev.status_code == 200, ev.text
+        assert [e["node"] for e in ev.json()] == [where]
+        assert "1 job(s) requeued after USR1, 0 killed without it" in ev.json()[0]["message"]
     finally:
         for a in agents:
             a.stop()
