@@ -173,3 +173,31 @@ def test_is_idle_ignores_daemonsets_and_lost_node_is_drained(
     ours = [t for t in node["spec"]["taints"] if t["key"] == TAINT_KEY]
     assert ours and ours[0]["effect"] == "NoExecute" and "lost" in ours[0]["value"]
     assert sched.is_idle("gpu-1")  # its GPU pods were evicted
+
+
+def test_campaign_deadline_evacuation_respects_a_pdb(
+    api: FakeApi, sched: KubernetesScheduler
+) -> None:
+    """A campaign's drain and its deadline (issue 15) through the one protocol, as the control
+    plane calls them (`SchedulerEvents`): a pod whose PodDisruptionBudget answers 429 is never
+    removed; the evacuation at the deadline retries it and reports it blocked; once the PDB
+    allows it, the next evacuation evicts it and the node is idle."""
+    from gpufleet.control.scheduling import SchedulerEvents
+    from gpufleet.schedulers.base import Evacuation
+
+    events = SchedulerEvents(sched)  # not started: calls run inline, as in unit tests
+    api.pdb_blocks[("ml", "train-1")] = -1
+    events.drain("gpu-1", "maintenance campaign 7: cordoned")
+    assert events.drain_confirmed("gpu-1")
+    assert ("ml", "train-1") in api.pods and not sched.is_idle("gpu-1")
+    got: list[Evacuation] = []
+    events.evacuate("gpu-1", "deadline", signal="USR1", grace_s=60, then=got.append)
+    assert got[-1].signalled == 0 and got[-1].killed == 0
+    assert "PodDisruptionBudget" in got[-1].note and "ml/train-1" in got[-1].note
+    assert ("ml", "train-1") in api.pods and not sched.is_idle("gpu-1")
+    api.pdb_blocks.clear()
+    events.evacuate("gpu-1", "deadline", signal="USR1", grace_s=60, then=got.append)
+    assert got[-1] == Evacuation(1, 0, ("ml/train-1",), "")
+    assert ("ml", "train-1") not in api.pods and sched.is_idle("gpu-1")
+    ours = [t for t in api.nodes["gpu-1"]["spec"]["taints"] if t["key"] == TAINT_KEY]
+    assert [t["effect"] for t in ours] == ["NoExecute"]  # every pod left: the full taint

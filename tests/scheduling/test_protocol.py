@@ -119,6 +119,10 @@ def test_embedded_in_the_service_fail_drain_requeues(service: ControlService) ->
     moved = backend.job(jid)
     assert moved.state is JobState.REQUEUED and node in moved.reason
     assert (moved.requeues, moved.restarts) == (1, 0)
+    # its copy still runs until the agent confirms the kill: the node is not idle before that
+    assert not backend.is_idle(node)
+    ended = {**copy, "running": False, "reason": "killed", "fenced": True}
+    backend.exchange(_jobs_batch(node, 4, [ended]), T0)
     assert backend.is_idle(node)
     assert backend.attempts(jid)[0].outcome.startswith("requeued")
 

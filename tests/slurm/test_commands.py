@@ -74,7 +74,7 @@ def test_submit_argument_list_and_env() -> None:
         "--chdir=/ckpt",
         "--comment=tenant=acme",
         "--export=ALL",
-        "--wrap=python t.py --lr '1e-3 x'",
+        "--wrap=exec python t.py --lr '1e-3 x'",
     ]
     assert env == {
         "SLURM_CONF": "/etc/x/slurm.conf",

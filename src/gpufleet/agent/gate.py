@@ -19,6 +19,14 @@ sampler is never disturbed and a node's work does not send it to repair:
   is never closed, and every call has the device layer's NVML deadline
   (`gpufleet.devices.deadline`), so a hung GPU fails its checks within seconds.
 
+Levels 2 and 3 (a maintenance campaign's ``--validate-level``: the ``Ack`` carries
+``validate_level``) need the GPUs to themselves and real kernels, so the agent does not run
+them in its own process: it runs ``gpufleet validate --level N --out FILE`` on its node (the
+``validate_argv`` its CLI built: the same simulated node, or this host's GPUs) as a child
+process with a timeout, and posts that report with its level (a fail sends the node to repair
+with the failing checks; the controller does not let a lower level pass a node that a
+campaign asks more of).
+
 The agent starts a run only after a slow sampling round (device info re-read) has been judged,
 so a repaired GPU is not judged on identity read before the repair. Validation runs on an
 executor thread (one per agent, or a small pool shared by the agents of
@@ -49,6 +57,7 @@ log = logging.getLogger("gpufleet.agent.gate")
 VALIDATION_PATH = "/api/v1/validation-results"
 RETRY_S = 5.0  # after a failed run or post, the next Ack that still asks tries again after this
 POST_TIMEOUT_S = 5.0
+LEVEL_TIMEOUT_S = {2: 1800.0, 3: 4 * 3600.0}  # a child validation run past this: a fail
 
 
 P = ParamSpec("P")
@@ -274,6 +283,56 @@ def post_body(report: ValidationReport, node: str) -> dict[str, Any]:
     }
 
 
+def run_level(argv: Sequence[str], level: int, node: str) -> dict[str, Any]:
+    """``gpufleet validate --level N`` as a child process (see the module docstring); the body
+    to post. A run that cannot start, times out or writes no report is a fail, with why."""
+    import json
+    import subprocess
+    import tempfile
+    from pathlib import Path
+
+    timeout_s = LEVEL_TIMEOUT_S.get(level, LEVEL_TIMEOUT_S[3])
+    with tempfile.TemporaryDirectory(prefix="gpufleet-validate-") as tmp:
+        out = Path(tmp) / "report.json"
+        cmd = [*argv, "--level", str(level), "--out", str(out)]
+        why = ""
+        try:
+            proc = subprocess.run(
+                cmd, capture_output=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL
+            )
+            if not out.exists():
+                tail = proc.stderr.decode(errors="replace").strip().splitlines()[-1:]
+                why = f"exit {proc.returncode}, no report" + (f": {tail[0][:200]}" if tail else "")
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            why = f"could not run: {exc}"[:300]
+        if why:
+            return {
+                "node": node,
+                "verdict": "fail",
+                "summary": f"level {level} by the agent: gpufleet validate {why}",
+                "level": level,
+                "source": "agent",
+            }
+        doc: dict[str, Any] = json.loads(out.read_text(encoding="utf-8"))
+    verdict = str(doc.get("status", "fail"))
+    results = [r for r in doc.get("results", []) if isinstance(r, dict)]
+    worst = [r for r in results if r.get("status") == verdict and verdict in ("fail", "warn")]
+    parts = []
+    for r in worst[:5]:
+        gpu = r.get("gpu")
+        where = "" if gpu is None else f" GPU {gpu}"
+        parts.append(f"{r.get('test')}{where}: {r.get('message')}")
+    summary = "; ".join(parts)
+    return {
+        "node": node,
+        "verdict": verdict if verdict in ("pass", "warn", "fail") else "fail",
+        "summary": f"level {level} by the agent: {summary or 'all checks pass'}"[:2000],
+        "level": level,
+        "source": "agent",
+        "report": doc,
+    }
+
+
 class ValidationGate:
     """Runs level 1 when the control plane asks (`wanted`), at most once per ``validating``
     period, off the caller's thread, and posts the result."""
@@ -289,8 +348,10 @@ class ValidationGate:
         executor: Executor | None = None,
         clock: Callable[[], float] = time.time,
         retry_s: float = RETRY_S,
+        validate_argv: Sequence[str] = (),
     ) -> None:
         self.backend = backend
+        self.validate_argv = tuple(validate_argv)
         # a callable: the replica the agent's pushes reach (``--controller URL1,URL2``)
         self._base = controller if callable(controller) else (lambda: controller)
         self._headers = {"Authorization": f"Bearer {token}", "User-Agent": "gpufleet-agent"}
@@ -320,7 +381,7 @@ class ValidationGate:
                 self._running or since_s == self._done_for or time.monotonic() < self._retry_at
             )
 
-    def wanted(self, since_s: float | None) -> bool:
+    def wanted(self, since_s: float | None, level: int = 1) -> bool:
         """The control plane's ``validate_since_s``: start a run unless this period was
         answered, one runs, or a failed attempt waits; returns whether one started."""
         if since_s is None:
@@ -335,17 +396,24 @@ class ValidationGate:
                 self._executor = DaemonExecutor(1)
             executor = self._executor
         try:
-            executor.submit(self._run, since_s)
+            executor.submit(self._run, since_s, level)
         except RuntimeError:  # the executor shut down (the agent is stopping)
             with self._lock:
                 self._running = False
             return False
         return True
 
-    def _run(self, since_s: float) -> None:
+    def _run(self, since_s: float, level: int = 1) -> None:
         ok = False
         retry_s = self.retry_s
         try:
+            if level >= 2 and self.validate_argv:
+                body = run_level(self.validate_argv, level, self.backend.node_name)
+                self.runs += 1
+                self.last_verdict = body["verdict"]
+                log.info("validation level %d: %s (%s)", level, body["verdict"], body["summary"])
+                ok = self._post(body)
+                return
             verdict, findings = self.health()
             if verdict == Severity.UNKNOWN:  # nothing judged yet: ask again at the next Ack
                 retry_s = 0.0

@@ -109,6 +109,10 @@ class AgentJobs:
                 try:
                     if cmd.op == "start":
                         self._start(cmd)
+                    elif cmd.signal:  # a checkpoint stop (a maintenance drain's deadline)
+                        self.executor.signal_stop(
+                            cmd.job_id, cmd.generation, self.node, cmd.signal, cmd.grace_s
+                        )
                     else:
                         self.executor.kill(cmd.job_id, cmd.generation, self.node)
                 except (ExecutorError, NodeUnreachable) as exc:

@@ -99,6 +99,9 @@ class AgentConfig:
     # command gets no GPUFLEET_AGENT_PID (signalling it would stop every agent), and the
     # driver reopens the agent in place after an update (`FleetDriver`)
     in_process: bool = False
+    # `gpufleet validate` on this node, without ``--level``: what the agent runs when a
+    # maintenance campaign asks level 2 or 3 (`ValidationGate`); empty: level 1 only
+    validate_argv: tuple[str, ...] = ()
 
 
 def finding_to_wire(f: Finding) -> wire.WireFinding:
@@ -171,6 +174,7 @@ class Agent:
         self.pusher: Pusher | None = None
         self.gate: ValidationGate | None = None  # level 1 when the control plane asks
         self._validate_for: float | None = None  # asked; waits for a fresh slow round
+        self._validate_level = 1  # the level the newest Ack asks (2, 3: a campaign)
         self.state: AgentState | None = None
         self.jobs: AgentJobs | None = None  # set by enable_jobs (issue 7)
         self.push_soon = threading.Event()  # a copy started or stopped: report it now
@@ -208,6 +212,7 @@ class Agent:
                 client=self.pusher.client,
                 executor=validations,
                 clock=clock,
+                validate_argv=cfg.validate_argv,
             )
         self.maintenance: AgentMaintenance | None = None  # update orders (issue 15)
         if cfg.controller and cfg.state_dir is not None and self.pusher is not None:
@@ -305,7 +310,7 @@ class Agent:
         since = self._validate_for
         if since is not None and result.slow and self.gate is not None:
             self._validate_for = None
-            self.gate.wanted(since)  # judged on device info read this round
+            self.gate.wanted(since, self._validate_level)  # on device info read this round
 
     def _hung(self, index: int, info: Any, stalled: bool, now: float) -> tuple[GpuEvent, ...]:
         """An ``nvml_timeout`` event while GPU ``index``'s NVML call has hung past the device
@@ -464,6 +469,7 @@ class Agent:
                 for a in ack.acks:
                     self._pending_acks[(a.code, a.component)] = a
         since = ack.validate_since_s
+        self._validate_level = ack.validate_level or 1
         gate = self.gate
         if (
             gate is not None

@@ -132,6 +132,7 @@ def register(app: typer.Typer) -> None:
             state_dir=state_dir,
             host_findings=() if sim else _readiness(backend),
             host=None if sim else read_host(),
+            validate_argv=_validate_argv(sim, seed, backend.node_name),
         )
         client = httpx.Client(timeout=5.0, verify=verify) if controller else None
         agent = Agent(backend, cfg, client=client)
@@ -174,6 +175,17 @@ def register(app: typer.Typer) -> None:
             import sys
 
             os.execv(sys.executable, [sys.executable, "-m", "gpufleet", *sys.argv[1:]])
+
+
+def _validate_argv(sim: str | None, seed: int, node: str) -> tuple[str, ...]:
+    """How this agent runs `gpufleet validate` at the levels a campaign may ask (2, 3): over
+    the same simulated node, or this host's GPUs."""
+    import sys
+
+    argv = (sys.executable, "-m", "gpufleet", "validate")
+    if sim:
+        return (*argv, "--sim", sim, "--seed", str(seed), "--nodes", node)
+    return argv
 
 
 def _agent_jobs(

@@ -57,6 +57,13 @@ def _print(doc: dict[str, Any]) -> None:
         + ", ".join(f"{k} {v}" for k, v in sorted(doc["by_step"].items())),
         highlight=False,
     )
+    rq = doc.get("requeued") or {}
+    if rq.get("nodes"):
+        console.print(
+            f"drain deadline: {rq['nodes']} node(s); jobs requeued after the checkpoint signal "
+            f"{rq['signalled']}, killed without it {rq['killed']}",
+            highlight=False,
+        )
     table = Table()
     for col in ("#", "node", "domain", "step", "reason"):
         table.add_column(col)
@@ -96,7 +103,11 @@ def start_cmd(
         None, "--window", help="'DAYS HH:MM-HH:MM ZONE' (repeatable; default: always)."
     ),
     validate_level: int = typer.Option(
-        1, "--validate-level", min=0, max=1, help="1: the node's agent validates; 0: none."
+        1,
+        "--validate-level",
+        min=0,
+        max=3,
+        help="0: none; 1: the agent's gate; 2, 3: the agent runs gpufleet validate --level N.",
     ),
     max_failures: int = typer.Option(2, "--max-failures", min=0, help="Halt after N failures."),
     update_timeout: float = typer.Option(
@@ -107,6 +118,22 @@ def start_cmd(
     ),
     back_timeout: float = typer.Option(
         30, "--back-timeout-minutes", min=0.01, help="Node back after its update within this."
+    ),
+    drain_deadline: float | None = typer.Option(
+        None,
+        "--drain-deadline-minutes",
+        min=0.01,
+        help="Jobs still running then get the checkpoint signal and are requeued "
+        "(default 30, or half the drain timeout when that is shorter).",
+    ),
+    no_deadline: bool = typer.Option(
+        False, "--no-drain-deadline", help="Never signal jobs: wait for them (drain timeout)."
+    ),
+    checkpoint_signal: str = typer.Option(
+        "USR1", "--checkpoint-signal", help="The signal jobs get at the deadline (USR1, TERM...)."
+    ),
+    checkpoint_grace: float = typer.Option(
+        60, "--checkpoint-grace-seconds", min=0, help="Time to exit after the signal."
     ),
     as_json: bool = JsonOption,
     proposal: int | None = typer.Option(
@@ -145,7 +172,13 @@ def start_cmd(
         "drain_timeout_s": drain_timeout * 60,
         "back_timeout_s": back_timeout * 60,
         "validate_level": validate_level,
+        "checkpoint_signal": checkpoint_signal.upper(),
+        "checkpoint_grace_s": checkpoint_grace,
     }
+    if no_deadline:
+        body["drain_deadline_s"] = None
+    elif drain_deadline is not None:
+        body["drain_deadline_s"] = drain_deadline * 60
     with _client(controller, token, token_file) as c:
         if share is not None:
             nodes = c.request("GET", "/summary").get("nodes") or 0

@@ -157,6 +157,20 @@ def post_validation(store: ControlStore, payload: dict[str, Any], who: Principal
     return _view(store, node)
 
 
+def _level(payload: dict[str, Any]) -> int:
+    """The level a result says it ran at (1 when it does not say)."""
+    try:
+        return int(payload.get("level") or 1)
+    except (TypeError, ValueError):
+        return 1
+
+
+def _asked_level(store: ControlStore, node: str) -> int:
+    from gpufleet.control.campaign_ops import validation_level
+
+    return validation_level(store, node) or 1
+
+
 def _post_validation(
     store: ControlStore, node: str, verdict: str, payload: dict[str, Any], who: Principal
 ) -> None:
@@ -178,7 +192,12 @@ def _post_validation(
         )
         if nc.state in (S.REPAIR, S.REGISTERING, S.LOST):
             store._move(s, nc, S.VALIDATING, actor=who.actor, reason=reason, after=after)
-        if nc.state == S.VALIDATING:
+        asked = _asked_level(store, node)
+        if nc.state == S.VALIDATING and verdict != "fail" and _level(payload) < asked:
+            # a maintenance campaign asks a higher level: this result does not pass the node
+            reason += f"; level {_level(payload)} does not pass: level {asked} asked"
+            store.audit(s, who, "validation.low_level", node, detail={"asked": asked})
+        elif nc.state == S.VALIDATING:
             to = S.REPAIR if verdict == "fail" else S.IN_SERVICE
             store._move(s, nc, to, actor=who.actor, reason=reason, after=after)
         elif nc.state == S.IN_SERVICE and verdict == "fail":

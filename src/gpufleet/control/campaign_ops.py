@@ -17,6 +17,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.control import campaigns as cp
 from gpufleet.control.auth import Principal, Role
+from gpufleet.control.campaign_drain import requeue_counts
 from gpufleet.control.lifecycle import NodeState, TransitionError
 from gpufleet.control.models import AuditEntry, EventRow, MaintCampaign, MaintNode, MaintStep
 from gpufleet.control.store import ControlStore, NotFound
@@ -27,6 +28,8 @@ S = NodeState
 _orders: weakref.WeakKeyDictionary[ControlStore, dict[str, WireUpdateOrder]] = (
     weakref.WeakKeyDictionary()
 )
+# node -> the validation level a campaign asks of it now (only levels above 1)
+_levels: weakref.WeakKeyDictionary[ControlStore, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
 def orders(store: ControlStore) -> dict[str, WireUpdateOrder]:
@@ -34,10 +37,26 @@ def orders(store: ControlStore) -> dict[str, WireUpdateOrder]:
     return _orders.get(store, {})
 
 
+def validation_level(store: ControlStore, node: str) -> int | None:
+    """The level a campaign asks ``node`` to validate at now (None: the ordinary level 1)."""
+    return _levels.get(store, {}).get(node)
+
+
 def refresh_orders(store: ControlStore) -> None:
-    """Rebuild the order map from the database (on the writer, after each pass)."""
+    """Rebuild the order and validation-level maps from the database (on the writer, after
+    each pass)."""
     out: dict[str, WireUpdateOrder] = {}
+    levels: dict[str, int] = {}
     with store.sessions() as s:
+        q2 = (
+            select(MaintNode.node, MaintCampaign.spec)
+            .join(MaintCampaign, MaintCampaign.id == MaintNode.campaign_id)
+            .where(MaintNode.step == cp.VALIDATING)
+        )
+        for node, spec_doc in s.execute(q2):
+            level = int((spec_doc or {}).get("validate_level", 1))
+            if level >= 2:
+                levels[node] = level
         q = (
             select(MaintNode, MaintCampaign)
             .join(MaintCampaign, MaintCampaign.id == MaintNode.campaign_id)
@@ -51,6 +70,7 @@ def refresh_orders(store: ControlStore) -> None:
                 timeout_s=spec.update_timeout_s,
             )
     _orders[store] = out
+    _levels[store] = levels
 
 
 def run_pass(store: ControlStore) -> list[cp.StepChange]:
@@ -271,6 +291,7 @@ def status(store: ControlStore, cid: int | None = None) -> dict[str, Any]:
         )
         in_gpus, total_gpus, out_nodes, total_nodes = cp.capacity(store, s)
         history = capacity_history(s, c.id)
+        requeued = requeue_counts(s, c.id)
     if c.state in cp.LIVE_CAMPAIGN or not history:  # a campaign that ended keeps its last
         history.append({"t": store.clock(), "in_service_gpus": in_gpus, "fleet_gpus": total_gpus})
     spec = cp.CampaignSpec.model_validate(c.spec)
@@ -289,6 +310,8 @@ def status(store: ControlStore, cid: int | None = None) -> dict[str, Any]:
         "floor": spec.floor,
         "windows": spec.windows or ["always"],
         "by_step": by_step,
+        # jobs the drain deadline requeued after the checkpoint signal / killed without it
+        "requeued": requeued,
         "capacity": {
             "in_service_gpus": in_gpus,
             "fleet_gpus": total_gpus,

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 from sqlalchemy import select
 
 from gpufleet.control.models import Gpu, Node
@@ -23,13 +23,18 @@ PROPOSED = "proposed"  # by the recurring policy: waits for an operator to start
 LIVE_CAMPAIGN = (RUNNING, PAUSED, HALTED, ABORTED)  # the engine still has work in these
 # node steps
 SELECTED, CORDONED, DRAINING, UPDATING = "selected", "cordoned", "draining", "updating"
+EVACUATING = "evacuating"  # the drain deadline passed: jobs checkpoint-signalled and requeued
 REBOOTING, VERIFYING, VALIDATING = "rebooting", "verifying", "validating"
 NODE_DONE, FAILED, SKIPPED = "done", "failed", "skipped"
-IN_FLIGHT = frozenset({CORDONED, DRAINING, UPDATING, REBOOTING, VERIFYING, VALIDATING})
+IN_FLIGHT = frozenset({CORDONED, DRAINING, EVACUATING, UPDATING, REBOOTING, VERIFYING, VALIDATING})
 FINAL_STEPS = frozenset({NODE_DONE, FAILED, SKIPPED})
 # findings that say a GPU is gone (its versions can no longer be read)
 LOST_CODES = frozenset({"GPU_LOST", "XID_79"})
-BEFORE_UPDATE = frozenset({SELECTED, CORDONED, DRAINING})  # may still be given back untouched
+# may still be given back untouched
+BEFORE_UPDATE = frozenset({SELECTED, CORDONED, DRAINING, EVACUATING})
+# how long after its checkpoint grace an evacuated node may take to become idle before the
+# campaign gives it back (the agent's kill, its report and the scheduler's tick)
+EVACUATE_SLACK_S = 300.0
 
 
 class CampaignSpec(BaseModel):
@@ -47,10 +52,17 @@ class CampaignSpec(BaseModel):
     update_command: str = Field(min_length=1, max_length=4096)
     update_timeout_s: float = Field(3600.0, gt=0)
     drain_timeout_s: float = Field(3600.0, gt=0)
+    # the drain's deadline: jobs still running then get the checkpoint signal, ``grace`` to
+    # exit, and are requeued (None: wait for them until ``drain_timeout_s``, then give back)
+    drain_deadline_s: float | None = Field(1800.0, gt=0)
+    checkpoint_signal: str = Field("USR1", pattern=r"^(SIG)?[A-Z][A-Z0-9]{1,7}$")
+    # Slurm's ``--signal=SIG@TIME`` defaults TIME to 60 s (sbatch(1))
+    checkpoint_grace_s: float = Field(60.0, ge=0, le=86400)
     back_timeout_s: float = Field(1800.0, gt=0)
     verify_timeout_s: float = Field(300.0, gt=0)
     validate_timeout_s: float = Field(1800.0, gt=0)
-    validate_level: int = Field(1, ge=0, le=1)
+    # 0: none; 1: the agent's gate; 2, 3: the agent runs `gpufleet validate --level N`
+    validate_level: int = Field(1, ge=0, le=3)
 
     @field_validator("windows")
     @classmethod
@@ -62,6 +74,28 @@ class CampaignSpec(BaseModel):
         except UsageError as exc:
             raise ValueError(str(exc)) from None
         return value
+
+    @field_validator("checkpoint_signal")
+    @classmethod
+    def _signal_known(cls, value: str) -> str:
+        import signal
+
+        full = value if value.startswith("SIG") else f"SIG{value}"
+        if full not in signal.Signals.__members__ or full in ("SIGKILL", "SIGSTOP"):
+            raise ValueError(f"checkpoint_signal {value!r}: not a signal a job can trap")
+        return value
+
+    @model_validator(mode="after")
+    def _deadline_before_timeout(self) -> CampaignSpec:
+        late = self.drain_deadline_s is not None and self.drain_deadline_s >= self.drain_timeout_s
+        if late and "drain_deadline_s" not in self.model_fields_set:
+            self.drain_deadline_s = self.drain_timeout_s / 2  # the default, for a short timeout
+        elif late:
+            raise ValueError(
+                f"drain_deadline_s ({self.drain_deadline_s:g}) must be shorter than "
+                f"drain_timeout_s ({self.drain_timeout_s:g}): the timeout gives the node back"
+            )
+        return self
 
     @field_validator("select")
     @classmethod

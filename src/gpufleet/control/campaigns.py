@@ -2,9 +2,13 @@
 
 ::
 
-    selected -> cordoned -> draining -> updating -> rebooting -> verifying -> validating -> done
+    selected -> cordoned -> draining [-> evacuating] -> updating -> rebooting -> verifying
+             -> validating -> done
                                   any step in flight -> failed (node to repair, with the reason)
-                     selected/cordoned/draining -> skipped (abort, halt or drain timeout)
+          selected/cordoned/draining/evacuating -> skipped (abort, halt or drain timeout)
+
+``evacuating``: the drain's deadline passed with jobs still running; they were
+checkpoint-signalled and requeued (`gpufleet.control.campaign_drain`).
 
 It runs on the writer thread (`gpufleet.control.writer`), one pass per controller tick
 (`tick`), and never waits on anything but the database. Each node's step change is one
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from gpufleet.control import campaign_drain as drain_ops
 from gpufleet.control import lifecycle as lc
 from gpufleet.control.campaign_spec import (
     ABORTED,
@@ -37,6 +42,8 @@ from gpufleet.control.campaign_spec import (
     CORDONED,
     DONE,
     DRAINING,
+    EVACUATE_SLACK_S,
+    EVACUATING,
     FAILED,
     FINAL_STEPS,
     HALTED,
@@ -80,6 +87,7 @@ __all__ = [
     "CORDONED",
     "DONE",
     "DRAINING",
+    "EVACUATING",
     "FAILED",
     "FINAL_STEPS",
     "HALTED",
@@ -165,7 +173,12 @@ def _move(
 
 
 def _set_cordon(
-    store: ControlStore, s: Session, nc: NodeCache, flag: bool, after: lc.PostCommit
+    store: ControlStore,
+    s: Session,
+    nc: NodeCache,
+    flag: bool,
+    after: lc.PostCommit,
+    campaign: int | None = None,
 ) -> None:
     """Cordon (no new work: the scheduler hears it after the commit) or uncordon a node."""
     row = s.get(Node, nc.id)
@@ -174,7 +187,8 @@ def _set_cordon(
     store.dirty(nc.name)
     name, hook = nc.name, store.hook
     if flag:
-        after.append(lambda: hook.drain(name, "maintenance campaign: cordoned"))
+        why = f"maintenance campaign {campaign}: cordoned" if campaign else "maintenance campaign"
+        after.append(lambda: hook.drain(name, why))
     elif nc.state == S.IN_SERVICE.value:
         after.append(lambda: hook.resume(name))
 
@@ -228,7 +242,10 @@ def _give_back(
     """A node not yet updated leaves the campaign: uncordoned, back in service when the
     campaign drained it."""
     if nc is not None:
-        if mn.step in (DRAINING,) and nc.state in (S.DRAINING.value, S.DRAINED.value):
+        if mn.step in (DRAINING, EVACUATING) and nc.state in (
+            S.DRAINING.value,
+            S.DRAINED.value,
+        ):
             _move(store, s, c, nc, S.IN_SERVICE, f"maintenance campaign {c.id}: {why}", after)
         if nc.cordoned:
             _set_cordon(store, s, nc, False, after)
@@ -354,6 +371,14 @@ def _advance(
             _give_back(
                 store, s, c, mn, nc, f"node went {state.value} while draining", changes, after
             )
+        elif spec.drain_deadline_s is not None and waited > spec.drain_deadline_s:
+            why = (
+                f"drain deadline ({spec.drain_deadline_s:g} s) passed: jobs get "
+                f"{spec.checkpoint_signal} and {spec.checkpoint_grace_s:g} s, then are requeued"
+            )
+            detail = {"signal": spec.checkpoint_signal, "grace_s": spec.checkpoint_grace_s}
+            _take(store, s, c, mn, EVACUATING, why, changes, detail)
+            drain_ops.evacuate_after(store, c.id, mn.node, spec, after)
         elif waited > spec.drain_timeout_s:
             _give_back(
                 store,
@@ -365,6 +390,9 @@ def _advance(
                 changes,
                 after,
             )
+        return
+    if mn.step == EVACUATING:
+        _evacuating(store, s, c, mn, nc, spec, waited, changes, after)
         return
     if mn.step == UPDATING:
         out = mn.outcome
@@ -506,6 +534,33 @@ def _advance(
             )
 
 
+def _evacuating(
+    store: ControlStore,
+    s: Session,
+    c: MaintCampaign,
+    mn: MaintNode,
+    nc: NodeCache,
+    spec: CampaignSpec,
+    waited: float,
+    changes: list[StepChange],
+    after: lc.PostCommit,
+) -> None:
+    """Jobs were signalled and requeued: wait for the node to be drained (idle)."""
+    state = S(nc.state)
+    if state is S.DRAINED:
+        _take(store, s, c, mn, UPDATING, "update ordered", changes, {"key": mn_key(c, mn)})
+    elif state in (S.REPAIR, S.FAILED, S.LOST):
+        _give_back(store, s, c, mn, nc, f"node went {state.value} while draining", changes, after)
+    elif waited > spec.checkpoint_grace_s + EVACUATE_SLACK_S:
+        why = (
+            f"jobs still on the node {waited:.0f} s after the checkpoint signal "
+            f"(grace {spec.checkpoint_grace_s:g} s)"
+        )
+        _give_back(store, s, c, mn, nc, why, changes, after)
+    elif drain_ops.needs_call(store, s, c.id, mn.node):
+        drain_ops.evacuate_after(store, c.id, mn.node, spec, after)
+
+
 def mn_key(c: MaintCampaign, mn: MaintNode) -> str:
     return update_key(c.id, mn.node)
 
@@ -546,7 +601,7 @@ def _start_nodes(store: ControlStore, cid: int, changes: list[StepChange]) -> No
                     continue  # below the floor, or past the circuit breaker
                 in_gpus -= len(nc.gpus) if not nc.cordoned else 0
                 out_nodes += 1
-            _set_cordon(store, s, nc, True, after)
+            _set_cordon(store, s, nc, True, after, c.id)
             _take(store, s, c, mn, CORDONED, "cordoned: no new work", changes)
             flight.append(mn)
     store._run_after(after)

@@ -115,6 +115,9 @@ async def ingest_body(
         out["dropped"] = dropped
     if view is not None and view.state == "validating":  # the agent validates (issue 14)
         out["validate_since_s"] = view.state_since_s
+        level = campaign_ops.validation_level(store, batch.node)
+        if level is not None:  # a campaign asks more than the gate's level 1
+            out["validate_level"] = level
     order = campaign_ops.orders(store).get(batch.node)  # a campaign's update (issue 15)
     if order is not None:
         out["update"] = order.model_dump(mode="json")

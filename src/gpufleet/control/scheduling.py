@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 from gpufleet.control.lifecycle import NodeState
 from gpufleet.control.remediation import BLOCKED_REASON, blocked_drain
 from gpufleet.errors import GpufleetError
-from gpufleet.schedulers.base import Feature, NodeFacts, SchedulerBackend
+from gpufleet.schedulers.base import Evacuation, Feature, NodeFacts, SchedulerBackend
 
 if TYPE_CHECKING:
     from gpufleet.control.store import ControlStore
@@ -127,6 +127,29 @@ class SchedulerEvents:
         with self._lock:
             self._drains.pop(node, None)
         self._put("resume", node, lambda: self.backend.resume(node))
+
+    def evacuate(
+        self,
+        node: str,
+        reason: str,
+        *,
+        signal: str,
+        grace_s: float,
+        then: Callable[[Evacuation], None],
+    ) -> None:
+        """A drain's deadline: the backend checkpoint-signals and requeues the node's jobs;
+        ``then`` gets its answer (on the scheduler thread). A backend without the feature
+        answers with a note and evacuates nothing (the drain then waits for its jobs)."""
+
+        def call() -> None:
+            caps = self.backend.capabilities()
+            if caps.supports(Feature.EVACUATE):
+                result = self.backend.evacuate(node, reason, signal=signal, grace_s=grace_s)
+            else:
+                result = Evacuation(note=caps.why(Feature.EVACUATE))
+            then(result)
+
+        self._put("evacuate", node, call)
 
     def lost(self, node: str) -> None:
         self._put("lost", node, lambda: self.backend.node_lost(node))

@@ -77,6 +77,26 @@ class SchedNodeState:
 
 
 @dataclass(frozen=True)
+class Evacuation:
+    """What ``evacuate`` did to the jobs running on a node: requeued after the checkpoint
+    signal (they had ``grace_s`` to save their state), or killed without it (the signal could
+    not be delivered: a node cut off, a backend that cannot signal)."""
+
+    signalled: int = 0
+    killed: int = 0
+    jobs: tuple[str, ...] = ()
+    note: str = ""
+
+    def as_dict(self) -> dict[str, object]:
+        return {
+            "signalled": self.signalled,
+            "killed": self.killed,
+            "jobs": list(self.jobs),
+            "note": self.note,
+        }
+
+
+@dataclass(frozen=True)
 class JobAttempt:
     """One placement of a job: where, when, how it ended."""
 
@@ -97,6 +117,7 @@ class Feature(StrEnum):
     JOB_LOGS = "job_logs"  # the output of a job's newest copy
     AGENT_JOBS = "agent_jobs"  # jobs run by gpufleet agents: commands ride on their acks
     DRAIN = "drain"  # drain, resume, lost: node lifecycle reaches the scheduler
+    EVACUATE = "evacuate"  # checkpoint-signal and requeue a node's jobs (a drain's deadline)
     REPORTS_IDLE = "reports_idle"  # is_idle knows whether work still runs on a node
     NODE_STATES = "node_states"  # the scheduler's own view of its nodes
     MULTI_NODE = "multi_node"  # a job over several nodes
@@ -222,6 +243,13 @@ class SchedulerBackend(Protocol):
 
     def resume(self, node: str) -> None: ...
 
+    def evacuate(self, node: str, reason: str, *, signal: str, grace_s: float) -> Evacuation:
+        """A drain's deadline passed: every job still running on ``node`` gets ``signal``
+        (its checkpoint signal) and ``grace_s`` seconds to exit, then is killed if needed and
+        requeued as an infrastructure requeue (never counted against its own restarts).
+        Returns at once; the node is idle once the copies are gone (``is_idle``)."""
+        ...
+
     def node_lost(self, node: str) -> None:
         """``node`` stopped reporting: requeue what ran there."""
         ...
@@ -267,8 +295,15 @@ class NoScheduler:
     def capabilities(self) -> Capabilities:
         return Capabilities(
             self.name,
-            [Capability(Feature.DRAIN, True, "recorded only; drains complete at once")]
-            + [Capability(f, False, self.WHY) for f in Feature if f is not Feature.DRAIN],
+            [
+                Capability(Feature.DRAIN, True, "recorded only; drains complete at once"),
+                Capability(Feature.EVACUATE, True, "nothing runs: nothing to requeue"),
+            ]
+            + [
+                Capability(f, False, self.WHY)
+                for f in Feature
+                if f not in (Feature.DRAIN, Feature.EVACUATE)
+            ],
         )
 
     def start(self, context: SchedulerContext) -> None:
@@ -282,6 +317,10 @@ class NoScheduler:
 
     def resume(self, node: str) -> None:
         self.calls.append(("resume", node))
+
+    def evacuate(self, node: str, reason: str, *, signal: str, grace_s: float) -> Evacuation:
+        self.calls.append(("evacuate", node))
+        return Evacuation(note="no scheduler: nothing runs")
 
     def node_lost(self, node: str) -> None:
         self.calls.append(("lost", node))

@@ -101,6 +101,9 @@ class Ack(BaseModel):
     # validation level 1 once per such period and posts the result (`gpufleet.agent.gate`);
     # absent in every other state
     validate_since_s: float | None = None
+    # the level the agent validates at in that period: absent (level 1, the agent's own gate)
+    # unless a maintenance campaign asks more (issue 15, ``--validate-level 2``)
+    validate_level: int | None = Field(None, ge=1, le=3)
     # a maintenance campaign asks the node's agent to run the site's update command (issue 15,
     # `gpufleet.wire.maintenance`); absent otherwise
     update: WireUpdateOrder | None = None

@@ -113,9 +113,15 @@ class WireJobs(BaseModel):
     copies: list[WireJobCopy] = Field(default_factory=list)
 
 
+# a checkpoint signal by name, as kill(1) and Slurm's ``--signal`` write it (``USR1``, ``SIGUSR1``)
+SignalName = Annotated[str, Field(pattern=r"^(SIG)?[A-Z][A-Z0-9]{1,7}$", max_length=10)]
+
+
 class WireCommand(BaseModel):
     """The control plane asks the agent to start (with its ``spec``) or kill one copy of a job;
-    ``generation`` is the fence token of that copy."""
+    ``generation`` is the fence token of that copy. A kill with ``signal`` is a checkpoint
+    stop: the job's process gets ``signal`` first and ``grace_s`` seconds to exit before it
+    is killed (Slurm's ``--signal=B:SIG@TIME``)."""
 
     model_config = WIRE_CONFIG
 
@@ -125,3 +131,5 @@ class WireCommand(BaseModel):
     gpus: list[GpuIndex] = Field(default_factory=list)
     env: EnvVars = Field(default_factory=dict)
     spec: JobSpec | None = None  # start only
+    signal: SignalName | None = None  # kill only: the checkpoint signal
+    grace_s: float = Field(0.0, ge=0, le=86400)  # kill only: time to exit after ``signal``

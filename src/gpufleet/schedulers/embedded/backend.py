@@ -21,6 +21,7 @@ from dataclasses import replace
 from gpufleet.errors import GpufleetError, UnknownNameError
 from gpufleet.schedulers.base import (
     Capabilities,
+    Evacuation,
     JobAttempt,
     JobSpec,
     JobState,
@@ -236,6 +237,13 @@ class EmbeddedBackend:
     def resume(self, node: str) -> None:
         self._node_event(lambda: self.eng.node_back(node))
 
+    def evacuate(self, node: str, reason: str, *, signal: str, grace_s: float) -> Evacuation:
+        with self.lock:
+            try:
+                return self.eng.evacuate(node, reason, signal, grace_s)
+            except UnknownNameError:
+                return Evacuation(note="no jobs-capable agent on this node")
+
     def node_lost(self, node: str) -> None:
         self._node_event(lambda: self.eng.node_lost(node))
 
@@ -243,7 +251,14 @@ class EmbeddedBackend:
         if self._eng is None:
             return True
         with self.lock:
-            return not any(node in j.nodes for j in self.store.jobs(ACTIVE))
+            if any(node in j.nodes for j in self.store.jobs(ACTIVE)):
+                return False
+        # a copy still running there (a requeued job's copy checkpointing after its signal,
+        # a kill not yet confirmed) keeps the node busy: the drain waits for it to end
+        try:
+            return not any(r.running for r in self.executor.poll(node))
+        except NodeUnreachable:
+            return True  # no fresh report: no copy known there (a lost node is not drained)
 
     def node_states(self) -> list[SchedNodeState]:
         with self.lock:

@@ -23,6 +23,7 @@ from gpufleet.errors import UsageError
 from gpufleet.schedulers.base import (
     Capabilities,
     Capability,
+    Evacuation,
     Feature,
     JobSpec,
     JobState,
@@ -60,6 +61,12 @@ def embedded_capabilities() -> Capabilities:
             Capability(Feature.JOB_LOGS, True, "the output tail each agent sends"),
             Capability(Feature.AGENT_JOBS, True, "jobs run by the gpufleet agents"),
             Capability(Feature.DRAIN, True),
+            Capability(
+                Feature.EVACUATE,
+                True,
+                "the agent signals the job's process, kills it after the grace, and the job"
+                " is requeued (max_requeues, not max_restarts)",
+            ),
             Capability(Feature.REPORTS_IDLE, True),
             Capability(Feature.NODE_STATES, True),
             Capability(Feature.MULTI_NODE, True, "gpus is per node; no rendezvous beyond env vars"),
@@ -211,6 +218,31 @@ class EmbeddedScheduler:
         if not fail:
             return []
         return failover.on_node_failure(self, node, self.clock(), f"node {node}: {reason}")
+
+    def evacuate(self, node: str, reason: str, sig: str, grace_s: float) -> Evacuation:
+        """Every active job with a copy on ``node``: each copy gets ``sig`` and ``grace_s``
+        seconds to exit (a checkpoint stop), and the job is requeued at once as an
+        infrastructure requeue; it starts again elsewhere once its old copies are confirmed
+        gone (or their lease ran out). A copy whose node cannot be reached is only killed."""
+        self._node(node)
+        now = self.clock()
+        signalled = killed = 0
+        moved: list[str] = []
+        for job in self.store.jobs(ACTIVE):
+            if node not in job.nodes:
+                continue
+            reached = True
+            for n in job.nodes:
+                try:
+                    self.executor.signal_stop(job.id, job.generation, n, sig, grace_s)
+                except NodeUnreachable:
+                    reached = False
+                    failover.kill_copies(self, job)
+            signalled += reached
+            killed += not reached
+            if failover.requeue(self, job, now, reason, confirmed=False) is not None:
+                moved.append(job.id)
+        return Evacuation(signalled, killed, tuple(moved))
 
     def node_resumed(self, node: str) -> None:
         """A drained node takes jobs again."""

@@ -89,6 +89,13 @@ class JobExecutor(Protocol):
         """Stop that copy; True when it is surely not running any more."""
         ...
 
+    def signal_stop(
+        self, job_id: str, generation: int, node: str, signal_name: str, grace_s: float
+    ) -> bool:
+        """A checkpoint stop: ``signal_name`` now, killed after ``grace_s`` if still running;
+        True when the copy is surely not running any more (else it is on its way)."""
+        ...
+
     def poll(self, node: str) -> list[CopyReport]:
         """Every copy the node's agent knows (running or exited); NodeUnreachable if cut off."""
         ...
@@ -105,6 +112,17 @@ def _read(path: Path) -> str | None:
         return path.read_text(encoding="utf-8").strip()
     except OSError:
         return None
+
+
+def signal_number(name: str) -> int:
+    """``USR1``/``SIGUSR1`` -> its number (signal(7)); `ExecutorError` for an unknown name."""
+    full = name.upper() if name.upper().startswith("SIG") else f"SIG{name.upper()}"
+    try:
+        return int(signal.Signals[full])
+    except KeyError:
+        raise ExecutorError(
+            f"unknown signal {name!r}", hint="a name from signal(7), e.g. USR1 or TERM"
+        ) from None
 
 
 def visible_devices(gpus: tuple[int, ...]) -> str:
@@ -255,6 +273,10 @@ class LocalProcessExecutor:
                 )
             if (d / "killed").exists():
                 why = f"killed by the agent (exit {text})"
+                for name in ("checkpointed", "stop_killed"):
+                    note = _read(d / name)
+                    if note is not None:
+                        why = f"checkpoint stop: {note} (exit {text})"
                 return CopyReport(job_id, generation, node, False, None, why, fenced=True)
             code = int(text) if text.lstrip("-").isdigit() else None
             return CopyReport(job_id, generation, node, False, code, f"exit {text}")
@@ -297,6 +319,23 @@ class LocalProcessExecutor:
                     return True
                 time.sleep(0.02)
         return not self._alive(key, d)
+
+    def signal_stop(
+        self, job_id: str, generation: int, node: str, signal_name: str, grace_s: float
+    ) -> bool:
+        """Ask the copy's wrapper for a checkpoint stop (``DIR/stop``; see ``runner``): it
+        signals the command and kills it after ``grace_s``. Returns at once; asking again is
+        a no-op."""
+        sig = signal_number(signal_name)
+        d = self._dir(job_id, generation, node)
+        if not self._alive((job_id, generation, node), d):
+            return True
+        if not (d / "stop").exists():
+            (d / "killed").write_text("1", encoding="utf-8")
+            tmp = d / "stop.tmp"
+            tmp.write_text(f"{sig} {grace_s:g}", encoding="utf-8")
+            os.replace(tmp, d / "stop")
+        return False
 
     def fence(self, node: str, valid: Mapping[str, int]) -> list[CopyReport]:
         killed = []

@@ -83,6 +83,7 @@ class RemoteAgentExecutor:
         self.views: dict[str, NodeView] = {}
         self.starts: dict[str, dict[Key, _PendingStart]] = {}
         self.kills: dict[str, set[Key]] = {}
+        self.stops: dict[Key, tuple[str, float]] = {}  # kills that are checkpoint stops
         self.logs: dict[Key, str] = {}
         # set when a report shows a copy started or ended: the scheduler ticks at once
         # (a killed copy's job may start elsewhere, a start counts as running)
@@ -150,12 +151,21 @@ class RemoteAgentExecutor:
             c = view.copies.get(key)
             if c is None or not c.running:
                 kills.discard(key)
+                self.stops.pop(key, None)
 
     def _commands(self, node: str, now: float) -> list[WireCommand]:
         out = [self._start_command(p, now) for p in self.starts.get(node, {}).values()]
         for job_id, gen in sorted(self.kills.get(node, set())):
-            out.append(WireCommand(op="kill", job_id=job_id, generation=gen))
+            out.append(self._kill_command(job_id, gen))
         return out
+
+    def _kill_command(self, job_id: str, generation: int) -> WireCommand:
+        stop = self.stops.get((job_id, generation))
+        if stop is None:
+            return WireCommand(op="kill", job_id=job_id, generation=generation)
+        return WireCommand(
+            op="kill", job_id=job_id, generation=generation, signal=stop[0], grace_s=stop[1]
+        )
 
     @staticmethod
     def _start_command(p: _PendingStart, now: float) -> WireCommand:
@@ -209,8 +219,20 @@ class RemoteAgentExecutor:
             new = key not in self.kills.get(node, set())
             self.kills.setdefault(node, set()).add(key)
         if new:
-            self._send_now(node, WireCommand(op="kill", job_id=job_id, generation=generation))
+            self._send_now(node, self._kill_command(job_id, generation))
         return False  # the agent kills it on its next exchange (or when its lease ends)
+
+    def signal_stop(
+        self, job_id: str, generation: int, node: str, signal_name: str, grace_s: float
+    ) -> bool:
+        """A kill that is a checkpoint stop: the agent signals the copy and kills it after
+        ``grace_s`` (`LocalProcessExecutor.signal_stop`). Raises ``NodeUnreachable`` when the
+        node has not reported for ``stale_s``: the signal could not reach it."""
+        key = (job_id, generation)
+        with self._lock:
+            self._fresh(node)
+            self.stops[key] = (signal_name, grace_s)
+        return self.kill(job_id, generation, node)
 
     def copy_gone(self, job_id: str, generation: int, node: str) -> bool:
         """Does the node's newest fresh report show this copy ended (or a never-sent start)?

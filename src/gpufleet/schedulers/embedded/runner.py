@@ -20,8 +20,17 @@ to it rather than to init and stay findable; it sends SIGTERM to every descendan
 session, then SIGKILL after ``TERM_GRACE_S``, and reaps them. The command itself gets
 ``PR_SET_PDEATHSIG`` (SIGKILL), so even a ``kill -9`` of the wrapper takes the command down.
 A fenced copy leaves ``DIR/fenced`` (the reason) next to its exit status: the scheduler requeues
-it instead of counting the exit as the job's own failure. Descendants still alive when the
-command exits are killed too: nothing of a copy runs once it has ended.
+it instead of counting the exit as the job's own failure.
+
+Checkpoint stops (a maintenance drain's deadline): the executor writes ``DIR/stop`` (``SIGNAL
+GRACE_S``, e.g. ``10 60``); the wrapper sees it within a step, sends that signal to the command
+only (its top process, as Slurm's ``--signal=B:USR1@60`` signals the batch shell: the job
+decides what to forward), and kills the whole tree if the command has not exited ``GRACE_S``
+seconds later. It writes ``DIR/checkpointed`` (the command exited in time) or
+``DIR/stop_killed`` (it had to be killed), which the copy's report carries.
+
+Descendants still alive when the command exits are killed too: nothing of a copy runs once it
+has ended.
 """
 
 from __future__ import annotations
@@ -147,6 +156,47 @@ def kill_tree(root: int, keep: int, grace_s: float = TERM_GRACE_S) -> None:
 
 
 @dataclass
+class CheckpointStop:
+    """A checkpoint stop asked through ``DIR/stop`` (see the module docstring)."""
+
+    dir: Path
+    signalled_at: float | None = None
+    grace_s: float = 0.0
+
+    def request(self) -> tuple[int, float] | None:
+        """(signal, grace) once ``DIR/stop`` holds a valid request, else None."""
+        try:
+            words = (self.dir / "stop").read_text(encoding="utf-8").split()
+            return int(words[0]), max(0.0, float(words[1]))
+        except (OSError, ValueError, IndexError):
+            return None
+
+    def check(self, child: subprocess.Popen[bytes], log: Callable[[str], None]) -> bool:
+        """Signal the command when asked; True once its grace has run out (kill it now)."""
+        if self.signalled_at is None:
+            asked = self.request()
+            if asked is None:
+                return False
+            sig, self.grace_s = asked
+            self.signalled_at = time.monotonic()
+            log(f"gpufleet: checkpoint signal {sig}; {self.grace_s:g} s to exit")
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(child.pid, sig)
+            return False
+        return time.monotonic() - self.signalled_at > self.grace_s
+
+    def ended(self, killed: bool) -> None:
+        """Record how a signalled command ended (nothing when no stop was asked)."""
+        if self.signalled_at is None:
+            return
+        took = time.monotonic() - self.signalled_at
+        if killed:
+            _write(self.dir, "stop_killed", f"still running {took:.1f} s after the signal")
+        else:
+            _write(self.dir, "checkpointed", f"exited {took:.1f} s after the signal")
+
+
+@dataclass
 class Lease:
     """What the wrapper holds from its agent (see the module docstring)."""
 
@@ -208,9 +258,17 @@ def _parse(argv: list[str]) -> tuple[Path, Lease, list[str]] | None:
     return Path(head[0]), lease, cmd
 
 
-def supervise(child: subprocess.Popen[bytes], lease: Lease, on_fence: Callable[[str], None]) -> int:
-    """Wait for the command, fencing it when the lease breaks; returns its exit status."""
+def supervise(
+    child: subprocess.Popen[bytes],
+    lease: Lease,
+    on_fence: Callable[[str], None],
+    stop: CheckpointStop | None = None,
+    log: Callable[[str], None] = lambda _line: None,
+) -> int:
+    """Wait for the command, fencing it when the lease breaks and signalling, then killing,
+    it on a checkpoint stop; returns its exit status."""
     me = os.getpid()
+    stop_killed = False
     step = 0.1 if lease.lease_s <= 0 else min(0.25, max(0.02, lease.lease_s / 20))
     stopping: list[int] = []
 
@@ -226,6 +284,10 @@ def supervise(child: subprocess.Popen[bytes], lease: Lease, on_fence: Callable[[
         if stopping:
             kill_tree(me, child.pid)  # asked to stop: the command and everything it started
             continue
+        if stop is not None and stop.check(child, log):
+            stop_killed = True
+            kill_tree(me, child.pid)  # the checkpoint grace ran out
+            continue
         why = lease.broken(step) if (lease.fd is not None or lease.file) else None
         if why is None:
             if lease.fd is None and not lease.file:
@@ -235,6 +297,8 @@ def supervise(child: subprocess.Popen[bytes], lease: Lease, on_fence: Callable[[
         on_fence(why)
         kill_tree(me, child.pid)
     kill_tree(me, child.pid)  # what the command left behind does not outlive it
+    if stop is not None:
+        stop.ended(stop_killed)
     return code
 
 
@@ -265,7 +329,10 @@ def main(argv: list[str]) -> int:
             log.write(f"gpufleet: fencing this copy: {why}\n".encode())
             _write(d, "fenced", why)
 
-        code = supervise(child, lease, fenced)
+        def note(line: str) -> None:
+            log.write(f"{line}\n".encode())
+
+        code = supervise(child, lease, fenced, CheckpointStop(d), note)
     # A child killed by signal N reports -N; shells report 128+N (bash(1), "EXIT STATUS").
     _write_exit(d, 128 - code if code < 0 else code)
     return 0

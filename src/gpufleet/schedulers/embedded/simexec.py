@@ -166,6 +166,12 @@ class SimExecutor:
         self._stop(c, self.now(), None, "killed")
         return True
 
+    def signal_stop(
+        self, job_id: str, generation: int, node: str, signal_name: str, grace_s: float
+    ) -> bool:
+        """A simulated job checkpoints at once: the stop is a kill."""
+        return self.kill(job_id, generation, node)
+
     def poll(self, node: str) -> list[CopyReport]:
         self.advance()
         self._contact(node)

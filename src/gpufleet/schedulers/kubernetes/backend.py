@@ -30,6 +30,7 @@ from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.schedulers.base import (
     Capabilities,
     Capability,
+    Evacuation,
     Feature,
     JobAttempt,
     JobSpec,
@@ -151,6 +152,12 @@ class KubernetesScheduler:
                 Capability(Feature.JOB_LOGS, False, "use kubectl logs"),
                 Capability(Feature.AGENT_JOBS, False, "the kubelet runs the pods"),
                 Capability(Feature.DRAIN, True, "cordon + PDB-respecting eviction + taint"),
+                Capability(
+                    Feature.EVACUATE,
+                    True,
+                    "the drain's evictions again (PDBs respected); an evicted pod gets SIGTERM"
+                    " and its own terminationGracePeriodSeconds, not the campaign's signal",
+                ),
                 Capability(Feature.REPORTS_IDLE, True, "no running GPU pod left on the node"),
                 Capability(Feature.NODE_STATES, True),
                 Capability(Feature.MIG, True, "nvidia.com/mig-* resources are counted"),
@@ -269,6 +276,21 @@ class KubernetesScheduler:
     def resume(self, node: str) -> None:
         self.untaint(node)
         self.uncordon(node)
+
+    def evacuate(self, node: str, reason: str, *, signal: str, grace_s: float) -> Evacuation:
+        """A drain's deadline: evict the node's GPU pods again (a PodDisruptionBudget still
+        answers 429: retried with backoff, then reported as blocked; the pod is never deleted
+        past its PDB). Kubernetes sends an evicted pod SIGTERM and gives it its own
+        ``terminationGracePeriodSeconds``: ``signal`` and ``grace_s`` do not apply."""
+        rep = self.drain_node(node, reason)
+        self.last_drain = rep
+        note = ""
+        if rep.blocked:
+            pod, why = next(iter(rep.blocked.items()))
+            note = (
+                f"{len(rep.blocked)} pod(s) blocked by a PodDisruptionBudget (e.g. {pod}: {why})"
+            )[:300]
+        return Evacuation(len(rep.evicted), 0, tuple([*rep.evicted, *rep.blocked]), note)
 
     def node_lost(self, node: str) -> None:
         self.drain(node, "node lost (no heartbeat)", fail=True)

@@ -17,7 +17,9 @@ PENDING again and then sets ``StartTime=now``, which makes it eligible at once.
 from __future__ import annotations
 
 import json
+import logging
 import re
+import threading
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -27,6 +29,7 @@ from gpufleet.errors import GpufleetError, UnknownNameError
 from gpufleet.schedulers.base import (
     Capabilities,
     Capability,
+    Evacuation,
     Feature,
     JobAttempt,
     JobSpec,
@@ -85,6 +88,8 @@ _UNSCHEDULABLE = {
 if TYPE_CHECKING:
     from gpufleet.wire import Batch, WireCommand
 
+log = logging.getLogger("gpufleet.schedulers.slurm")
+
 
 class SlurmBackend:
     """gpufleet jobs and node lifecycle on Slurm, through Slurm's own client programs."""
@@ -139,6 +144,11 @@ class SlurmBackend:
                 ),
                 Capability(Feature.AGENT_JOBS, False, "Slurm runs the jobs; agents report"),
                 Capability(Feature.DRAIN, True, "scontrol update State=DRAIN/RESUME"),
+                Capability(
+                    Feature.EVACUATE,
+                    True,
+                    "scancel --batch --signal=SIG, then scontrol requeue after the grace",
+                ),
                 Capability(Feature.REPORTS_IDLE, True, "squeue: no running job on the node"),
                 Capability(Feature.NODE_STATES, True, "sinfo --json"),
                 Capability(Feature.MULTI_NODE, True, "sbatch --nodes"),
@@ -275,6 +285,37 @@ class SlurmBackend:
             raise SlurmUnknownNodeError("Slurm node", node, [n.name for n in self.node_states()])
         if "drain" in st.state:
             self._node_cmd(self.cmd.resume_args(node), node)
+
+    def evacuate(self, node: str, reason: str, *, signal: str, grace_s: float) -> Evacuation:
+        """A drain's deadline: each job running on ``node`` gets ``signal`` in its batch shell
+        now (``scancel --batch --signal``), and ``grace_s`` later is requeued (``scontrol
+        requeue``: Slurm's own requeue, counted in ``restart_cnt``; a job that exited after
+        its checkpoint is requeued too, it did not finish its work). The requeue runs on a
+        timer thread so the caller's thread is not held for the grace."""
+        signalled: list[str] = []
+        killed: list[str] = []
+        for job in self.list_jobs():
+            if job.state not in (JobState.RUNNING, JobState.STARTING) or node not in job.nodes:
+                continue
+            try:
+                self.cmd.run(self.cmd.signal_args(job.id, signal))
+                signalled.append(job.id)
+            except GpufleetError as exc:
+                log.warning("job %s: checkpoint signal %s failed: %s", job.id, signal, exc)
+                killed.append(job.id)
+        jobs = [*signalled, *killed]
+        if jobs:
+            timer = threading.Timer(grace_s, self._requeue_all, args=(jobs,))
+            timer.daemon = True
+            timer.start()
+        return Evacuation(len(signalled), len(killed), tuple(jobs))
+
+    def _requeue_all(self, jobs: list[str]) -> None:
+        for job_id in jobs:
+            try:
+                self.requeue(job_id)
+            except GpufleetError as exc:
+                log.warning("job %s: requeue after the checkpoint grace failed: %s", job_id, exc)
 
     def node_lost(self, node: str) -> None:
         self.drain(node, "node lost (no heartbeat)", fail=True)

@@ -105,10 +105,12 @@ def gres_arg(gpus: int, gres_type: str | None = None) -> str:
 
 
 def job_script(spec: JobSpec) -> str:
-    """The batch script body for ``--wrap``: the command argument list quoted for sh, or a sleep
-    of ``duration_s`` for a job that only occupies GPUs."""
+    """The batch script body for ``--wrap``: the command argument list quoted for sh (run with
+    ``exec``, so the job's own process is the batch shell and a checkpoint signal sent to it,
+    ``scancel --batch --signal``, reaches the job itself), or a sleep of ``duration_s`` for a
+    job that only occupies GPUs."""
     if spec.command:
-        return shlex.join(spec.command)
+        return "exec " + shlex.join(spec.command)
     if spec.duration_s is not None:
         return f"sleep {spec.duration_s:g}"
     raise GpufleetError(f"job {spec.name!r}: give a command or a duration")
@@ -181,6 +183,12 @@ class SlurmCommands:
     def start_now_args(self, job_id: str) -> list[str]:
         """Clear the begin time a requeue sets (now + cred_expire + 1, 121 s by default)."""
         return [self.binaries.scontrol, "update", f"JobId={job_id}", "StartTime=now"]
+
+    def signal_args(self, job_id: str, signal: str) -> list[str]:
+        """Signal the job's batch shell only (scancel(1) ``--batch``: the script decides what
+        to forward, as with ``sbatch --signal=B:SIG@TIME``)."""
+        name = signal.upper().removeprefix("SIG")
+        return [self.binaries.scancel, "--batch", f"--signal={name}", job_id]
 
     def cancel_args(self, job_id: str) -> list[str]:
         return [self.binaries.scancel, job_id]
