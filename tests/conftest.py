@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import os
 from pathlib import Path
 
 import pytest
@@ -25,8 +26,16 @@ def real_gpu_available() -> bool:
         return False
 
 
-# Test files that start a Slurm dev cluster: under pytest-xdist (`make test`) they run on one
-# worker (`--dist loadgroup`), so the session's cluster starts once, not once per worker.
+# pytest-xdist's workers get COLUMNS=80 and LINES=24 in their environment; Rich reads COLUMNS
+# once, when the CLI's console is made, which would fix every table at 80 columns whatever a
+# test asks for. The CLI tests set COLUMNS per invocation, as a serial run leaves them free to.
+if "PYTEST_XDIST_WORKER" in os.environ:
+    os.environ.pop("COLUMNS", None)
+    os.environ.pop("LINES", None)
+
+# Under pytest-xdist (`make test`, `--dist loadgroup`) each test file runs on one worker (a
+# module's fixtures and the order of its tests are as in a serial run), and the files that
+# start a Slurm dev cluster share one worker, so the session's cluster starts once.
 SLURM_FILES = (
     "tests/slurm/",
     "tests/integration/test_slurm.py",
@@ -35,11 +44,12 @@ SLURM_FILES = (
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         where = item.nodeid.split("::", 1)[0]
-        if where.startswith(SLURM_FILES):
-            item.add_marker(pytest.mark.xdist_group("slurm"))
+        group = "slurm" if where.startswith(SLURM_FILES) else where
+        item.add_marker(pytest.mark.xdist_group(group))
     if real_gpu_available():
         return
     skip = pytest.mark.skip(reason="needs a real NVIDIA GPU (NVML found none)")
