@@ -30,14 +30,15 @@ typecheck: install
 	$(BIN)/mypy
 
 # Most tests wait on real processes (controllers, agents, daemons), not on the CPU: three
-# workers on a 2-core machine take about half the time of one. Tests that share one Slurm dev
-# cluster stay on one worker (tests/conftest.py groups them). TEST_WORKERS=0 runs serially.
+# workers on a 2-core machine take about half the time of one. Each test file stays on one
+# worker (`--dist loadfile`: module fixtures and test order as in a serial run). TEST_WORKERS=0
+# runs serially.
 TEST_WORKERS ?= 3
 
 test: install sysdeps
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

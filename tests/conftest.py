@@ -33,23 +33,8 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.pop("COLUMNS", None)
     os.environ.pop("LINES", None)
 
-# Under pytest-xdist (`make test`, `--dist loadgroup`) each test file runs on one worker (a
-# module's fixtures and the order of its tests are as in a serial run), and the files that
-# start a Slurm dev cluster share one worker, so the session's cluster starts once.
-SLURM_FILES = (
-    "tests/slurm/",
-    "tests/integration/test_slurm.py",
-    "tests/integration/test_campaign_slurm.py",
-    "tests/validate/test_multinode.py",
-)
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's hook reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    for item in items:
-        where = item.nodeid.split("::", 1)[0]
-        group = "slurm" if where.startswith(SLURM_FILES) else where
-        item.add_marker(pytest.mark.xdist_group(group))
     if real_gpu_available():
         return
     skip = pytest.mark.skip(reason="needs a real NVIDIA GPU (NVML found none)")
