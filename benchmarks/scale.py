@@ -23,11 +23,8 @@ fast as the controller acknowledges, and timed on its own.
 
 PostgreSQL: a private server (Debian's `postgresql`, initdb as the `postgres` user, like the
 tests) unless `--db-url` names one. `--replicas 2` starts two controllers on the same database
-and splits the nodes between them (the agents' `--controller URL1,URL2`); a second controller
-needs the high-availability release (leader election: one leader runs the timers, every
-replica ingests and serves reads). Without it both start and ingest, but each serves only the
-nodes that pushed to it and both run the lifecycle timers; the figures in docs/control-plane.md
-are with one replica.
+and splits the nodes between them (the agents' `--controller URL1,URL2`): one leads (the
+timers), both ingest and serve reads; the figures in docs/control-plane.md are with one replica.
 
     python benchmarks/scale.py [--nodes 1000] [--duration 60] [--replicas 1|2] [--json]
 """

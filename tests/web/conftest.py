@@ -71,8 +71,11 @@ def chromium_or_fail() -> str:
     return found
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
+    """Chromium for one test file. Not for the session: Playwright's sync API keeps an asyncio
+    loop marked running in this thread while it is open, and a later file on the same xdist
+    worker that calls ``asyncio.run`` would fail."""
     exe = chromium_or_fail()
     from playwright.sync_api import sync_playwright
 
