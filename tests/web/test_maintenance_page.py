@@ -123,6 +123,13 @@ def test_campaign_page_counts_chart_failures_and_buttons(fleet6: LiveFleet, page
     page.wait_for_selector("#mc-state")
     assert page.query_selector_all("#mc-buttons button") == []
     assert _post(fleet6, f"/maintenance/campaigns/{cid}/pause", "tenant_op").status_code == 403
+    # its campaign list counts the steps of the nodes its campaign status shows it
+    t_hdr = {"Authorization": f"Bearer {fleet6.tokens['tenant_op']}"}
+    t_one = httpx.get(f"{fleet6.url}/api/v1/maintenance/campaigns/{cid}", headers=t_hdr).json()
+    t_rows = httpx.get(f"{fleet6.url}/api/v1/maintenance/campaigns", headers=t_hdr).json()
+    t_row = next(r for r in t_rows if r["id"] == cid)
+    assert t_row["by_step"] == t_one["by_step"] and t_row["nodes"] == len(t_one["nodes"])
+    assert t_one["capacity"] is None  # a tenant does not read the fleet's capacity
 
     # an operator: Pause, the page shows it paused, the API agrees; then Resume comes back
     _open(page, fleet6, "operator", f"/maintenance/{cid}")

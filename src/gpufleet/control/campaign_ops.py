@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fnmatch
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 from sqlalchemy import select
@@ -352,16 +353,20 @@ def capacity_history(s: Session, cid: int) -> list[dict[str, Any]]:
     return out
 
 
-def campaigns(store: ControlStore, limit: int = 50) -> list[dict[str, Any]]:
-    """The newest campaigns, each with its node count per step."""
+def campaigns(
+    store: ControlStore, limit: int = 50, visible: Callable[[str], bool] | None = None
+) -> list[dict[str, Any]]:
+    """The newest campaigns, each with its node count per step (over the nodes ``visible``
+    accepts, when given: a tenant token's view)."""
     with store.sessions() as s:
         rows = list(s.scalars(select(MaintCampaign).order_by(MaintCampaign.id.desc()).limit(limit)))
         counts: dict[int, dict[str, int]] = {c.id: {} for c in rows}
-        q = select(MaintNode.campaign_id, MaintNode.step).where(
+        q = select(MaintNode.campaign_id, MaintNode.step, MaintNode.node).where(
             MaintNode.campaign_id.in_(list(counts))
         )
-        for cid, step in s.execute(q):
-            counts[cid][step] = counts[cid].get(step, 0) + 1
+        for cid, step, node in s.execute(q):
+            if visible is None or visible(node):
+                counts[cid][step] = counts[cid].get(step, 0) + 1
     return [
         {
             "id": c.id,
