@@ -39,6 +39,7 @@ from typing import Any
 
 import httpx
 
+from gpufleet.agent.report_post import post_report
 from gpufleet.agent.update_unit import result_path, write_private
 from gpufleet.wire import WireUpdateOrder, WireUpdateReport
 
@@ -177,18 +178,11 @@ class AgentMaintenance:
                 started_s=doc.get("started_s"),
                 ended_s=doc.get("ended_s"),
             )
-            try:
-                r = self.client.post(
-                    self.url, json=report.model_dump(mode="json"), headers=self._headers
-                )
-            except httpx.HTTPError as exc:
-                log.info("maintenance: report of %s not sent (%s); retrying", key, exc)
+            reported = self._reported(key)
+            if not post_report(
+                self.client, self.url, self._headers, report, reported, "maintenance"
+            ):
                 continue
-            if r.status_code >= 500:
-                continue
-            if r.status_code >= 400:
-                log.warning("maintenance: report of %s refused: %s", key, r.text[:200])
-            write_private(self._reported(key), {"status": r.status_code})
             log.warning("maintenance: update %s ended (exit %s)", key, report.exit_code)
             if self.updating.is_set():  # NVML was shut down in this process: start afresh
                 self.restart_wanted.set()

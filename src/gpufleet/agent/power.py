@@ -32,6 +32,7 @@ from typing import Any
 
 import httpx
 
+from gpufleet.agent.report_post import post_report
 from gpufleet.agent.update_unit import write_private
 from gpufleet.energy.apply import apply_each, restore_each
 from gpufleet.wire import WirePowerOrder, WirePowerReport
@@ -173,17 +174,8 @@ class AgentPower:
             except (OSError, ValueError) as exc:
                 log.warning("power: result of %s unreadable: %s", key, exc)
                 continue
-            try:
-                r = self.client.post(
-                    self.url, json=report.model_dump(mode="json"), headers=self._headers
-                )
-            except httpx.HTTPError as exc:
-                log.info("power: report of %s not sent (%s); retrying", key, exc)
+            reported = self._reported(key)
+            if not post_report(self.client, self.url, self._headers, report, reported, "power"):
                 continue
-            if r.status_code >= 500:
-                continue
-            if r.status_code >= 400:
-                log.warning("power: report of %s refused: %s", key, r.text[:200])
-            write_private(self._reported(key), {"status": r.status_code})
             with self._lock:
                 self._unreported.discard(key)
