@@ -32,13 +32,16 @@ typecheck: install
 # Most tests wait on real processes (controllers, agents, daemons), not on the CPU: three
 # workers on a 2-core machine take about half the time of one. Each test file stays on one
 # worker (`--dist loadfile`: module fixtures and test order as in a serial run). TEST_WORKERS=0
-# runs serially.
+# runs serially. Tests marked `serial` judge wall-clock timing (loopback bandwidth, a controller
+# restart within a lease): they run afterwards, alone, since three workers on two cores can slow a
+# process start several-fold.
 TEST_WORKERS ?= 3
 
 test: install sysdeps
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
-	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile
+	$(BIN)/pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	$(BIN)/pytest -q -m serial
 
 clean:
 	rm -rf $(VENV) build dist .pytest_cache .mypy_cache .ruff_cache

@@ -38,7 +38,8 @@ from gpufleet.testing.procs import (
 )
 from gpufleet.testing.testbed import wait_for
 
-pytestmark = pytest.mark.slow
+# timing: the outage must really be half the lease, which a loaded machine cannot promise
+pytestmark = [pytest.mark.slow, pytest.mark.serial]
 SHORT_LEASE_S = 4.0
 MARGIN_S = TERM_GRACE_S + 2.0  # the wrapper's TERM grace, its check step, a loaded machine
 

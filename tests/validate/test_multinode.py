@@ -329,6 +329,7 @@ def _gloo_plan(nodes: list[str], rpn: int, hook: str | None) -> MultiNodePlan:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # loopback bandwidth judged against the peers: needs a quiet machine
 def test_gloo_four_nodes_finds_the_slow_node() -> None:
     _torch()
     nodes = ["n1", "n2", "n3", "n4"]
@@ -358,6 +359,7 @@ def test_gloo_four_nodes_finds_the_slow_node() -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # loopback bandwidth judged against the peers: needs a quiet machine
 def test_gloo_two_ranks_per_node_finds_the_slow_link() -> None:
     _torch()
     nodes = ["a", "b", "c", "d"]
