@@ -103,8 +103,13 @@ def test_a_replica_forwards_raw_series_to_the_holder(
     agent.stop()  # no new samples: both answers describe the same rings
     assert not agent.alive()
 
-    mine = get(a, admin).json()
-    theirs = get(b, admin).json()
+    def pair() -> tuple[dict[str, Any], dict[str, Any]] | None:
+        """A's answer, B's, and A's again: when A's did not change in between (a batch sent
+        just before the agent stopped may still land), B's read the same rings."""
+        before, theirs, after = get(a, admin).json(), get(b, admin).json(), get(a, admin).json()
+        return (before, theirs) if before == after else None
+
+    mine, theirs = wait_for(pair, 30.0, "A's samples settled", step_s=0.2)
     assert mine["t"], mine
     assert (theirs["t"], theirs["fields"]) == (mine["t"], mine["fields"])  # the same samples
     assert mine["source"] == "memory" and mine["served_by"] == a.url and not mine["partial"]
