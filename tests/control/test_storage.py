@@ -49,7 +49,7 @@ def test_migrations_from_empty(db_config: dict[str, Any]) -> None:
     engine = make_engine(database_url(db_config.get("data_dir"), db_config.get("db_url")))
     assert current_revision(engine) is None
     rev = migrate(engine)
-    assert rev == head_revision() == "0009"
+    assert rev == head_revision() == "0010"
     assert set(table_names(engine)) == EXPECTED_TABLES
     assert migrate(engine) == rev  # a second run changes nothing
     engine.dispose()

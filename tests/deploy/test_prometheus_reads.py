@@ -217,6 +217,8 @@ def test_prometheus_discovers_agents_and_serves_the_series_api(
 
         got = wait_for(prom_series, 30, "series read from Prometheus", 0.2)
         assert got.keys() == mem.keys()
+        assert (mem["source"], got["source"]) == ("memory", "prometheus")  # said in the answer
+        assert got["partial"] is False
         assert got["fields"].keys() == mem["fields"].keys()
         assert (got["node"], got["gpu"], got["resolution"]) == (NODE, 1, "raw")
         assert got["power_limit_w"] == mem["power_limit_w"]

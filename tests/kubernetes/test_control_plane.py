@@ -91,6 +91,7 @@ def test_controller_deployment_service_pdb_secret_and_policy(tmp_path: Path) -> 
     secret = _one(objs, "Secret", ref.name)
     assert secret["stringData"][ref.key] == db_url
     assert env["GPUFLEET_PROMETHEUS_URL"].value == "http://prometheus.monitoring:9090"
+    assert "GPUFLEET_ADVERTISE_URL" not in env  # series from Prometheus: nothing to forward
     # the policy: the ConfigMap mounted where --policy points, holding the given policy
     policy_arg = c.args[c.args.index("--policy") + 1]
     mount = next(m for m in c.volume_mounts if policy_arg.startswith(m.mount_path + "/"))
@@ -169,6 +170,12 @@ def test_replicas_share_one_job_spec_key_kept_across_runs(tmp_path: Path) -> Non
     env = {e["name"]: e.get("value") for e in container["env"]}
     mount = next(m for m in container["volumeMounts"] if m["name"] == "job-key")
     assert env["GPUFLEET_DATA_DIR"] == mount["mountPath"] and mount["readOnly"] is True
+    # no Prometheus: each pod advertises its own address for forwarded series reads
+    assert env["GPUFLEET_ADVERTISE_URL"] == "http://$(POD_IP):8080"
+    pod_ip = next(e for e in container["env"] if e["name"] == "POD_IP")
+    assert pod_ip["valueFrom"] == {"fieldRef": {"fieldPath": "status.podIP"}}
+    names = [e["name"] for e in container["env"]]
+    assert names.index("POD_IP") < names.index("GPUFLEET_ADVERTISE_URL")  # $(VAR): defined first
     volume = next(v for v in pod["volumes"] if v["name"] == "job-key")
     assert volume["secret"]["items"] == [{"key": "job-env-key", "path": "job-env.key"}]
     assert stat.S_IMODE((out / "gpufleet.yaml").stat().st_mode) == 0o600

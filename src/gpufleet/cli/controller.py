@@ -20,6 +20,7 @@ if TYPE_CHECKING:
     from gpufleet.tls import TlsFiles
 
 from gpufleet.cli.controller_common import (
+    AdvertiseOption,
     DataDirOption,
     DbUrlOption,
     KubeconfigOption,
@@ -65,6 +66,7 @@ def register(app: typer.Typer) -> None:
         tls_key: Path | None = TlsKeyOption,
         max_nodes: int = MaxNodesOption,
         prometheus_url: str | None = PrometheusOption,
+        advertise_url: str | None = AdvertiseOption,
         lease_s: float = LeaseOption,
         renew_s: float = RenewOption,
         json_out: bool = JsonOption,
@@ -87,6 +89,7 @@ def register(app: typer.Typer) -> None:
                 notify,
                 prometheus_url,
                 (lease_s, renew_s),
+                advertise_url,
             )
 
     @ctl.command("serve")
@@ -104,6 +107,7 @@ def register(app: typer.Typer) -> None:
         tls_key: Path | None = TlsKeyOption,
         max_nodes: int = MaxNodesOption,
         prometheus_url: str | None = PrometheusOption,
+        advertise_url: str | None = AdvertiseOption,
         lease_s: float = LeaseOption,
         renew_s: float = RenewOption,
         json_out: bool = JsonOption,
@@ -124,6 +128,7 @@ def register(app: typer.Typer) -> None:
             notify,
             prometheus_url,
             (lease_s, renew_s),
+            advertise_url,
         )
 
     @ctl.command("migrate")
@@ -270,11 +275,13 @@ def _serve(
     notify: Path | None = None,
     prometheus_url: str | None = None,
     lease: tuple[float, float] = (6.0, 2.0),
+    advertise_url: str | None = None,
 ) -> None:
     from gpufleet.cli.process import private_state
     from gpufleet.control.notify import attach, build_notifier, database_id
     from gpufleet.control.notify_config import load_notify
     from gpufleet.control.remediation import load_policy
+    from gpufleet.control.series_forward import check_advertise_url
     from gpufleet.control.series_source import check_url
     from gpufleet.control.up import build_service, serve
 
@@ -284,6 +291,7 @@ def _serve(
         )
     notifier = build_notifier(load_notify(notify), str(notify)) if notify else None
     prometheus_url = check_url(prometheus_url) if prometheus_url else None
+    advertise_url = check_advertise_url(advertise_url) if advertise_url else None
 
     private_state(None if _db_url(db_url) else _data_dir(data_dir))
     lock = _controller_lock(data_dir, db_url)
@@ -295,10 +303,18 @@ def _serve(
         max_nodes_per_token=max_nodes,
         lease_s=lease[0],
         renew_s=lease[1],
+        advertise_url=advertise_url,
     )
     if notifier is not None:  # issue 18: webhooks and email on node and breaker events
         attach(service.store.sessions, notifier.start(), database_id(service.url))
     service.config.prometheus_url = prometheus_url  # read when the API is built (serve)
+    if service.replicated and not prometheus_url and not advertise_url:
+        import logging
+
+        logging.getLogger("gpufleet.control").warning(
+            "no --advertise-url (nor --prometheus-url): other replicas answer raw series of "
+            "the nodes pushing here from their own memory, marked partial"
+        )
     service.start()
     url = f"{'https' if tls else 'http'}://{host}:{port}"
 
@@ -310,6 +326,7 @@ def _serve(
                     "api": f"{url}/api/v1",
                     "database": service.url.split("@")[-1],
                     "series": "prometheus" if prometheus_url else "memory",
+                    "advertise_url": advertise_url,
                     "leader": service.leading,
                     "replicated": service.replicated,
                 }

@@ -81,6 +81,14 @@ PrometheusOption = typer.Option(
     "(http://HOST:9090) instead of the controller's memory.",
 )
 
+AdvertiseOption = typer.Option(
+    None,
+    "--advertise-url",
+    envvar="GPUFLEET_ADVERTISE_URL",
+    help="Replicas without --prometheus-url: this replica's URL as the others reach it "
+    "(http://HOST:PORT); they forward raw series reads of the nodes it ingests here.",
+)
+
 
 def _open_store(data_dir: Path | None, db_url: str | None) -> ControlStore:
     from gpufleet.cli.process import private_state

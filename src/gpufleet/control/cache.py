@@ -61,6 +61,7 @@ class NodeCache:
     interval_s: float = 2.0
     last_seen_s: float | None = None
     persisted_seen_s: float = 0.0
+    rings_url: str | None = None  # as this replica last read or wrote it (nodes.rings_url)
     state_since_s: float = 0.0
     state_reason: str = ""
     gpus: dict[int, GpuCache] = field(default_factory=dict)

@@ -158,6 +158,7 @@ def _apply_one(
             registered_s=now,
             labels={},
             tenant=item.principal.tenant,
+            rings_url=store.advertise_url,
         )
         s.add(row)
         s.flush()
@@ -172,6 +173,7 @@ def _apply_one(
             tenant=row.tenant,
             last_seen_s=item.received_s,
             persisted_seen_s=item.received_s,
+            rings_url=store.advertise_url,
             state_since_s=now,
             state_reason=row.state_reason,
         )
@@ -191,16 +193,21 @@ def _apply_one(
         or b.agent_id != nc.agent_id
         or b.heartbeat_interval_s != nc.interval_s
         or item.received_s - nc.persisted_seen_s >= store.seen_persist_s
+        or nc.rings_url != store.advertise_url
     )
     nc.health, nc.agent_id, nc.interval_s = b.health, b.agent_id, b.heartbeat_interval_s
     if changed:
         nc.persisted_seen_s = item.received_s
+        # this replica's rings hold the node's newest samples now: say so with the heartbeat
+        # (at most every second with replicas), so others forward its raw series reads here
+        nc.rings_url = store.advertise_url
         node_updates[nc.id] = {
             "id": nc.id,
             "health": b.health,
             "agent_id": b.agent_id,
             "heartbeat_interval_s": b.heartbeat_interval_s,
             "last_seen_s": nc.last_seen_s,
+            "rings_url": store.advertise_url,
         }
     for e in b.events:
         events.append(

@@ -81,6 +81,10 @@ class Node(Base):
     labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
     # CPUs and memory as the agent read them (`gpufleet.wire.WireHost`); None until reported
     host: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    # the ``--advertise-url`` of the replica that last ingested the node, so holds its recent
+    # raw samples in memory (revision 0010; written with the throttled heartbeat); None: none
+    # advertised (`gpufleet.control.series_forward`)
+    rings_url: Mapped[str | None] = mapped_column(String(2048), nullable=True)
 
 
 class Gpu(Base):

@@ -187,6 +187,14 @@ class Series(_Out):
     min: dict[str, list[float | None]] | None = None
     max: dict[str, list[float | None]] | None = None
     power_limit_w: float | None = None
+    # where the samples came from: "memory" (the answering replica's rings, or for minutes the
+    # shared rollup table), "peer" (forwarded to the replica holding the node's rings, named
+    # in ``served_by``) or "prometheus"; ``partial``: recent raw samples held by another
+    # replica could not be read, ``note`` says why (gpufleet.control.series_forward)
+    source: str | None = None
+    served_by: str | None = None
+    partial: bool = False
+    note: str | None = None
 
 
 class ActionIn(BaseModel):

@@ -30,6 +30,7 @@ from gpufleet.control.leader import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Leadership
 from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN, NodeQuota
 from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.scheduling import SchedulerEvents, fail_drain, node_facts
+from gpufleet.control.series_forward import check_advertise_url
 from gpufleet.control.store import ControlStore
 from gpufleet.control.telemetry_store import DEFAULT_CAPACITY, TelemetryStore
 from gpufleet.schedulers.base import NoScheduler, SchedulerBackend, SchedulerContext
@@ -60,6 +61,9 @@ class ServiceConfig:
     max_nodes_per_token: int = DEFAULT_MAX_NODES_PER_TOKEN  # unbound agent tokens; 0: no limit
     # series API reads from this Prometheus (gpufleet.control.series_source); None: memory
     prometheus_url: str | None = None
+    # this replica's base URL as the others reach it: recorded with the heartbeats of the nodes
+    # it ingests, so they forward raw series reads here (gpufleet.control.series_forward)
+    advertise_url: str | None = None
     # leader election among replicas (issue 18): the lease, how often it is renewed, how often
     # a replica re-reads what others wrote, and how often a node's last heartbeat is written
     # (with replicas, at most every second: the leader reads it for nodes that push elsewhere)
@@ -80,6 +84,8 @@ class ControlService:
         scheduler: SchedulerBackend | None = None,
         auto_migrate: bool = True,
     ) -> None:
+        if config.advertise_url is not None:  # before anything is opened: a clear error
+            config.advertise_url = check_advertise_url(config.advertise_url)
         self.config = config
         self.clock = clock
         self.url = database_url(config.data_dir, config.db_url)
@@ -110,6 +116,7 @@ class ControlService:
             if self.replicated
             else config.seen_persist_s,
         )
+        self.store.advertise_url = config.advertise_url
         self.ingest = IngestQueue(self.store, max_pending=config.max_pending)
         self.node_quota = NodeQuota(self.store.sessions, config.max_nodes_per_token)
         self._last_tick: float | None = None

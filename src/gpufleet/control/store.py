@@ -146,6 +146,9 @@ class ControlStore:
         self.lost_after_intervals = lost_after_intervals
         self.min_drain_s = min_drain_s
         self.seen_persist_s = seen_persist_s
+        # this replica's --advertise-url, recorded with the heartbeats of the nodes it ingests
+        # (nodes.rings_url; `gpufleet.control.series_forward`); None: not advertised
+        self.advertise_url: str | None = None
         self.breaker = CircuitBreaker()
         self.nodes: dict[str, NodeCache] = {}
         self.generation = 0
@@ -187,6 +190,7 @@ class ControlStore:
                     interval_s=n.heartbeat_interval_s,
                     last_seen_s=n.last_seen_s,
                     persisted_seen_s=n.last_seen_s or 0.0,
+                    rings_url=n.rings_url,
                     state_since_s=n.state_since_s,
                     state_reason=n.state_reason,
                 )

@@ -13,6 +13,7 @@ from gpufleet.control import schemas as sc
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.lifecycle import Action, NodeState
 from gpufleet.control.routes.deps import Auth, Creds, Limit, NodeName
+from gpufleet.control.series_forward import SeriesForwarder, mark
 from gpufleet.control.series_source import SeriesUnavailable, make_source
 from gpufleet.control.service import ControlService
 from gpufleet.errors import UsageError
@@ -25,6 +26,12 @@ Model = Annotated[str | None, Query(max_length=64)]
 def router(service: ControlService, auth: Auth) -> APIRouter:
     store = service.store
     source = make_source(service.config.prometheus_url)
+    # replicas without Prometheus: a raw read goes to the replica holding the node's rings
+    forward = (
+        SeriesForwarder(service.config.advertise_url)
+        if service.replicated and source.kind == "memory"
+        else None
+    )
     api = APIRouter()
     Viewer = Annotated[Principal, auth.viewer]
     Operator = Annotated[Principal, auth.operator]
@@ -121,6 +128,7 @@ def router(service: ControlService, auth: Auth) -> APIRouter:
         name: NodeName,
         index: Annotated[int, Path(ge=0, le=1023)],
         who: Viewer,
+        request: Request,
         fields: Annotated[
             list[str] | None, Query(description="metric names; default all kept metrics")
         ] = None,
@@ -129,14 +137,28 @@ def router(service: ControlService, auth: Auth) -> APIRouter:
     ) -> sc.Series:
         """One GPU over time: ``raw`` from memory (recent minutes), ``minute`` from rollups;
         with ``controller --prometheus-url`` both from Prometheus (503 when it does not
-        answer)."""
+        answer). With replicas, a raw read is answered by the replica whose memory holds the
+        node's samples (``source``, ``served_by``; ``partial`` when it could not be asked)."""
         names = fields or list(qy.FIELD_INDEX)
         bad = [f for f in names if f not in qy.FIELD_INDEX]
         if bad:
             raise UsageError(f"unknown field(s) {bad}; known: {list(qy.FIELD_INDEX)}")
         nc = auth.node_for(name, who)
-        try:
+
+        def local() -> sc.Series:
             return source.series(store, nc, index, names, resolution=resolution, since_s=since_s)
+
+        try:
+            if forward is not None and resolution == "raw":
+                return forward.read(
+                    store,
+                    nc.name,
+                    path=request.url.path,
+                    query=request.url.query,
+                    headers=request.headers,
+                    local=local,
+                )
+            return mark(local(), source.kind, None)
         except SeriesUnavailable as exc:
             raise HTTPException(503, str(exc)) from None
 

@@ -51,6 +51,11 @@ def _deployment(
     ]
     if prometheus_url:
         env.append({"name": "GPUFLEET_PROMETHEUS_URL", "value": prometheus_url})
+    else:  # each pod's own address: the others forward raw series reads of its nodes there
+        env += [
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "GPUFLEET_ADVERTISE_URL", "value": f"http://$(POD_IP):{API_PORT}"},
+        ]
     args = [
         "controller",
         "--host",

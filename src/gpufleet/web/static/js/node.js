@@ -166,6 +166,9 @@ async function load(el, ctx, name, full) {
   wireLegend(el, ctx, n.name);
   state.series = await loadSeries(n.name, n.gpu_latest);
   drawCharts(el);
+  // replicas: recent samples another replica holds but could not give (series_forward)
+  const partial = state.series.find((s) => s.partial);
+  setHtml($("#chart-note", el), partial ? html`<p class="muted" role="status">Partial: ${partial.note}</p>` : html``);
 }
 
 function wireLegend(el, ctx, name) {
@@ -219,7 +222,7 @@ export const nodePage = {
       <div class="crumbs"><a href="#/">fleet</a> / <a href="#/nodes">nodes</a> / ${route.arg}</div>
       <section class="panel" id="node-head"></section>
       <section class="panel"><h2>Active findings</h2><div id="findings"></div></section>
-      <section class="panel"><h2>Telemetry</h2><div class="legendbar" id="chart-legend"></div><div class="charts" id="charts"></div></section>
+      <section class="panel"><h2>Telemetry</h2><div class="legendbar" id="chart-legend"></div><div id="chart-note"></div><div class="charts" id="charts"></div></section>
       <section class="panel"><h2>GPUs</h2><div class="scrollx" id="gpus"></div></section>
       <div class="cols"><section class="panel"><h2>Lifecycle history</h2><div id="history"></div></section>
       <section class="panel narrow"><h2>Device</h2><div id="device"></div></section></div>`);
