@@ -68,7 +68,9 @@ def test_a_reboot_gets_the_limits_back(tmp_path: Path) -> None:
     assert _limits(backend) == [500.0, 500.0]
     events = p.take_events()
     assert [(e.gpu_index, e.kind) for e in events] == [(0, REAPPLIED), (1, REAPPLIED)]
-    assert events[0].detail == "power limit re-applied on gpu 0: 700 W -> 500 W (order po1-n0-apply)"
+    assert (
+        events[0].detail == "power limit re-applied on gpu 0: 700 W -> 500 W (order po1-n0-apply)"
+    )
     assert _previous(p) == previous == {"n0": {"0": DEFAULT_W, "1": DEFAULT_W}}  # never rewritten
     calls = node.nvml.set_limit_calls
     assert p.enforcer.check() == 0 and node.nvml.set_limit_calls == calls

@@ -29,6 +29,7 @@ NODES: dict[str, tuple[dict[str, str], str | None, bool]] = {
 }
 H100_MAX_W = 700.0  # catalog h100-sxm: max power and default limit
 H100_MIN_W = 200.0  # catalog h100-sxm: lowest settable limit
+CHECK_S = 0.5  # the agents' --power-check-interval
 
 
 @dataclass
@@ -61,11 +62,19 @@ class Agent:
                 *("--listen", "127.0.0.1:0", "--controller", self.url),
                 *("--state-dir", str(self.state_dir), "--fast-interval", "0.25"),
                 *("--push-interval", "0.25"),
+                # limits in force checked every half second; the device info (the enforced
+                # limit the controller shows) read every second
+                *("--power-check-interval", f"{CHECK_S:g}", "--slow-interval", "1"),
             ],
             self.state_dir / f"agent-{self.starts}.log",
             {**_env(), "GPUFLEET_AGENT_TOKEN": self.token},
         )
         return self
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -367,3 +376,85 @@ def test_rack_budget_accepted_is_applied_per_gpu(bed: Bed) -> None:
         "power", "budget", "--rack", "r1", "--watts", "1900", token="acme-op", json_out=False
     )
     assert out.returncode != 0 and "403" in out.stderr, out.stderr
+
+
+def _limits_seen(bed: Bed, node: str) -> list[float | None]:
+    """The enforced limits the controller last heard from the node's agent (device info)."""
+    r = bed.ctl.call("GET", f"/api/v1/nodes/{node}")
+    assert r.status_code == 200, r.text
+    return [g["power_limit_w"] for g in r.json()["node"]["gpu_latest"]]
+
+
+def _events(bed: Bed, node: str, kind: str, since_id: int = 0) -> list[dict[str, Any]]:
+    r = bed.ctl.call(
+        "GET", "/api/v1/events", params={"node": node, "kind": kind, "since_id": since_id}
+    )
+    assert r.status_code == 200, r.text
+    return sorted(r.json(), key=lambda e: e["id"])
+
+
+def _last_event_id(bed: Bed) -> int:
+    r = bed.ctl.call("GET", "/api/v1/events", params={"limit": 1})
+    assert r.status_code == 200, r.text
+    return max([e["id"] for e in r.json()], default=0)
+
+
+@pytest.mark.timeout(240)
+def test_a_rebooted_node_gets_its_limits_back_until_restored(bed: Bed) -> None:
+    """kill -9 and a restart of a simulated node's agent is a reboot: its GPUs come back at
+    the default limit (700 W). The agent sets the order's limit again and says so in an event;
+    once the order is restored, a restart leaves the default alone."""
+    agent, kind = bed.agents["pa"], "power_limit_reapplied"
+    doc = bed.cli("power", "apply", "--limit", "480", "--nodes", "pa")
+    oid = doc["id"]
+    doc = bed.wait_order(oid, _done, "pa applied")
+    assert doc["nodes"][0]["apply"] == "ok"
+    assert [(g["from_w"], g["to_w"]) for g in doc["nodes"][0]["gpus"]] == [
+        (H100_MAX_W, 480.0),
+        (H100_MAX_W, 480.0),
+    ]
+    wait_for(lambda: _limits_seen(bed, "pa") == [480.0, 480.0], 30, "480 W in the telemetry")
+    mark = _last_event_id(bed)
+
+    agent.kill9()  # a reboot: the driver forgets the limits, the order still reads "ok"
+    agent.start()
+    events = wait_for(
+        lambda: (lambda e: e if len(e) >= 2 else None)(_events(bed, "pa", kind, mark)),
+        60,
+        "the re-applied limits reported",
+    )
+    key = f"po{oid}-pa-apply"
+    assert [e["data"]["detail"] for e in events] == [
+        f"power limit re-applied on gpu {g}: 700 W -> 480 W (order {key})" for g in (0, 1)
+    ]
+    assert events[0]["message"].startswith("GPU 0: power_limit_reapplied: power limit re-applied")
+    assert agent.log().count(f"power limit re-applied on gpu 0: 700 W -> 480 W (order {key})") == 1
+    # the node's own reading, after the event: 480 W in force again
+    wait_for(lambda: _limits_seen(bed, "pa") == [480.0, 480.0], 30, "480 W in force again")
+    assert bed.order(oid)["nodes"][0]["apply"] == "ok"  # one apply, never made twice
+
+    bed.cli("power", "restore", str(oid))
+    doc = bed.wait_order(oid, _restored, "pa restored")
+    # NVML read 480 W just before the restore: the limit was in force after the reboot
+    assert [(g["from_w"], g["to_w"]) for g in doc["nodes"][0]["restored_gpus"]] == [
+        (480.0, H100_MAX_W),
+        (480.0, H100_MAX_W),
+    ]
+    in_force = json.loads((agent.state_dir / "power" / "in-force.json").read_text("utf-8"))
+    assert in_force == {"gpus": {}}
+    mark = _last_event_id(bed)
+    agent.kill9()
+    restarted_s = time.time()
+    agent.start()
+    # the agent back in contact for several check intervals: nothing is set again
+    wait_for(
+        lambda: (
+            (bed.ctl.call("GET", "/api/v1/nodes/pa").json()["node"]["last_seen_s"] or 0)
+            > restarted_s + 6 * CHECK_S
+        ),
+        60,
+        "pa pushing again for a few checks",
+    )
+    assert _limits_seen(bed, "pa") == [H100_MAX_W, H100_MAX_W]
+    assert _events(bed, "pa", kind, mark) == []
+    assert "re-applied" not in (agent.state_dir / f"agent-{agent.starts}.log").read_text("utf-8")
