@@ -185,6 +185,7 @@ def test_a_restore_waiting_on_the_controller_runs_before_the_first_check(tmp_pat
         p._thread.join(10)
         assert not p._thread.is_alive()
         assert _limits(backend) == [DEFAULT_W, DEFAULT_W]
+        assert node.nvml.set_limit_calls == 2  # the restore's two, never 500 W again
         assert p.take_events() == []
     finally:
         p.close()

@@ -393,6 +393,12 @@ def _events(bed: Bed, node: str, kind: str, since_id: int = 0) -> list[dict[str,
     return sorted(r.json(), key=lambda e: e["id"])
 
 
+def _when(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
 def _last_event_id(bed: Bed) -> int:
     r = bed.ctl.call("GET", "/api/v1/events", params={"limit": 1})
     assert r.status_code == 200, r.text
@@ -429,6 +435,11 @@ def test_a_rebooted_node_gets_its_limits_back_until_restored(bed: Bed) -> None:
     ]
     assert events[0]["message"].startswith("GPU 0: power_limit_reapplied: power limit re-applied")
     assert agent.log().count(f"power limit re-applied on gpu 0: 700 W -> 480 W (order {key})") == 1
+    held = bed.order(oid)["nodes"][0]["held"]  # the order's status says so too
+    assert [(h["kind"], h["gpu"]) for h in held] == [(kind, 1), (kind, 0)]  # newest first
+    text = bed.cli("power", "status", str(oid), json_out=False)
+    assert text.returncode == 0, text.stderr
+    assert f"pa {_when(held[1]['at_s'])}: {events[0]['data']['detail']}" in text.stdout
     # the node's own reading, after the event: 480 W in force again
     wait_for(lambda: _limits_seen(bed, "pa") == [480.0, 480.0], 30, "480 W in force again")
     assert bed.order(oid)["nodes"][0]["apply"] == "ok"  # one apply, never made twice
@@ -458,3 +469,53 @@ def test_a_rebooted_node_gets_its_limits_back_until_restored(bed: Bed) -> None:
     assert _limits_seen(bed, "pa") == [H100_MAX_W, H100_MAX_W]
     assert _events(bed, "pa", kind, mark) == []
     assert "re-applied" not in (agent.state_dir / f"agent-{agent.starts}.log").read_text("utf-8")
+
+
+@pytest.mark.timeout(240)
+def test_a_limit_nvml_refuses_after_a_reboot_is_reported_not_hammered(bed: Bed) -> None:
+    """pb comes back from a reboot without the right to set limits: the refusal is reported
+    once (event and order status) and retried with a backoff, not at every check; back with
+    the right, the limit is set again."""
+    agent, failed = bed.agents["pb"], "power_limit_reapply_failed"
+    doc = bed.cli("power", "apply", "--limit", "520", "--nodes", "pb", "--gpus", "0")
+    oid = doc["id"]
+    assert bed.wait_order(oid, _done, "pb applied")["nodes"][0]["apply"] == "ok"
+    mark = _last_event_id(bed)
+    agent.kill9()
+    agent.power_admin = False
+    try:
+        agent.start()
+        (ev,) = wait_for(lambda: _events(bed, "pb", failed, mark) or None, 60, "refusal reported")
+        key = f"po{oid}-pb-apply"
+        detail = ev["data"]["detail"]
+        assert detail.startswith(
+            f"power limit re-apply refused on gpu 0: 700 W -> 520 W (order {key})"
+        )
+        assert "NVML_ERROR_NO_PERMISSION" in detail and "next try in 2 s" in detail, detail
+        (held,) = bed.order(oid)["nodes"][0]["held"]
+        assert held["kind"] == failed and held["detail"] == detail
+        # 20 checks' worth of time: a retry at each check would log 20 refusals; the backoff
+        # (2 s, 4 s, 8 s, ...) about 3, and reports none of them again
+        t0 = time.time()
+        log = agent.state_dir / f"agent-{agent.starts}.log"
+        wait_for(
+            lambda: (
+                (bed.ctl.call("GET", "/api/v1/nodes/pb").json()["node"]["last_seen_s"] or 0)
+                > t0 + 20 * CHECK_S
+            ),
+            60,
+            "pb pushing for 20 checks",
+        )
+        tries = log.read_text("utf-8").count("power limit re-apply refused on gpu 0")
+        assert 1 <= tries <= 6, tries
+        assert len(_events(bed, "pb", failed, mark)) == 1
+        assert _limits_seen(bed, "pb")[0] == H100_MAX_W
+    finally:
+        agent.kill9()
+        agent.power_admin = True
+        agent.start()
+    # root again after another reboot: set again at once, reported as re-applied
+    wait_for(lambda: _events(bed, "pb", "power_limit_reapplied", mark) or None, 60, "re-applied")
+    wait_for(lambda: _limits_seen(bed, "pb")[0] == 520.0, 30, "520 W in force again")
+    bed.cli("power", "restore", str(oid))
+    bed.wait_order(oid, _restored, "pb restored")
