@@ -5,6 +5,8 @@ its GPUs come back at their default limit (700 W, h100-sxm), the agent's state d
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +191,16 @@ def test_a_restore_waiting_on_the_controller_runs_before_the_first_check(tmp_pat
         assert p.take_events() == []
     finally:
         p.close()
+
+
+def test_the_check_interval_is_checked_by_the_cli() -> None:
+    argv = [sys.executable, "-m", "gpufleet", "agent", "--sim", "1x2xh100"]
+    out = subprocess.run(
+        [*argv, "--power-check-interval", "0"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode != 0
+    assert "--power-check-interval must be > 0" in out.stderr, out.stderr
+    assert "Traceback" not in out.stderr
