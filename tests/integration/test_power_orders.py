@@ -29,6 +29,7 @@ NODES: dict[str, tuple[dict[str, str], str | None, bool]] = {
 }
 H100_MAX_W = 700.0  # catalog h100-sxm: max power and default limit
 H100_MIN_W = 200.0  # catalog h100-sxm: lowest settable limit
+CHECK_S = 0.5  # the agents' --power-check-interval
 
 
 @dataclass
@@ -61,11 +62,19 @@ class Agent:
                 *("--listen", "127.0.0.1:0", "--controller", self.url),
                 *("--state-dir", str(self.state_dir), "--fast-interval", "0.25"),
                 *("--push-interval", "0.25"),
+                # limits in force checked every half second; the device info (the enforced
+                # limit the controller shows) read every second
+                *("--power-check-interval", f"{CHECK_S:g}", "--slow-interval", "1"),
             ],
             self.state_dir / f"agent-{self.starts}.log",
             {**_env(), "GPUFLEET_AGENT_TOKEN": self.token},
         )
         return self
+
+    def kill9(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
@@ -367,3 +376,146 @@ def test_rack_budget_accepted_is_applied_per_gpu(bed: Bed) -> None:
         "power", "budget", "--rack", "r1", "--watts", "1900", token="acme-op", json_out=False
     )
     assert out.returncode != 0 and "403" in out.stderr, out.stderr
+
+
+def _limits_seen(bed: Bed, node: str) -> list[float | None]:
+    """The enforced limits the controller last heard from the node's agent (device info)."""
+    r = bed.ctl.call("GET", f"/api/v1/nodes/{node}")
+    assert r.status_code == 200, r.text
+    return [g["power_limit_w"] for g in r.json()["node"]["gpu_latest"]]
+
+
+def _events(bed: Bed, node: str, kind: str, since_id: int = 0) -> list[dict[str, Any]]:
+    r = bed.ctl.call(
+        "GET", "/api/v1/events", params={"node": node, "kind": kind, "since_id": since_id}
+    )
+    assert r.status_code == 200, r.text
+    return sorted(r.json(), key=lambda e: e["id"])
+
+
+def _when(t: float) -> str:
+    import datetime as dt
+
+    return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
+
+
+def _last_event_id(bed: Bed) -> int:
+    r = bed.ctl.call("GET", "/api/v1/events", params={"limit": 1})
+    assert r.status_code == 200, r.text
+    return max([e["id"] for e in r.json()], default=0)
+
+
+@pytest.mark.timeout(240)
+def test_a_rebooted_node_gets_its_limits_back_until_restored(bed: Bed) -> None:
+    """kill -9 and a restart of a simulated node's agent is a reboot: its GPUs come back at
+    the default limit (700 W). The agent sets the order's limit again and says so in an event;
+    once the order is restored, a restart leaves the default alone."""
+    agent, kind = bed.agents["pa"], "power_limit_reapplied"
+    doc = bed.cli("power", "apply", "--limit", "480", "--nodes", "pa")
+    oid = doc["id"]
+    doc = bed.wait_order(oid, _done, "pa applied")
+    assert doc["nodes"][0]["apply"] == "ok"
+    assert [(g["from_w"], g["to_w"]) for g in doc["nodes"][0]["gpus"]] == [
+        (H100_MAX_W, 480.0),
+        (H100_MAX_W, 480.0),
+    ]
+    wait_for(lambda: _limits_seen(bed, "pa") == [480.0, 480.0], 30, "480 W in the telemetry")
+    mark = _last_event_id(bed)
+
+    agent.kill9()  # a reboot: the driver forgets the limits, the order still reads "ok"
+    agent.start()
+    events = wait_for(
+        lambda: (lambda e: e if len(e) >= 2 else None)(_events(bed, "pa", kind, mark)),
+        60,
+        "the re-applied limits reported",
+    )
+    key = f"po{oid}-pa-apply"
+    assert [e["data"]["detail"] for e in events] == [
+        f"power limit re-applied on gpu {g}: 700 W -> 480 W (order {key})" for g in (0, 1)
+    ]
+    assert events[0]["message"].startswith("GPU 0: power_limit_reapplied: power limit re-applied")
+    assert agent.log().count(f"power limit re-applied on gpu 0: 700 W -> 480 W (order {key})") == 1
+    held = bed.order(oid)["nodes"][0]["held"]  # the order's status says so too
+    assert [(h["kind"], h["gpu"]) for h in held] == [(kind, 1), (kind, 0)]  # newest first
+    text = bed.cli("power", "status", str(oid), json_out=False)
+    assert text.returncode == 0, text.stderr
+    assert f"pa {_when(held[1]['at_s'])}: {events[0]['data']['detail']}" in text.stdout
+    # the node's own reading, after the event: 480 W in force again
+    wait_for(lambda: _limits_seen(bed, "pa") == [480.0, 480.0], 30, "480 W in force again")
+    assert bed.order(oid)["nodes"][0]["apply"] == "ok"  # one apply, never made twice
+
+    bed.cli("power", "restore", str(oid))
+    doc = bed.wait_order(oid, _restored, "pa restored")
+    # NVML read 480 W just before the restore: the limit was in force after the reboot
+    assert [(g["from_w"], g["to_w"]) for g in doc["nodes"][0]["restored_gpus"]] == [
+        (480.0, H100_MAX_W),
+        (480.0, H100_MAX_W),
+    ]
+    in_force = json.loads((agent.state_dir / "power" / "in-force.json").read_text("utf-8"))
+    assert in_force == {"gpus": {}}
+    mark = _last_event_id(bed)
+    agent.kill9()
+    restarted_s = time.time()
+    agent.start()
+    # the agent back in contact for several check intervals: nothing is set again
+    wait_for(
+        lambda: (
+            (bed.ctl.call("GET", "/api/v1/nodes/pa").json()["node"]["last_seen_s"] or 0)
+            > restarted_s + 6 * CHECK_S
+        ),
+        60,
+        "pa pushing again for a few checks",
+    )
+    assert _limits_seen(bed, "pa") == [H100_MAX_W, H100_MAX_W]
+    assert _events(bed, "pa", kind, mark) == []
+    assert "re-applied" not in (agent.state_dir / f"agent-{agent.starts}.log").read_text("utf-8")
+
+
+@pytest.mark.timeout(240)
+def test_a_limit_nvml_refuses_after_a_reboot_is_reported_not_hammered(bed: Bed) -> None:
+    """pb comes back from a reboot without the right to set limits: the refusal is reported
+    once (event and order status) and retried with a backoff, not at every check; back with
+    the right, the limit is set again."""
+    agent, failed = bed.agents["pb"], "power_limit_reapply_failed"
+    doc = bed.cli("power", "apply", "--limit", "520", "--nodes", "pb", "--gpus", "0")
+    oid = doc["id"]
+    assert bed.wait_order(oid, _done, "pb applied")["nodes"][0]["apply"] == "ok"
+    mark = _last_event_id(bed)
+    agent.kill9()
+    agent.power_admin = False
+    try:
+        agent.start()
+        (ev,) = wait_for(lambda: _events(bed, "pb", failed, mark) or None, 60, "refusal reported")
+        key = f"po{oid}-pb-apply"
+        detail = ev["data"]["detail"]
+        assert detail.startswith(
+            f"power limit re-apply refused on gpu 0: 700 W -> 520 W (order {key})"
+        )
+        assert "NVML_ERROR_NO_PERMISSION" in detail and "next try in 2 s" in detail, detail
+        (held,) = bed.order(oid)["nodes"][0]["held"]
+        assert held["kind"] == failed and held["detail"] == detail
+        # 20 checks' worth of time: a retry at each check would log 20 refusals; the backoff
+        # (2 s, 4 s, 8 s, ...) about 3, and reports none of them again
+        t0 = time.time()
+        log = agent.state_dir / f"agent-{agent.starts}.log"
+        wait_for(
+            lambda: (
+                (bed.ctl.call("GET", "/api/v1/nodes/pb").json()["node"]["last_seen_s"] or 0)
+                > t0 + 20 * CHECK_S
+            ),
+            60,
+            "pb pushing for 20 checks",
+        )
+        tries = log.read_text("utf-8").count("power limit re-apply refused on gpu 0")
+        assert 1 <= tries <= 6, tries
+        assert len(_events(bed, "pb", failed, mark)) == 1
+        assert _limits_seen(bed, "pb")[0] == H100_MAX_W
+    finally:
+        agent.kill9()
+        agent.power_admin = True
+        agent.start()
+    # root again after another reboot: set again at once, reported as re-applied
+    wait_for(lambda: _events(bed, "pb", "power_limit_reapplied", mark) or None, 60, "re-applied")
+    wait_for(lambda: _limits_seen(bed, "pb")[0] == 520.0, 30, "520 W in force again")
+    bed.cli("power", "restore", str(oid))
+    bed.wait_order(oid, _restored, "pb restored")

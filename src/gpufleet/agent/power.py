@@ -18,6 +18,11 @@ or before the report arrived) is answered with the recorded result. A ``restore`
 whose ``apply`` never ran here marks that apply as cancelled, so a late apply is not made.
 An agent killed between ``started`` and ``result`` applies the order again when it comes back
 (setting a limit is idempotent and the first recorded previous limits are kept).
+
+The limits an apply set are then kept in force (`gpufleet.agent.power_enforce`): the same
+thread checks them after the first ``Ack`` (and its orders) and every ``check_interval_s``, and
+sets again a limit a reboot, a driver reload or ``nvidia-smi -pl`` changed, reported as a device
+event in the next batch.
 """
 
 from __future__ import annotations
@@ -27,18 +32,21 @@ import logging
 import queue
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
 
+from gpufleet.agent.power_enforce import DEFAULT_CHECK_INTERVAL_S, PowerEnforcer
 from gpufleet.agent.report_post import post_report
 from gpufleet.agent.update_unit import write_private
 from gpufleet.energy.apply import apply_each, restore_each
-from gpufleet.wire import WirePowerOrder, WirePowerReport
+from gpufleet.wire import WireEvent, WirePowerOrder, WirePowerReport
 
 log = logging.getLogger("gpufleet.agent.power")
 REPORT_PATH = "/api/v1/power/reports"
+_CHECK, _STOP = "check", "stop"  # the power thread's other work: check the limits, end
 
 
 def apply_key_of(restore_key: str) -> str | None:
@@ -57,7 +65,12 @@ class AgentPower:
         controller: str,
         token: str,
         client: httpx.Client,
+        *,
+        check_interval_s: float = DEFAULT_CHECK_INTERVAL_S,
+        paused: Callable[[], bool] = lambda: False,
     ) -> None:
+        """``check_interval_s``: how often the limits in force are checked; ``paused``: True
+        while NVML must not be called (a maintenance update shut it down)."""
         self.root = state_dir / "power"
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         self.limits_file = self.root / "limits.json"
@@ -66,10 +79,14 @@ class AgentPower:
         self.url = controller.rstrip("/") + REPORT_PATH
         self._headers = {"Authorization": f"Bearer {token}", "User-Agent": "gpufleet-agent"}
         self.client = client
-        self._queue: queue.Queue[WirePowerOrder] = queue.Queue()
+        self._queue: queue.Queue[WirePowerOrder | str] = queue.Queue()
         self._queued: set[str] = set()
         self._lock = threading.Lock()
-        self._thread: threading.Thread | None = None  # started by the first order
+        self._thread: threading.Thread | None = None  # started by an order or a limit in force
+        self.enforcer = PowerEnforcer(self.root, backend, check_interval_s)
+        self.paused = paused
+        self._first_ack = True  # the first Ack asks for a check (after its orders)
+        self._next_check = time.monotonic() + check_interval_s  # if no Ack comes before
         # results the controller has not taken yet (a glob at start, then kept here, so a push
         # does not list the directory)
         self._unreported = {
@@ -102,17 +119,51 @@ class AgentPower:
                 self._queued.add(o.key)
                 self._queue.put(o)
                 queued = True
-            if queued and self._thread is None:
-                self._thread = threading.Thread(
-                    target=self._work, name="gpufleet-power", daemon=True
-                )
-                self._thread.start()
+            if queued:
+                self._start()
         return queued
+
+    def acked(self) -> None:
+        """An ``Ack`` was applied (after its orders were queued): the first one starts the
+        check of the limits in force, so a restore that waited on the controller runs first."""
+        with self._lock:
+            if not self._first_ack:
+                return
+            self._first_ack = False
+            if self.enforcer.gpus:
+                self._queue.put(_CHECK)
+                self._start()
+
+    def _start(self) -> None:
+        """Start the power thread (under ``_lock``) unless it runs."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name="gpufleet-power", daemon=True)
+            self._thread.start()
+
+    def start(self) -> None:
+        """Start the power thread now when limits are in force (an agent coming back after a
+        reboot checks them even while the controller is unreachable)."""
+        with self._lock:
+            if self.enforcer.gpus:
+                self._start()
+
+    def close(self) -> None:
+        """End the power thread (after the work it has)."""
+        self._queue.put(_STOP)
 
     # -- the power thread ----------------------------------------------------------------------
     def _work(self) -> None:
         while True:
-            o = self._queue.get()
+            wait = max(0.0, self._next_check - time.monotonic()) if self.enforcer.gpus else None
+            try:
+                o = self._queue.get(timeout=wait)
+            except queue.Empty:
+                o = _CHECK
+            if o == _STOP:
+                return
+            if isinstance(o, str):
+                self._check()
+                continue
             try:
                 self.run(o)
             except Exception:
@@ -120,6 +171,19 @@ class AgentPower:
             finally:
                 with self._lock:
                     self._queued.discard(o.key)
+
+    def _check(self) -> None:
+        self._next_check = time.monotonic() + self.enforcer.interval_s
+        if self.paused():
+            return
+        try:
+            self.enforcer.check()
+        except Exception:
+            log.exception("power: checking the limits in force failed")
+
+    def take_events(self) -> list[WireEvent]:
+        """Re-applied (or refused) limits for the next batch (the pusher thread)."""
+        return self.enforcer.take_events()
 
     def _gpus(self, limits: dict[str, float]) -> dict[int, float]:
         if "*" in limits:
@@ -137,14 +201,17 @@ class AgentPower:
             if o.action == "apply":
                 log.warning("power: applying order %s: %s", o.key, o.limits)
                 rows = apply_each(self.backend, self._gpus(o.limits), self.limits_file)
+                self.enforcer.applied(o.key, rows)
             else:
                 applied = apply_key_of(o.key)
                 if applied is not None and not self._result(applied).exists():
                     cancelled = "cancelled: restored before it was applied on this node"
                     self._write(applied, [], cancelled)
+                self.enforcer.restored(applied, [])  # first: never held again, even on error
                 log.warning("power: restoring order %s", o.key)
                 gpus = None if "*" in o.limits else sorted(int(g) for g in o.limits)
                 rows = restore_each(self.backend, gpus, self.limits_file)
+                self.enforcer.restored(None, rows)
         except Exception as exc:  # NVML not there at all, state file unreadable...
             error = str(exc) or type(exc).__name__
         self._write(o.key, rows, error)

@@ -34,6 +34,7 @@ from gpufleet.agent.health_seam import (
 from gpufleet.agent.jobs import AgentJobs, slots_from_infos
 from gpufleet.agent.maintenance import AgentMaintenance
 from gpufleet.agent.power import AgentPower
+from gpufleet.agent.power_enforce import DEFAULT_CHECK_INTERVAL_S
 from gpufleet.agent.push import MAX_BACKOFF_S, Pusher
 from gpufleet.agent.spool import DEFAULT_MAX_BATCHES, DEFAULT_MAX_BYTES, AgentState, Spool
 from gpufleet.devices.backend import GpuBackend
@@ -102,6 +103,9 @@ class AgentConfig:
     # `gpufleet validate` on this node, without ``--level``: what the agent runs when a
     # maintenance campaign asks level 2 or 3 (`ValidationGate`); empty: level 1 only
     validate_argv: tuple[str, ...] = ()
+    # how often the power limits of fleet power orders are checked and set again where a
+    # reboot, a driver reload or `nvidia-smi -pl` changed them (`gpufleet.agent.power_enforce`)
+    power_check_interval_s: float = DEFAULT_CHECK_INTERVAL_S
 
 
 def finding_to_wire(f: Finding) -> wire.WireFinding:
@@ -236,9 +240,15 @@ class Agent:
                 cfg.controller,
                 cfg.token or "",
                 self.pusher.client,
+                check_interval_s=cfg.power_check_interval_s,
+                paused=self._nvml_paused,
             )
+            self.power.start()  # limits in force from before a restart are checked
         self._registry: CollectorRegistry | None = None
         self._slots: tuple[int, list[wire.WireSlot]] = (-1, [])
+
+    def _nvml_paused(self) -> bool:
+        return self.maintenance is not None and self.maintenance.updating.is_set()
 
     @property
     def registry(self) -> CollectorRegistry:
@@ -423,6 +433,8 @@ class Agent:
                         )
                     )
             events, self._pending_events = self._pending_events, []
+        if self.power is not None:  # limits in force set again (or refused)
+            events.extend(self.power.take_events())
         h = self.health
         assert self.state is not None
         host = self.config.host
@@ -484,8 +496,10 @@ class Agent:
         m = self.maintenance
         if ack.update is not None and m is not None and m.order(ack.update):
             self.push_soon.set()
-        if ack.power and self.power is not None:
-            self.power.orders(ack.power)
+        if self.power is not None:
+            if ack.power:
+                self.power.orders(ack.power)
+            self.power.acked()  # after its orders: the first Ack starts the limits' check
         if self.jobs is not None and self.jobs.apply(ack.commands):
             self.push_soon.set()  # report the started or stopped copies now
 
@@ -607,6 +621,8 @@ class Agent:
         initialised, see `Sampler.close`), then the HTTP client."""
         if self.gate is not None:
             self.gate.close()
+        if self.power is not None:
+            self.power.close()
         done = self.sampler.close(wait_s=wait_s)
         if self.pusher is not None:
             self.pusher.close()

@@ -53,6 +53,12 @@ def register(app: typer.Typer) -> None:
         fast_interval: float = typer.Option(1.0, "--fast-interval", help="Fast tier, seconds."),
         slow_interval: float = typer.Option(30.0, "--slow-interval", help="Slow tier, seconds."),
         push_interval: float = typer.Option(5.0, "--push-interval", help="Push period, seconds."),
+        power_check_interval: float = typer.Option(
+            60.0,
+            "--power-check-interval",
+            help="How often the limits of fleet power orders are checked and set again where a "
+            "reboot or `nvidia-smi -pl` changed them, seconds.",
+        ),
         duration: float = typer.Option(
             0.0,
             "--duration",
@@ -93,6 +99,8 @@ def register(app: typer.Typer) -> None:
 
         if fast_interval <= 0 or slow_interval <= 0 or push_interval <= 0:
             raise UsageError("--fast-interval, --slow-interval and --push-interval must be > 0")
+        if not 0 < power_check_interval <= 86400:
+            raise UsageError("--power-check-interval must be > 0 and at most 86400 seconds")
         token = read_token(token, token_file)
         if executor not in EXECUTORS:
             raise UsageError(f"--executor must be one of {', '.join(EXECUTORS)}, not {executor!r}")
@@ -127,6 +135,7 @@ def register(app: typer.Typer) -> None:
             fast_interval_s=fast_interval,
             slow_interval_s=slow_interval,
             push_interval_s=push_interval,
+            power_check_interval_s=power_check_interval,
             controller=controller,
             token=token,
             state_dir=state_dir,

@@ -105,6 +105,12 @@ def print_order(doc: dict[str, Any]) -> None:
                 (n["error"] or "") if g is None else (g["error"] or ""),
             )
     console.print(fit(table))
+    held = [(n["node"], h) for n in doc["nodes"] for h in reversed(n.get("held") or [])]
+    if held:  # the agents set the limits again after a reboot (or failed to)
+        console.print("kept in force:", highlight=False)
+        for node, h in held:
+            line = f"  {node} {_when(h['at_s'])}: {h['detail']}"
+            console.print(line, markup=False, highlight=False, soft_wrap=True)
 
 
 def _when(t: float) -> str:

@@ -22,13 +22,16 @@ from sqlalchemy import select
 
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.lifecycle import TransitionError
-from gpufleet.control.models import Node, PowerOrder, PowerOrderNode
+from gpufleet.control.models import EventRow, Node, PowerOrder, PowerOrderNode
 from gpufleet.control.power_spec import PowerOrderSpec, matches, named_nodes
 from gpufleet.control.store import ControlStore, NotFound
 from gpufleet.errors import UsageError
 from gpufleet.wire import WirePowerOrder, WirePowerReport
 
 ACTIVE, RESTORING, RESTORED = "active", "restoring", "restored"
+# the agents' device events when they set an order's limit again (`gpufleet.agent.power_enforce`)
+HELD_KINDS = ("power_limit_reapplied", "power_limit_reapply_failed")
+HELD_SHOWN = 10  # the newest per node in an order's status
 _orders: weakref.WeakKeyDictionary[ControlStore, dict[str, list[WirePowerOrder]]] = (
     weakref.WeakKeyDictionary()
 )
@@ -279,7 +282,36 @@ def status(store: ControlStore, oid: int) -> dict[str, Any]:
                 .order_by(PowerOrderNode.node)
             )
         )
-        return _doc(po, nodes)
+        doc = _doc(po, nodes)
+        for row in doc["nodes"]:
+            row["held"] = _held(s, po, row["node"])
+        return doc
+
+
+def _held(s: Any, po: PowerOrder, node: str) -> list[dict[str, Any]]:
+    """The node's agent setting this order's limit again (after a reboot, a driver reload, a
+    limit changed by hand) or failing to: its device events, newest first."""
+    mark = f"(order {order_key(po.id, node, 'apply')})"
+    q = (
+        select(EventRow)
+        .where(
+            EventRow.node == node,
+            EventRow.kind.in_(HELD_KINDS),
+            EventRow.at_s >= po.created_s,
+            EventRow.message.contains(mark, autoescape=True),
+        )
+        .order_by(EventRow.id.desc())
+        .limit(HELD_SHOWN)
+    )
+    return [
+        {
+            "at_s": e.at_s,
+            "kind": e.kind,
+            "gpu": (e.data or {}).get("gpu_index"),
+            "detail": str((e.data or {}).get("detail") or e.message),
+        }
+        for e in s.scalars(q)
+    ]
 
 
 def listing(store: ControlStore, who: Principal, limit: int = 50) -> list[dict[str, Any]]:
