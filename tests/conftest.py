@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import functools
 import os
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -46,3 +48,34 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture
 def h200_dir() -> Path:
     return H200
+
+
+def tolerant_parse(parse: Callable[..., Any], tries: int = 3) -> Callable[..., Any]:
+    """``parse`` retried on SystemError, then a SyntaxError (see `_tolerate_ast_depth_mismatch`)."""
+
+    def tolerant(*args: Any, **kwargs: Any) -> Any:
+        for _ in range(tries):
+            try:
+                return parse(*args, **kwargs)
+            except SystemError:
+                continue
+        raise SyntaxError("source not shown: CPython's AST recursion depth mismatch")
+
+    tolerant.tolerant = True  # type: ignore[attr-defined]
+    return tolerant
+
+
+def _tolerate_ast_depth_mismatch() -> None:
+    """CPython 3.11's ``ast.parse`` can raise ``SystemError: AST constructor recursion depth
+    mismatch`` while other threads run (python/cpython#106905, pytest-dev/pytest#10763). pytest
+    parses a failing test's source to print it; that SystemError turned one test's failure into
+    an INTERNALERROR that ended the whole xdist run, hiding the failure itself. Retry the parse,
+    then fall back to printing the failing line alone (pytest's path for unparsable source)."""
+    from _pytest._code import code
+
+    parse = getattr(code, "getstatementrange_ast")  # noqa: B009  (not re-exported for mypy)
+    if not getattr(parse, "tolerant", False):
+        setattr(code, "getstatementrange_ast", tolerant_parse(parse))  # noqa: B010
+
+
+_tolerate_ast_depth_mismatch()
