@@ -33,8 +33,9 @@ typecheck: install
 # workers on a 2-core machine take about half the time of one. Each test file stays on one
 # worker (`--dist loadfile`: module fixtures and test order as in a serial run). TEST_WORKERS=0
 # runs serially. Tests marked `serial` judge wall-clock timing (loopback bandwidth, a controller
-# restart within a lease): they run afterwards, alone, since three workers on two cores can slow a
-# process start several-fold.
+# restart within a lease, the process chaos rounds with 3 s leases, the dashboard's 5 s fault
+# display): they run afterwards, alone, since three workers on two cores can slow a process start
+# several-fold (the chaos rounds passed alone and timed out under the parallel phase).
 TEST_WORKERS ?= 3
 
 test: install sysdeps

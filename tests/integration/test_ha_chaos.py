@@ -48,7 +48,7 @@ from gpufleet.testing.procs import (
 from gpufleet.testing.testbed import wait_for
 from tests.control.conftest import _reset_pg, pg_url  # noqa: F401  (the PostgreSQL fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # judges seconds: run alone (see Makefile)
 
 SEEDS = int(os.environ.get("GPUFLEET_HA_SEEDS", "20"))
 LEASE_S, RENEW_S = 1.5, 0.3

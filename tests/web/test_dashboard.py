@@ -17,7 +17,7 @@ from gpufleet.control.remediation import BLOCKED_REASON
 from gpufleet.devices.sim import Fault, FaultKind
 from tests.web.conftest import LiveFleet, artifacts_dir, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.serial]  # judges seconds: run alone (see Makefile)
 
 FAULT_NODE = "sim-05"
 STATES = ("registering", "validating", "in_service", "draining", "drained", "repair", "lost")
