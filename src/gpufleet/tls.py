@@ -55,19 +55,19 @@ class TlsFiles:
         return {"ssl_certfile": str(self.cert), "ssl_keyfile": str(self.key)}
 
 
-def client_verify(ca: Path | None) -> ssl.SSLContext | bool:
+def client_verify(ca: Path | None, option: str = "--ca") -> ssl.SSLContext | bool:
     """What to give httpx as ``verify``: the system trust store (True) or a context trusting
-    ``ca`` (a PEM file or a directory of them)."""
+    ``ca`` (a PEM file or a directory of them); errors name ``option``."""
     if ca is None:
         return True
     if not ca.exists():
-        raise UsageError(f"--ca {ca}: no such file or directory")
+        raise UsageError(f"{option} {ca}: no such file or directory")
     try:
         if ca.is_dir():
             return ssl.create_default_context(capath=str(ca))
         return ssl.create_default_context(cafile=str(ca))
     except (ssl.SSLError, OSError) as exc:
-        raise UsageError(f"--ca {ca}: not a PEM certificate bundle ({exc})") from exc
+        raise UsageError(f"{option} {ca}: not a PEM certificate bundle ({exc})") from exc
 
 
 def pinned_verify(cert: Path) -> ssl.SSLContext:

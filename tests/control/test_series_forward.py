@@ -255,3 +255,22 @@ def test_a_holder_that_failed_is_not_asked_again_for_a_while() -> None:
     now[0] += 4.0  # past down_s: asked again, and it answers
     doc = _read(fw)
     assert len(seen) == 2 and doc.t == [5.0] and not doc.partial and fw.forwarded == 1
+
+
+@pytest.mark.parametrize("what", ["missing", "not-pem"])
+def test_the_controller_refuses_a_bad_peer_ca_before_starting(what: str, tmp_path: Any) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    ca = tmp_path / "peers.pem"
+    if what == "not-pem":
+        ca.write_text("not a certificate\n", encoding="utf-8")
+    data = tmp_path / "data"
+    args = [sys.executable, "-m", "gpufleet", "controller", "--data-dir", str(data)]
+    r = subprocess.run(
+        [*args, "--peer-ca", str(ca)], capture_output=True, text=True, env=env, timeout=120
+    )
+    out = r.stdout + r.stderr
+    assert r.returncode != 0
+    assert f"--peer-ca {ca}" in out and "Traceback" not in out
+    want = "no such file" if what == "missing" else "not a PEM certificate bundle"
+    assert want in out
+    assert not list(data.glob("*.db"))  # refused before the database was opened

@@ -153,3 +153,63 @@ def test_a_replica_forwards_raw_series_to_the_holder(
     log = "".join(p.read_text(errors="replace") for p in b.data_dir.glob("controller-*.log"))
     assert "did not answer a forwarded series read" in log
     assert admin not in log and "Bearer" not in log  # the caller's header is never logged
+
+
+def test_https_replicas_verify_each_other_with_the_peer_ca(
+    pg_url: str,  # noqa: F811
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Replicas serving HTTPS with their own self-signed certificates: one started with
+    ``--peer-ca`` (a bundle of both) reads the holder's samples; one without it cannot verify
+    the holder and says so (partial, the verification failure in the note), never reading
+    over an unverified connection."""
+    from tests.integration.test_tls import make_cert
+
+    _reset_pg(pg_url)
+    tokens = _tokens(pg_url)
+    certs = {n: make_cert(tmp_path, f"ctl-{n}", "IP:127.0.0.1") for n in ("a", "b", "c")}
+    bundle = tmp_path / "peers.pem"
+    bundle.write_text("".join(c.read_text() for c, _k in certs.values()), encoding="utf-8")
+    monkeypatch.setenv("GPUFLEET_CA", str(bundle))  # the agent verifies A with it
+    ctls = []
+    for name in ("a", "b", "c"):
+        c = ControllerProcess(
+            tmp_path / name, tokens["admin"], db_url=pg_url, scheduler="none", tls=certs[name]
+        )
+        c.args = ["--advertise-url", c.url]
+        if name != "c":
+            c.args += ["--peer-ca", str(bundle)]
+        ctls.append(c)
+    for c in ctls:
+        c.start()
+    a, b, c = ctls
+    agent = AgentProcess(NODE, a.url, tokens["agent"], tmp_path / "agent", push_interval_s=0.25)
+    agent.start()
+
+    def read(ctl: ControllerProcess) -> httpx.Response:
+        return httpx.get(
+            ctl.url + SERIES,
+            params={"fields": ["power_w"]},
+            headers={"Authorization": f"Bearer {tokens['admin']}"},
+            timeout=10.0,
+            verify=ctl.verify(),
+        )
+
+    try:
+
+        def through_b() -> dict[str, Any] | None:
+            r = read(b)
+            doc: dict[str, Any] = r.json()
+            return doc if r.status_code == 200 and len(doc["t"]) >= 4 else None
+
+        doc = wait_for(through_b, 120.0, "A's samples read through B over https", step_s=0.3)
+        assert doc["source"] == "peer" and doc["served_by"] == a.url and doc["partial"] is False
+        refused = read(c).json()
+        assert refused["partial"] is True and refused["source"] == "memory"
+        assert refused["t"] == [] and a.url in refused["note"]
+        assert "CERTIFICATE_VERIFY_FAILED" in refused["note"] or "certificate" in refused["note"]
+    finally:
+        stop_all([agent])
+        for x in ctls:
+            x.stop()

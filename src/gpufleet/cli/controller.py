@@ -27,6 +27,7 @@ from gpufleet.cli.controller_common import (
     LeaseOption,
     MaxNodesOption,
     NotifyOption,
+    PeerCaOption,
     PrometheusOption,
     RenewOption,
     SchedulerOption,
@@ -67,6 +68,7 @@ def register(app: typer.Typer) -> None:
         max_nodes: int = MaxNodesOption,
         prometheus_url: str | None = PrometheusOption,
         advertise_url: str | None = AdvertiseOption,
+        peer_ca: Path | None = PeerCaOption,
         lease_s: float = LeaseOption,
         renew_s: float = RenewOption,
         json_out: bool = JsonOption,
@@ -90,6 +92,7 @@ def register(app: typer.Typer) -> None:
                 prometheus_url,
                 (lease_s, renew_s),
                 advertise_url,
+                peer_ca,
             )
 
     @ctl.command("serve")
@@ -108,6 +111,7 @@ def register(app: typer.Typer) -> None:
         max_nodes: int = MaxNodesOption,
         prometheus_url: str | None = PrometheusOption,
         advertise_url: str | None = AdvertiseOption,
+        peer_ca: Path | None = PeerCaOption,
         lease_s: float = LeaseOption,
         renew_s: float = RenewOption,
         json_out: bool = JsonOption,
@@ -129,6 +133,7 @@ def register(app: typer.Typer) -> None:
             prometheus_url,
             (lease_s, renew_s),
             advertise_url,
+            peer_ca,
         )
 
     @ctl.command("migrate")
@@ -276,6 +281,7 @@ def _serve(
     prometheus_url: str | None = None,
     lease: tuple[float, float] = (6.0, 2.0),
     advertise_url: str | None = None,
+    peer_ca: Path | None = None,
 ) -> None:
     from gpufleet.cli.process import private_state
     from gpufleet.control.notify import attach, build_notifier, database_id
@@ -292,6 +298,10 @@ def _serve(
     notifier = build_notifier(load_notify(notify), str(notify)) if notify else None
     prometheus_url = check_url(prometheus_url) if prometheus_url else None
     advertise_url = check_advertise_url(advertise_url) if advertise_url else None
+    if peer_ca is not None:  # a clear error naming --peer-ca before anything is opened
+        from gpufleet.tls import client_verify
+
+        client_verify(peer_ca, "--peer-ca")
 
     private_state(None if _db_url(db_url) else _data_dir(data_dir))
     lock = _controller_lock(data_dir, db_url)
@@ -308,6 +318,7 @@ def _serve(
     if notifier is not None:  # issue 18: webhooks and email on node and breaker events
         attach(service.store.sessions, notifier.start(), database_id(service.url))
     service.config.prometheus_url = prometheus_url  # read when the API is built (serve)
+    service.config.peer_ca = peer_ca
     if service.replicated and not prometheus_url and not advertise_url:
         import logging
 

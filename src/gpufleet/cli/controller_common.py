@@ -88,6 +88,13 @@ AdvertiseOption = typer.Option(
     help="Replicas without --prometheus-url: this replica's URL as the others reach it "
     "(http://HOST:PORT); they forward raw series reads of the nodes it ingests here.",
 )
+PeerCaOption = typer.Option(
+    None,
+    "--peer-ca",
+    envvar="GPUFLEET_PEER_CA",
+    help="PEM CA bundle (or directory) to verify the other replicas' https:// --advertise-url "
+    "with (default: the system trust store).",
+)
 
 
 def _open_store(data_dir: Path | None, db_url: str | None) -> ControlStore:

@@ -27,6 +27,7 @@ import ssl
 import threading
 import time
 from collections.abc import Callable, Mapping
+from pathlib import Path
 from urllib.parse import urlsplit
 
 import httpx
@@ -37,6 +38,7 @@ from gpufleet.control import schemas as sc
 from gpufleet.control.models import Node
 from gpufleet.control.store import ControlStore
 from gpufleet.errors import UsageError
+from gpufleet.tls import client_verify
 
 log = logging.getLogger("gpufleet.control")
 
@@ -102,16 +104,20 @@ class SeriesForwarder:
         down_s: float = DOWN_S,
         clock: Callable[[], float] = time.monotonic,
         transport: httpx.BaseTransport | None = None,
+        ca: Path | None = None,
     ) -> None:
+        """``ca``: a PEM bundle (or directory) to verify https peers with (``--peer-ca``);
+        default the system trust store."""
         self.own_url = own_url
         self.down_s = down_s
         self.clock = clock
-        # https peers: the system trust store (OpenSSL reads SSL_CERT_FILE / SSL_CERT_DIR);
-        # no proxies from the environment: replicas talk to each other directly
+        # https peers: --peer-ca, else the system trust store (OpenSSL reads SSL_CERT_FILE /
+        # SSL_CERT_DIR); no proxies from the environment: replicas talk to each other directly
+        verify = client_verify(ca, "--peer-ca") if ca is not None else ssl.create_default_context()
         self._client = httpx.Client(
             timeout=timeout_s,
             transport=transport,
-            verify=ssl.create_default_context(),
+            verify=verify,
             trust_env=False,
             follow_redirects=False,
         )

@@ -64,6 +64,9 @@ class ServiceConfig:
     # this replica's base URL as the others reach it: recorded with the heartbeats of the nodes
     # it ingests, so they forward raw series reads here (gpufleet.control.series_forward)
     advertise_url: str | None = None
+    # a PEM bundle to verify the other replicas' https advertise URLs with (--peer-ca); None:
+    # the system trust store
+    peer_ca: Path | None = None
     # leader election among replicas (issue 18): the lease, how often it is renewed, how often
     # a replica re-reads what others wrote, and how often a node's last heartbeat is written
     # (with replicas, at most every second: the leader reads it for nodes that push elsewhere)

@@ -18,6 +18,7 @@ import os
 import shlex
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -90,10 +91,15 @@ class ControllerProcess:
     starts: int = 0
     db_url: str | None = None
     args: list[str] = field(default_factory=list)
+    tls: tuple[Path, Path] | None = None  # (cert, key): serve https, reached trusting the cert
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
+
+    def verify(self) -> ssl.SSLContext | bool:
+        """What httpx verifies this controller with: its own certificate when it serves TLS."""
+        return ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else True
 
     def start(self, wait_s: float = 120.0) -> ControllerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
@@ -101,11 +107,13 @@ class ControllerProcess:
         policy.write_text("max_out_fraction: 1.0\n", encoding="utf-8")
         self.starts += 1
         where = ("--db-url", self.db_url) if self.db_url else ("--data-dir", str(self.data_dir))
+        tls = ("--tls-cert", str(self.tls[0]), "--tls-key", str(self.tls[1])) if self.tls else ()
         self.proc = _spawn(
             [
                 *("controller", *where),
                 *("--port", str(self.port), "--scheduler", self.scheduler),
                 *("--policy", str(policy), *self.args),
+                *tls,
             ],
             self.data_dir / f"controller-{self.starts}.log",
             _env(),
@@ -117,7 +125,8 @@ class ControllerProcess:
         if self.proc is None or self.proc.poll() is not None:
             raise GpufleetError(f"controller exited; see {self.data_dir}/controller-*.log")
         with contextlib.suppress(httpx.HTTPError):
-            return httpx.get(self.url + "/api/v1/health", timeout=2.0).status_code == 200
+            r = httpx.get(self.url + "/api/v1/health", timeout=2.0, verify=self.verify())
+            return r.status_code == 200
         return False
 
     def kill9(self) -> None:
@@ -135,7 +144,9 @@ class ControllerProcess:
 
     def call(self, method: str, path: str, timeout_s: float = 10.0, **kw: Any) -> httpx.Response:
         headers = {"Authorization": f"Bearer {self.admin}"}
-        return httpx.request(method, self.url + path, headers=headers, timeout=timeout_s, **kw)
+        return httpx.request(
+            method, self.url + path, headers=headers, timeout=timeout_s, verify=self.verify(), **kw
+        )
 
     def submit(self, name: str, command: list[str], **spec: Any) -> str:
         """Submit once (not idempotent: a long timeout rather than a retry on a slow machine)."""

@@ -28,7 +28,7 @@ def router(service: ControlService, auth: Auth) -> APIRouter:
     source = make_source(service.config.prometheus_url)
     # replicas without Prometheus: a raw read goes to the replica holding the node's rings
     forward = (
-        SeriesForwarder(service.config.advertise_url)
+        SeriesForwarder(service.config.advertise_url, ca=service.config.peer_ca)
         if service.replicated and source.kind == "memory"
         else None
     )
