@@ -23,6 +23,7 @@ from gpufleet.cli.controller_common import (
     AdvertiseOption,
     DataDirOption,
     DbUrlOption,
+    EnergyRetentionOption,
     KubeconfigOption,
     LeaseOption,
     MaxNodesOption,
@@ -69,6 +70,7 @@ def register(app: typer.Typer) -> None:
         prometheus_url: str | None = PrometheusOption,
         advertise_url: str | None = AdvertiseOption,
         peer_ca: Path | None = PeerCaOption,
+        energy_days: float = EnergyRetentionOption,
         lease_s: float = LeaseOption,
         renew_s: float = RenewOption,
         json_out: bool = JsonOption,
@@ -93,6 +95,7 @@ def register(app: typer.Typer) -> None:
                 (lease_s, renew_s),
                 advertise_url,
                 peer_ca,
+                energy_days,
             )
 
     @ctl.command("serve")
@@ -112,6 +115,7 @@ def register(app: typer.Typer) -> None:
         prometheus_url: str | None = PrometheusOption,
         advertise_url: str | None = AdvertiseOption,
         peer_ca: Path | None = PeerCaOption,
+        energy_days: float = EnergyRetentionOption,
         lease_s: float = LeaseOption,
         renew_s: float = RenewOption,
         json_out: bool = JsonOption,
@@ -134,6 +138,7 @@ def register(app: typer.Typer) -> None:
             (lease_s, renew_s),
             advertise_url,
             peer_ca,
+            energy_days,
         )
 
     @ctl.command("migrate")
@@ -282,6 +287,7 @@ def _serve(
     lease: tuple[float, float] = (6.0, 2.0),
     advertise_url: str | None = None,
     peer_ca: Path | None = None,
+    energy_days: float = 400.0,
 ) -> None:
     from gpufleet.cli.process import private_state
     from gpufleet.control.notify import attach, build_notifier, database_id
@@ -319,6 +325,7 @@ def _serve(
         attach(service.store.sessions, notifier.start(), database_id(service.url))
     service.config.prometheus_url = prometheus_url  # read when the API is built (serve)
     service.config.peer_ca = peer_ca
+    service.config.energy_retention_s = energy_days * 86400.0  # read by the leader's tick
     if service.replicated and not prometheus_url and not advertise_url:
         import logging
 
@@ -338,6 +345,7 @@ def _serve(
                     "database": service.url.split("@")[-1],
                     "series": "prometheus" if prometheus_url else "memory",
                     "advertise_url": advertise_url,
+                    "energy_retention_days": energy_days,
                     "leader": service.leading,
                     "replicated": service.replicated,
                 }

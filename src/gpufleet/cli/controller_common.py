@@ -54,6 +54,13 @@ MaxNodesOption = typer.Option(
     min=0,
     help="Nodes one agent token not bound to a node may push for (0: no limit).",
 )
+EnergyRetentionOption = typer.Option(
+    400.0,
+    "--energy-retention-days",
+    min=1.0,
+    help="How long per-GPU energy minutes are kept (one row per GPU per minute; reports and "
+    "`gpufleet energy report --since` reach back this far).",
+)
 NotifyOption = typer.Option(
     None,
     "--notify",
