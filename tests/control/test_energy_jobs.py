@@ -107,6 +107,8 @@ def test_a_job_is_charged_its_gpus_energy_while_it_held_them(
     ).json()
     assert [(r["key"], r["name"]) for r in rep["rows"]] == [(jid, "train")]
     assert rep["rows"][0]["kwh"] == pytest.approx(want_kwh, rel=0.01)
+    # the total under a jobs table is the jobs' energy, not every GPU's (both GPUs ran 299 s)
+    assert rep["total"]["kwh"] == pytest.approx(want_kwh, rel=0.01)
     # the CLI against the controller over HTTP: jobs show and energy report (CSV, JSON)
     tok_file = tmp_path / "token"
     tok_file.write_text(tok)

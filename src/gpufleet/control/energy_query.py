@@ -269,6 +269,7 @@ def report(
     policy = store.view.policy
     start = now_s - since_s
     rows: list[dict[str, Any]] = []
+    tot: Sums | None = None
     if by == "job":
         allocs = [a for a in allocations(store, scheduler) if a.end_s is None or a.end_s > start]
         if who.tenant is not None:
@@ -278,14 +279,17 @@ def report(
             Allocation(a.job, a.tenant, a.name, a.placement, max(a.start_s, start), a.end_s)
             for a in allocs
         ]
+        tot = Sums()  # the listed jobs' energy, not the GPUs' (a tenant's jobs on shared nodes)
         for job, sums in job_sums(store, clipped, now_s).items():
             a = meta[job]
             rows.append({"key": job, "tenant": a.tenant, "name": a.name, **figures(sums, policy)})
+            tot.add(sums, 1.0)
     else:
         for key, sums in grouped(store, who, by, start).items():
             rows.append({"key": key, **figures(sums, policy)})
     rows.sort(key=lambda r: (-r["kwh"], r["key"]))
-    tot = total(store, who, start)
+    if tot is None:
+        tot = total(store, who, start)
     return {
         "by": by,
         "since_s": start,
