@@ -87,6 +87,20 @@ def browser() -> Iterator[Any]:
             b.close()
 
 
+@pytest.fixture
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh browser context and page (1440x900, 15 s default timeout); the test fails if
+    the page raised a JavaScript error."""
+    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
+    pg = ctx.new_page()
+    errors: list[str] = []
+    pg.on("pageerror", lambda e: errors.append(str(e)))
+    pg.set_default_timeout(15_000)
+    yield pg
+    ctx.close()
+    assert not errors, f"JavaScript errors on the page: {errors}"
+
+
 @dataclass
 class LiveFleet:
     """A running controller with simulated agents pushing to it over loopback HTTP."""

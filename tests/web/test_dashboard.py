@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -21,18 +20,6 @@ pytestmark = [pytest.mark.slow, pytest.mark.serial]  # judges seconds: run alone
 
 FAULT_NODE = "sim-05"
 STATES = ("registering", "validating", "in_service", "draining", "drained", "repair", "lost")
-
-
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-    pg = ctx.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.set_default_timeout(15_000)
-    yield pg
-    ctx.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
 
 
 def _rgb(page: Any, node: str, gpu: int) -> list[int]:

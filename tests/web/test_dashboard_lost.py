@@ -33,18 +33,6 @@ def fleet4(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[L
         f.stop()
 
 
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-    pg = ctx.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.set_default_timeout(15_000)
-    yield pg
-    ctx.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
-
-
 def _ghost_batch(seq: int) -> dict[str, Any]:
     """A node whose last report says: healthy, 77 % busy, 612 W."""
     now = time.time()

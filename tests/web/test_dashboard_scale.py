@@ -80,15 +80,10 @@ def big(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[dict
 
 
 @pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-    pg = ctx.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.set_default_timeout(20_000)
-    yield pg
-    ctx.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
+def page(page: Any) -> Any:
+    """The shared page (tests/web/conftest.py), with more time: the 10,000-node page is big."""
+    page.set_default_timeout(20_000)
+    return page
 
 
 def _frame_rgb(page: Any, key: str) -> list[int]:

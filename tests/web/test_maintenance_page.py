@@ -31,18 +31,6 @@ def fleet6(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[L
         f.stop()
 
 
-@pytest.fixture
-def page(browser: Any) -> Iterator[Any]:
-    ctx = browser.new_context(viewport={"width": 1440, "height": 900})
-    pg = ctx.new_page()
-    errors: list[str] = []
-    pg.on("pageerror", lambda e: errors.append(str(e)))
-    pg.set_default_timeout(15_000)
-    yield pg
-    ctx.close()
-    assert not errors, f"JavaScript errors on the page: {errors}"
-
-
 def _post(f: LiveFleet, path: str, role: str, body: Any = None) -> httpx.Response:
     return httpx.post(
         f"{f.url}/api/v1{path}",
