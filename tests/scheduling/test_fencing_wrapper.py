@@ -149,7 +149,9 @@ def test_a_fenced_copy_is_requeued_never_failed_and_uses_no_restart(tmp_path: Pa
     node = NodeInfo("n1", (GpuSlot(0, "h100-sxm", 80 * 2**30),))
     eng = EmbeddedScheduler(JobStore.open(tmp_path / "s.db"), ex, [node])
     beats = tmp_path / "beats"
-    job_id = eng.submit(JobSpec("j", tuple(heartbeat_job(beats, 10)), max_restarts=0))
+    # 8 s of beats: the fence (lease 1 s + the wrapper's step) must come first even on a loaded
+    # machine; with 1 s of beats the first copy once finished before it ("1 done" in the beats)
+    job_id = eng.submit(JobSpec("j", tuple(heartbeat_job(beats, 80)), max_restarts=0))
     eng.tick()
     assert eng.job(job_id).state is JobState.RUNNING
     # nobody renews the lease (the agent lost the control plane): the wrapper fences the copy
