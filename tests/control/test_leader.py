@@ -137,6 +137,34 @@ def test_a_leader_stopped_inside_its_transaction_does_not_block_the_takeover(
     assert _lease(engine) == ("b", 2)
 
 
+def test_a_leader_whose_renewal_fails_past_its_lease_steps_down_as_a_lapse(
+    engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Its session ended by PostgreSQL while the process was stopped (or the database away):
+    the renewal fails, not refused. Past its lease it leads no longer, counted and logged as a
+    lapse (the HA chaos test's resumed leader shows one of the two); a failure inside the
+    lease keeps the lead."""
+    from sqlalchemy.exc import OperationalError
+
+    exclusive = engine.dialect.name == "sqlite"
+    a = Leadership(engine, lease_s=0.5, renew_s=0.1, exclusive=exclusive, holder="a")
+    assert a.step() is True
+
+    def broken() -> int | None:
+        raise OperationalError("renew", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(a, "_attempt", broken)
+    assert a.step() is True  # inside the lease: still leads
+    assert (a.lapses, a.refusals) == (0, 0)
+    time.sleep(0.6)
+    with caplog.at_level("WARNING", logger="gpufleet.control"):
+        assert a.step() is False
+    assert a.epoch is None and (a.lapses, a.refusals) == (1, 0)
+    assert "leads no longer: the lease of epoch 1 ran out" in caplog.text
+    assert a.describe()["lapses"] == 1
+    assert a.step() is False and a.lapses == 1  # counted once, not at every failed try
+
+
 def test_stop_hands_the_lease_over(pg_engine: Engine) -> None:
     engine = pg_engine
     a = Leadership(engine, lease_s=30.0, renew_s=1.0, holder="a")

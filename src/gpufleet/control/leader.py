@@ -90,6 +90,9 @@ class Leadership:
         self.postgres = engine.dialect.name == "postgresql"
         self.epoch: int | None = None  # the epoch this replica took, while it thinks it leads
         self.refusals = 0  # writes refused by the fencing token (renewals included)
+        # times it led and its lease ran out before a renewal got through (the database away,
+        # the process stopped): it stepped down by its own clock, nothing refused or written
+        self.lapses = 0
         self.elections = 0  # times this replica took the lease
         self._valid_until = 0.0  # monotonic: leader until then unless renewed
         self._local = threading.local()
@@ -123,6 +126,7 @@ class Leadership:
             "leader": self.is_leader,
             "epoch": self.epoch if self.is_leader else None,
             "refusals": self.refusals,
+            "lapses": self.lapses,
             "elections": self.elections,
             "lease_s": self.lease_s,
             "renew_s": self.renew_s,
@@ -177,6 +181,14 @@ class Leadership:
                 self.epoch = got
                 self._valid_until = started + self.lease_s
             elif not self.is_leader:
+                if self.epoch is not None:
+                    self.lapses += 1
+                    log.warning(
+                        "%s leads no longer: the lease of epoch %d ran out before a renewal "
+                        "got through",
+                        self.holder,
+                        self.epoch,
+                    )
                 self.epoch = None
         after = self.is_leader
         if after != before:
