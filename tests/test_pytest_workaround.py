@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 from _pytest._code import code
 
-from tests.conftest import tolerant_parse
+from tests.conftest import retrying_on_ast_race, tolerant_parse
 
 
 def test_the_guard_is_installed_on_pytests_source_parser() -> None:
@@ -35,3 +35,36 @@ def test_a_lasting_systemerror_becomes_the_syntaxerror_pytest_handles() -> None:
 
     with pytest.raises(SyntaxError, match="recursion depth mismatch"):
         tolerant_parse(broken, tries=2)(3, "src")
+
+
+def test_the_import_rewrite_is_retried_on_the_race_and_anyio_is_imported_eagerly() -> None:
+    import sys
+
+    from _pytest.assertion import rewrite
+
+    assert getattr(getattr(rewrite, "_rewrite_test"), "tolerant", False)  # noqa: B009
+    assert "anyio._core._fileio" in sys.modules  # what starlette's FileResponse reached lazily
+
+
+def test_a_rewrite_interrupted_once_by_the_race_is_retried_other_errors_are_not() -> None:
+    calls: list[int] = []
+
+    def flaky(*_a: Any) -> str:
+        calls.append(1)
+        if len(calls) == 1:
+            raise SystemError("AST constructor recursion depth mismatch (before=63, after=53)")
+        return "code"
+
+    assert retrying_on_ast_race(flaky)("fn", "config") == "code" and len(calls) == 2
+
+    def other(*_a: Any) -> str:
+        raise SystemError("something else")
+
+    with pytest.raises(SystemError, match="something else"):
+        retrying_on_ast_race(other)()
+
+    def lasting(*_a: Any) -> str:
+        raise SystemError("AST constructor recursion depth mismatch")
+
+    with pytest.raises(SystemError, match="mismatch"):
+        retrying_on_ast_race(lasting, tries=2)()
