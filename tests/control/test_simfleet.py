@@ -127,8 +127,9 @@ def _pushes_and_drains(tmp_path: Path, port: int, token: str, svc: ControlServic
     )
     assert r.exit_code == 0, r.output
     out = json.loads(r.output[r.output.index("{") :])
-    # 20 pushes per node in 10 s; three each leaves room for a loaded 2-core machine
-    assert out["batches_acked"] >= 12 * 3 and out["errors"] == 0
+    # 20 pushes per node in 10 s; 8 each is the share the 4 s run asked for (3 of 8), and
+    # three runs at once on this 2-core machine got 219-228 of 240
+    assert out["batches_acked"] >= 12 * 8 and out["errors"] == 0
     states = {n: c.state for n, c in svc.store.nodes.items()}
     assert len(states) == 12 and sum(len(c.gpus) for c in svc.store.nodes.values()) == 48
     # out of service either way: drained from service by the agent's fail finding, or sent

@@ -26,20 +26,25 @@ def _minutes(db: Path) -> list[int]:
         return sorted(r[0] for r in c.execute("SELECT minute_s FROM energy_minutes"))
 
 
-def test_minutes_older_than_the_option_are_deleted_newer_kept(tmp_path: Path) -> None:
-    data = tmp_path / "ctl"
-    tokens = create_tokens(data, {"admin": ("admin", None)})  # creates and migrates the db
-    db = data / "gpufleet.db"
-    now = int(time.time()) // 60 * 60
-    old, recent = now - 3 * DAY, now - DAY // 2  # 3 days and 12 hours ago
+def _put_minutes(db: Path, *minutes: int) -> None:
+    """One GPU's minute at each ``minute_s`` (700 W for 60 s), straight into the database."""
     with sqlite3.connect(db) as c:
-        for minute in (old, recent):
+        for minute in minutes:
             c.execute(
                 "INSERT INTO energy_minutes (node, gpu_index, minute_s, window_j, window_s, "
                 "fallback_j, power_j, power_s, idle_j, idle_s) "
                 "VALUES ('er-n1', 0, ?, 42000, 60, 0, 42000, 60, 0, 0)",
                 (minute,),
             )
+
+
+def test_minutes_older_than_the_option_are_deleted_newer_kept(tmp_path: Path) -> None:
+    data = tmp_path / "ctl"
+    tokens = create_tokens(data, {"admin": ("admin", None)})  # creates and migrates the db
+    db = data / "gpufleet.db"
+    now = int(time.time()) // 60 * 60
+    old, recent = now - 3 * DAY, now - DAY // 2  # 3 days and 12 hours ago
+    _put_minutes(db, old, recent)
     ctl = ControllerProcess(data, tokens["admin"], scheduler="none")
     ctl.args = ["--energy-retention-days", "1"]
     ctl.start()
@@ -57,13 +62,7 @@ def test_the_default_keeps_a_three_day_old_minute(tmp_path: Path) -> None:
     tokens = create_tokens(data, {"admin": ("admin", None)})
     db = data / "gpufleet.db"
     old = int(time.time()) // 60 * 60 - 3 * DAY
-    with sqlite3.connect(db) as c:
-        c.execute(
-            "INSERT INTO energy_minutes (node, gpu_index, minute_s, window_j, window_s, "
-            "fallback_j, power_j, power_s, idle_j, idle_s) "
-            "VALUES ('er-n1', 0, ?, 42000, 60, 0, 42000, 60, 0, 0)",
-            (old,),
-        )
+    _put_minutes(db, old)
     ctl = ControllerProcess(data, tokens["admin"], scheduler="none").start()
     try:
         r = ctl.call("GET", "/api/v1/leader")

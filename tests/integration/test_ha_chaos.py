@@ -192,6 +192,8 @@ def test_leader_killed_or_stopped_over_seeds(
                 stepped_down, 20.0, f"seed {seed}: the resumed leader stepped down", step_s=0.05
             )
             assert role(leader) == "follower"
+            if how[seed] == "lapsed":  # said in its log, not only counted
+                assert "leads no longer: the lease of epoch" in log_text(leader), seed
         else:
             restart = threading.Thread(target=leader.start)
             restart.start()

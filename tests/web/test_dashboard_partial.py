@@ -11,7 +11,7 @@ import pytest
 
 from gpufleet.testing.procs import AgentProcess, ControllerProcess
 from gpufleet.testing.testbed import wait_for
-from tests.control.conftest import _reset_pg, pg_url  # noqa: F401  (the PostgreSQL fixture)
+from tests.control.conftest import pg_url  # noqa: F401  (the PostgreSQL fixture)
 from tests.integration.test_ha_series import NODE, get, two  # noqa: F401  (the fixture)
 
 pytestmark = pytest.mark.slow

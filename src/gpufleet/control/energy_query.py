@@ -269,7 +269,6 @@ def report(
     policy = store.view.policy
     start = now_s - since_s
     rows: list[dict[str, Any]] = []
-    tot: Sums | None = None
     if by == "job":
         allocs = [a for a in allocations(store, scheduler) if a.end_s is None or a.end_s > start]
         if who.tenant is not None:
@@ -287,9 +286,8 @@ def report(
     else:
         for key, sums in grouped(store, who, by, start).items():
             rows.append({"key": key, **figures(sums, policy)})
+        tot = total(store, who, start)  # every GPU minute the token may read
     rows.sort(key=lambda r: (-r["kwh"], r["key"]))
-    if tot is None:
-        tot = total(store, who, start)
     return {
         "by": by,
         "since_s": start,

@@ -97,9 +97,16 @@ class ControllerProcess:
     def url(self) -> str:
         return f"{'https' if self.tls else 'http'}://127.0.0.1:{self.port}"
 
+    _verify: ssl.SSLContext | None = field(default=None, init=False, repr=False)
+
     def verify(self) -> ssl.SSLContext | bool:
-        """What httpx verifies this controller with: its own certificate when it serves TLS."""
-        return ssl.create_default_context(cafile=str(self.tls[0])) if self.tls else True
+        """What httpx verifies this controller with: its own certificate when it serves TLS
+        (one context, made once: `ready` polls every 50 ms)."""
+        if self.tls is None:
+            return True
+        if self._verify is None:
+            self._verify = ssl.create_default_context(cafile=str(self.tls[0]))
+        return self._verify
 
     def start(self, wait_s: float = 120.0) -> ControllerProcess:
         self.data_dir.mkdir(parents=True, exist_ok=True)
