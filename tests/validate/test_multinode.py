@@ -11,6 +11,7 @@ import sys
 import time
 from collections.abc import Sequence
 from itertools import combinations
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -23,7 +24,6 @@ from gpufleet.validate.launch import (
     ProcessOutcome,
     SlurmLauncher,
     SshLauncher,
-    free_port,
     run_processes,
     slurm_port,
 )
@@ -183,6 +183,24 @@ def test_local_launcher_fake_nodes_on_loopback() -> None:
     )
 
 
+def test_local_ranks_meet_through_a_private_file_not_a_port_picked_free() -> None:
+    """A port picked free, closed and handed to the ranks could be taken before rank 0 bound
+    it; the local launcher's ranks rendezvous through a file in a private directory."""
+    seen: list[tuple[str, bool, int]] = []
+
+    def runner(cmds: Sequence[LaunchCommand], timeout_s: float) -> list[ProcessOutcome]:
+        for c in cmds:
+            store = Path(dict(c.env)["GPUFLEET_RENDEZVOUS_FILE"])
+            seen.append((str(store), store.parent.is_dir(), store.parent.stat().st_mode & 0o777))
+        return [ProcessOutcome(c.label, 0, "", "") for c in cmds]
+
+    spec = LaunchSpec(hosts=("n1", "n2"), master_port=5555)
+    LocalLauncher(python="/py", runner=runner).run(spec, 5.0)
+    assert len(seen) == 2 and seen[0][0] == seen[1][0], seen  # one store for every rank
+    assert all(is_dir and mode == 0o700 for _, is_dir, mode in seen)
+    assert not Path(seen[0][0]).parent.exists()  # removed after the run
+
+
 def test_launch_spec_rejects_bad_input() -> None:
     with pytest.raises(UsageError, match="at least 2 hosts"):
         LaunchSpec(hosts=("only",))
@@ -281,6 +299,7 @@ def test_missing_result_names_the_failed_process() -> None:
     assert "n2: killed at the deadline" in msg
 
 
+@pytest.mark.process
 def test_run_processes_kills_at_the_deadline() -> None:
     cmds = [
         LaunchCommand("ok", (sys.executable, "-c", "print('hi')")),
@@ -293,6 +312,7 @@ def test_run_processes_kills_at_the_deadline() -> None:
     assert out[1].returncode is None
 
 
+@pytest.mark.process
 def test_run_processes_stops_the_rest_soon_after_one_fails() -> None:
     cmds = [
         LaunchCommand("bad", (sys.executable, "-c", "raise SystemExit(3)")),
@@ -323,13 +343,13 @@ def _gloo_plan(nodes: list[str], rpn: int, hook: str | None) -> MultiNodePlan:
         pair_iters=5,
         pair_serial=True,
         timeout_s=90,
-        master_port=free_port(),
         env={"GPUFLEET_TEST_SLOW_SEND": hook} if hook else {},
     )
 
 
 @pytest.mark.slow
 @pytest.mark.serial  # loopback bandwidth judged against the peers: needs a quiet machine
+@pytest.mark.process
 def test_gloo_four_nodes_finds_the_slow_node() -> None:
     _torch()
     nodes = ["n1", "n2", "n3", "n4"]
@@ -360,6 +380,7 @@ def test_gloo_four_nodes_finds_the_slow_node() -> None:
 
 @pytest.mark.slow
 @pytest.mark.serial  # loopback bandwidth judged against the peers: needs a quiet machine
+@pytest.mark.process
 def test_gloo_two_ranks_per_node_finds_the_slow_link() -> None:
     _torch()
     nodes = ["a", "b", "c", "d"]
@@ -380,6 +401,7 @@ def test_gloo_two_ranks_per_node_finds_the_slow_link() -> None:
 
 # ----- a real Slurm allocation (3 slurmd on loopback) -----------------------------------------
 @pytest.mark.slow
+@pytest.mark.process
 def test_slurm_allocation_runs_gloo_and_blames_the_slow_node(
     slurm_cluster: Any,  # noqa: F811
 ) -> None:

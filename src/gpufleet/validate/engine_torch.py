@@ -351,14 +351,13 @@ OPS = ("all_reduce", "all_gather", "reduce_scatter", "alltoall", "broadcast")
 
 
 def _collective_worker(
-    rank: int, world: int, backend: str, port: int, sizes: list[int], iters: int, queue: Any
+    rank: int, world: int, backend: str, store: str, sizes: list[int], iters: int, queue: Any
 ) -> None:
     import torch
     import torch.distributed as dist
 
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group(backend, rank=rank, world_size=world)
+    # a file store, not a TCP port picked free and handed over (bind, close, reuse: a race)
+    dist.init_process_group(backend, init_method=f"file://{store}", rank=rank, world_size=world)
     try:
         dev = torch.device(f"cuda:{rank}") if backend == "nccl" else torch.device("cpu")
         if backend == "nccl":
@@ -409,12 +408,6 @@ def _collective_worker(
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def run_local_collectives(
     world: int,
     backend: str = "gloo",
@@ -425,22 +418,26 @@ def run_local_collectives(
 ) -> list[CollectiveRow]:
     """Collectives among ``world`` local processes (loopback only); nccl-tests style rows."""
     import multiprocessing as mp
+    import tempfile
 
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    port = _free_port()
     sizes = message_sizes(min_bytes, max_bytes)
-    procs = [
-        ctx.Process(target=_collective_worker, args=(r, world, backend, port, sizes, iters, queue))
-        for r in range(world)
-    ]
-    for p in procs:
-        p.start()
-    try:
-        raw = queue.get(timeout=timeout_s)
-    finally:
+    with tempfile.TemporaryDirectory(prefix="gpufleet-rendezvous-") as tmp:
+        store = os.path.join(tmp, "store")
+        procs = [
+            ctx.Process(
+                target=_collective_worker, args=(r, world, backend, store, sizes, iters, queue)
+            )
+            for r in range(world)
+        ]
         for p in procs:
-            p.join(timeout=10)
-            if p.is_alive():
-                p.kill()
+            p.start()
+        try:
+            raw = queue.get(timeout=timeout_s)
+        finally:
+            for p in procs:
+                p.join(timeout=10)
+                if p.is_alive():
+                    p.kill()
     return [row(op, size, secs, world) for op, size, secs in raw]

@@ -34,6 +34,9 @@ from typing import IO, Protocol
 from gpufleet.errors import GpufleetError, UsageError
 
 WORKER_MODULE = "gpufleet.validate.multinode"
+# Set by the local launcher: the ranks rendezvous through this file (torch's ``file://`` init
+# method) instead of MASTER_ADDR:MASTER_PORT.
+RENDEZVOUS_FILE_ENV = "GPUFLEET_RENDEZVOUS_FILE"
 
 
 @dataclass(frozen=True)
@@ -193,7 +196,7 @@ class LocalLauncher:
     runner: Runner | None = None
     name: str = "local"
 
-    def commands(self, spec: LaunchSpec) -> list[LaunchCommand]:
+    def commands(self, spec: LaunchSpec, rendezvous_file: str | None = None) -> list[LaunchCommand]:
         out = []
         for k, host in enumerate(spec.hosts):
             env = {
@@ -202,12 +205,19 @@ class LocalLauncher:
                 "GPUFLEET_NODE_NAME": host,
                 "GLOO_SOCKET_IFNAME": self.loopback_if,
             }
+            if rendezvous_file is not None:
+                env[RENDEZVOUS_FILE_ENV] = rendezvous_file
             argv = (self.python, "-m", WORKER_MODULE, *node_worker_args(spec, k))
             out.append(LaunchCommand(host, argv, tuple(env.items())))
         return out
 
     def run(self, spec: LaunchSpec, timeout_s: float) -> list[ProcessOutcome]:
-        return (self.runner or run_processes)(self.commands(spec), timeout_s)
+        """Every rank meets through a file store in a private temporary directory, not a TCP
+        port: a port picked free and handed to the ranks could be taken by another process
+        before rank 0 bound it (bind, close, reuse)."""
+        with tempfile.TemporaryDirectory(prefix="gpufleet-rendezvous-") as tmp:
+            store = os.path.join(tmp, "store")
+            return (self.runner or run_processes)(self.commands(spec, store), timeout_s)
 
 
 LAUNCHERS: dict[str, Callable[[], Launcher]] = {

@@ -25,6 +25,7 @@ import time
 from datetime import timedelta
 from typing import Any
 
+from gpufleet.validate.launch import RENDEZVOUS_FILE_ENV
 from gpufleet.validate.pairwise import SLOW_SEND_ENV, SlowSend, parse_slow_send, round_robin
 
 RESULT_MARK = "@@gpufleet-multinode-result@@"
@@ -84,9 +85,10 @@ class Worker:
             self.dev = torch.device("cpu")
             args.max_bytes = min(args.max_bytes, GLOO_MAX_BYTES)
             args.pair_bytes = min(args.pair_bytes, GLOO_MAX_BYTES)
+        rendezvous_file = os.environ.get(RENDEZVOUS_FILE_ENV)
         dist.init_process_group(
             backend,
-            init_method="env://",
+            init_method=f"file://{rendezvous_file}" if rendezvous_file else "env://",
             rank=self.rank,
             world_size=self.world,
             timeout=timedelta(seconds=args.timeout_s),

@@ -248,12 +248,9 @@ def run_for_cli(
         port = int(port_env)
     elif launcher == "slurm":
         port = slurm_port(os.environ.get("SLURM_JOB_ID"))
-    elif launcher == "local":
-        from gpufleet.validate.launch import free_port
-
-        port = free_port()
     else:
-        port = 29500  # torch.distributed's customary default
+        # torch.distributed's customary default (the local launcher meets through a file)
+        port = 29500
     plan = MultiNodePlan(
         hosts=hosts, tests=tests, ranks_per_node=rpn, master_addr=master_addr, master_port=port
     )
