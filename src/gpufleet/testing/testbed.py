@@ -11,6 +11,7 @@ the restart tests and the chaos runs cut it mid-stream.
 
 from __future__ import annotations
 
+import os
 import socket
 import tempfile
 import threading
@@ -27,12 +28,59 @@ from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.devices.sim import Fault, FaultKind, SimFleet
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.base import SchedulerBackend
+from gpufleet.testing.timescale import scaled
+
+# Ports for daemons that must be told theirs before they start (a controller restarted on the
+# same port, PostgreSQL, Prometheus): each pytest-xdist worker takes them from its own block
+# below the kernel's ephemeral range. A port the kernel picked (bind to 0, close, hand over)
+# could be picked again for another socket before the daemon bound it; the kernel never hands
+# out ports below its ephemeral range, and no two workers share a block.
+PORT_BLOCKS_FROM = 10_000
+PORT_BLOCK_SIZE = 1_250
+PORT_BLOCKS = 8  # 10000-19999: below the Slurm dev cluster's 20000-60000
+_next_port: dict[int, int] = {}
+_port_lock = threading.Lock()
+
+
+def _ephemeral_low() -> int:
+    try:
+        with open("/proc/sys/net/ipv4/ip_local_port_range", encoding="ascii") as f:
+            return int(f.read().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32_768  # Linux's default
+
+
+def _worker_index() -> int:
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0").removeprefix("gw")
+    return int(worker) % PORT_BLOCKS if worker.isdigit() else 0
+
+
+def _bindable(port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+    """A loopback TCP port no other test worker and no kernel-picked socket will take: the
+    next bindable one of this worker's block (see `PORT_BLOCKS_FROM`); where the kernel's
+    ephemeral range starts too low for the blocks, one the kernel picks."""
+    block = _worker_index()
+    lo = PORT_BLOCKS_FROM + block * PORT_BLOCK_SIZE
+    if lo + PORT_BLOCK_SIZE > _ephemeral_low():
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            return int(s.getsockname()[1])
+    with _port_lock:
+        for _ in range(PORT_BLOCK_SIZE):
+            offset = _next_port.get(block, os.getpid() % PORT_BLOCK_SIZE)
+            _next_port[block] = (offset + 1) % PORT_BLOCK_SIZE
+            if _bindable(lo + offset):
+                return lo + offset
+    raise GpufleetError(f"no free port in {lo}-{lo + PORT_BLOCK_SIZE - 1}")
 
 
 @dataclass
@@ -188,7 +236,9 @@ class Controller:
 
 
 def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, step_s: float = 0.05) -> Any:
-    """Poll ``cond`` until it returns something truthy; raise a clear error after the timeout."""
+    """Poll ``cond`` until it returns something truthy; raise a clear error after the timeout
+    (``timeout_s`` times `gpufleet.testing.timescale`'s factor)."""
+    timeout_s = scaled(timeout_s)
     deadline = time.monotonic() + timeout_s
     while True:
         try:
