@@ -31,8 +31,12 @@ from gpufleet.schedulers.slurm import config_gen as cg
 from gpufleet.schedulers.slurm.backend import SlurmBackend
 from gpufleet.schedulers.slurm.devcluster import DevCluster, temp_cluster
 from gpufleet.schedulers.slurm.local_drain import HEALTH_PREFIX
+from gpufleet.testing.timescale import scaled
 
 from .conftest import require_slurm
+
+pytestmark = pytest.mark.process
+
 
 NODES = ("gpu1", "gpu2", "gpu3")
 
@@ -197,7 +201,7 @@ def _stop_holders(lock: Path) -> None:
 
 
 def _wait(cond: Callable[[], object], limit_s: float, what: str) -> object:
-    deadline = time.monotonic() + limit_s
+    deadline = time.monotonic() + scaled(limit_s)
     while True:
         got = cond()
         if got:
@@ -294,9 +298,14 @@ def test_undecided_drains_nothing_and_exits_3(
     assert "drain" not in _states(b)["gpu2"].state
 
 
-def test_hung_gpus_check_finishes_within_10_s(slurm_cluster: DevCluster, tmp_path: Path) -> None:
+def test_hung_gpus_check_drains_within_its_time_budget(
+    slurm_cluster: DevCluster, tmp_path: Path
+) -> None:
     """Four GPUs whose NVML calls never return: the whole check, as slurmd would run it (a
-    fresh process), drains the node with the timeout finding and ends within 10 s."""
+    fresh process), drains the node with the timeout finding and ends within its budget. The
+    budget is the default 10 s times the tests' time scale, three times over (a fresh
+    interpreter's imports are most of it on a loaded 2-core machine); the 10 s figure itself
+    is `benchmarks/health_hung.py`'s."""
     import os
     import subprocess
 
@@ -308,21 +317,22 @@ def test_hung_gpus_check_finishes_within_10_s(slurm_cluster: DevCluster, tmp_pat
             for g in (1, 3, 5, 7)
         )
     )
+    budget = scaled(30.0)
     env = dict(os.environ, SLURM_CONF=str(slurm_cluster.slurm_conf))
     env["PYTHONPATH"] = str(Path(gpufleet.__file__).resolve().parents[1])
     argv = [sys.executable, "-m", "gpufleet", "health", "--sim", str(fleet), "--node", "gpu2"]
     argv += ["--exit-code", "--slurm-drain", "--max-drained", "3", "--duration", "1"]
+    argv += ["--time-budget", f"{budget:.1f}"]
     b = SlurmBackend(slurm_conf=str(slurm_cluster.slurm_conf))
     t0 = time.monotonic()
     try:
-        p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+        p = subprocess.run(
+            argv, env=env, capture_output=True, text=True, timeout=budget * 2, check=False
+        )
         took = time.monotonic() - t0
-        print(f"\nhealth --slurm-drain with 4 hung GPUs: {took:.1f} s")
-        assert took < 10, p.stderr
+        print(f"\nhealth --slurm-drain with 4 hung GPUs: {took:.1f} s (budget {budget:.0f} s)")
+        assert took < budget, p.stderr
         st = _states(b)["gpu2"]
-        if p.returncode == 3:  # a loaded machine: too little time left to ask Slurm safely
-            assert "gpu2: undecided:" in p.stderr and "drain" not in st.state, p.stderr
-            pytest.xfail(f"no time left to drain after the hung GPUs ({took:.1f} s): {p.stderr}")
         assert p.returncode == 2, p.stdout + p.stderr
         assert "drain" in st.state and st.reason.startswith(HEALTH_PREFIX + "GPU_NVML_TIMEOUT")
         assert "gpu2: drained: GPU_NVML_TIMEOUT" in p.stderr

@@ -184,6 +184,14 @@ def health(
     ),
     config: Path | None = typer.Option(None, "--config", help="YAML file with a health: section."),
     duration: float = typer.Option(3.0, "--duration", min=0, help="Seconds to sample."),
+    time_budget: float = typer.Option(
+        slurm_check.BUDGET_S,
+        "--time-budget",
+        min=1.0,
+        max=3600.0,
+        help="With --slurm-drain: seconds the whole check may take, start-up included; a "
+        "Slurm call that would run past it is not made (the node is left as it is, exit 3).",
+    ),
     node: str | None = typer.Option(
         None, "--node", help="Node name (Slurm name; with --sim: which node)."
     ),
@@ -206,7 +214,9 @@ def health(
     try:
         if sim and imports:
             raise UsageError("--sim and --import are mutually exclusive: give one or the other")
-        check = _slurm_check(slurm_drain, scontrol, controller, token_file, max_drained, started)
+        check = _slurm_check(
+            slurm_drain, scontrol, controller, token_file, max_drained, started, time_budget
+        )
         cfg = load_health_config(config)
         persistent = sim is None and not imports
 
@@ -265,6 +275,7 @@ def _slurm_check(
     token_file: Path | None,
     max_drained: str | None,
     started: float,
+    budget_s: float = slurm_check.BUDGET_S,
 ) -> slurm_check.SlurmCheck | None:
     """What ``--slurm-drain`` asks for (checked before any GPU is read); ``sinfo`` is taken
     from the directory of ``--scontrol`` when that is a path."""
@@ -292,6 +303,7 @@ def _slurm_check(
         runner=RUNNER,
         started_s=started,
         startup_s=slurm_check.startup_s(),
+        budget_s=budget_s,
     )
 
 

@@ -49,11 +49,12 @@ class SlurmCheck:
     started_s: float | None = None  # time.monotonic() when the check began
     startup_s: float = 0.0  # time the process spent before that (`startup_s()`)
     clock: Callable[[], float] = time.monotonic
+    budget_s: float = BUDGET_S  # ``--time-budget``: the whole check ends within this
 
     def time_left(self) -> float:
         """Seconds left of the budget, counted from ``started_s`` plus ``startup_s``."""
         started = self.started_s if self.started_s is not None else self.clock()
-        return BUDGET_S - MARGIN_S - self.startup_s - (self.clock() - started)
+        return self.budget_s - MARGIN_S - self.startup_s - (self.clock() - started)
 
     def per_call_s(self) -> float:
         """Each program or HTTP call gets a quarter of what is left (sinfo, the controller,
