@@ -88,6 +88,10 @@ class EmbeddedBackend:
 
     def stop(self) -> None:
         self._stop.set()
+        if self._remote is not None:
+            # the loop waits on the executor's "changed" event for up to tick_s: wake it, or a
+            # stop with a long tick waited out the join's 10 s and left the thread running
+            self._remote.changed.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
 
