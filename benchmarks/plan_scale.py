@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from typing import Any
 
 from gpufleet.catalog import load_catalog
 from gpufleet.plan.planner import plan
@@ -17,45 +18,49 @@ SIZES = (1_024, 10_240, 102_400)
 REPEATS = 5
 
 
+def spec_doc(gpus: int) -> dict[str, Any]:
+    """A training run sized to ``gpus`` GPUs on two candidates, all prices given, as the spec
+    file's document (the figures guard writes it for `gpufleet plan`)."""
+    return {
+        "name": f"scale-{gpus}",
+        "candidates": ["h200-sxm", "h100-sxm"],
+        "workloads": [
+            {
+                "kind": "training",
+                "model": {
+                    "layers": 126,
+                    "hidden_size": 16384,
+                    "heads": 128,
+                    "kv_heads": 8,
+                    "vocab_size": 128256,
+                    "ffn_hidden_size": 53248,
+                    "gated_mlp": True,
+                },
+                "sequence_length": 8192,
+                "global_batch": 16384,
+                "tokens": 15e12,
+                "gpus": gpus,
+            }
+        ],
+        "constraints": {
+            "rack_power": "60 kW",
+            "cooling": "liquid",
+            "racks_per_row": 20,
+            "switch_radix": 128,
+        },  # 64-port tops out at 65,536 endpoints
+        "prices": {
+            "gpu": "30000 USD",
+            "energy": "0.08 USD/kWh",
+            "switch": "40000 USD",
+            "transceiver": "800 USD",
+            "cloud_per_gpu_hour": "2.5 USD/hour",
+        },
+    }
+
+
 def spec_for(gpus: int) -> PlanSpec:
-    """A training run sized to ``gpus`` GPUs on two candidates, all prices given."""
-    return load_spec(
-        {
-            "name": f"scale-{gpus}",
-            "candidates": ["h200-sxm", "h100-sxm"],
-            "workloads": [
-                {
-                    "kind": "training",
-                    "model": {
-                        "layers": 126,
-                        "hidden_size": 16384,
-                        "heads": 128,
-                        "kv_heads": 8,
-                        "vocab_size": 128256,
-                        "ffn_hidden_size": 53248,
-                        "gated_mlp": True,
-                    },
-                    "sequence_length": 8192,
-                    "global_batch": 16384,
-                    "tokens": 15e12,
-                    "gpus": gpus,
-                }
-            ],
-            "constraints": {
-                "rack_power": "60 kW",
-                "cooling": "liquid",
-                "racks_per_row": 20,
-                "switch_radix": 128,
-            },  # 64-port tops out at 65,536 endpoints
-            "prices": {
-                "gpu": "30000 USD",
-                "energy": "0.08 USD/kWh",
-                "switch": "40000 USD",
-                "transceiver": "800 USD",
-                "cloud_per_gpu_hour": "2.5 USD/hour",
-            },
-        }
-    )
+    """`spec_doc` loaded."""
+    return load_spec(spec_doc(gpus))
 
 
 def time_plan(gpus: int) -> float:
