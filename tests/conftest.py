@@ -1,4 +1,6 @@
-"""Shared fixtures; `gpu`-marked tests skip cleanly where NVML finds no GPU."""
+"""Shared fixtures; `gpu`-marked tests skip cleanly where NVML finds no GPU; the tier guard
+(`tests.tiers`), the Hypothesis profile (`tests.hypothesis_budget`) and the longest-first file
+order (`tests.file_order`) are loaded here."""
 
 from __future__ import annotations
 
@@ -9,6 +11,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+import tests.hypothesis_budget  # noqa: F401  (registers and loads the Hypothesis profile)
+from tests.file_order import load_weights, order_by_weight
+from tests.tiers import (
+    mark_by_fixtures,
+    pytest_runtest_makereport,
+    pytest_runtest_protocol,
+    pytest_runtest_teardown,
+)
+
+__all__ = ["pytest_runtest_makereport", "pytest_runtest_protocol", "pytest_runtest_teardown"]
 
 FIXTURES = Path(__file__).parent / "fixtures"
 H200 = FIXTURES / "nvidia-h200"
@@ -36,7 +49,10 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.pop("LINES", None)
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    mark_by_fixtures(items)
+    order_by_weight(items, load_weights())  # longest files first: the workers end together
     if real_gpu_available():
         return
     skip = pytest.mark.skip(reason="needs a real NVIDIA GPU (NVML found none)")
