@@ -7,6 +7,7 @@ import subprocess
 import sys
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
@@ -71,6 +72,7 @@ def test_unknown_gpu_did_you_mean_exit_2() -> None:
     assert result.stdout == ""
 
 
+@pytest.mark.process
 def test_unknown_gpu_through_console_entry_point_exits_2() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "gpufleet", "catalog", "gpu", "h10-sxm", "--json"],

@@ -130,6 +130,7 @@ def test_doctor_flags_persistence_and_ecc(tmp_path: Path) -> None:
 
 @pytest.mark.skipif(real_gpu_available(), reason="this machine has a GPU")
 @pytest.mark.parametrize("command", ["inventory", "status", "doctor"])
+@pytest.mark.process
 def test_without_gpu_one_line_and_exit_2(command: str) -> None:
     env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     proc = subprocess.run(
@@ -207,6 +208,7 @@ def test_import_of_a_directory_says_so(tmp_path: Path) -> None:
     assert getattr(result.exception, "exit_code", None) == 2
 
 
+@pytest.mark.process
 def test_error_messages_keep_their_square_brackets() -> None:
     """Rich markup ate `[tenant:]` out of `expected '[tenant:] N x PROFILE'`."""
     proc = subprocess.run(

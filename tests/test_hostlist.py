@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from gpufleet.errors import ConfigError, UsageError
 from gpufleet.hostlist import compress, expand
+from tests.hypothesis_budget import examples
 
 SCONTROL = shutil.which("scontrol")
 NEEDS_SCONTROL = pytest.mark.skipif(
@@ -91,6 +92,7 @@ def test_unique_rejects_a_repeated_host() -> None:
 
 @NEEDS_SCONTROL
 @pytest.mark.parametrize("expr", [*TABLE, *BAD])
+@pytest.mark.process
 def test_agrees_with_scontrol(expr: str, slurm_conf: Path) -> None:
     slurm = scontrol_hostnames(expr, slurm_conf)
     if slurm is None:
@@ -136,7 +138,8 @@ _expr = st.lists(
 
 
 @NEEDS_SCONTROL
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(_expr)
+@pytest.mark.process
 def test_differential_against_scontrol(slurm_conf: Path, expr: str) -> None:
     assert expand(expr) == scontrol_hostnames(expr, slurm_conf)

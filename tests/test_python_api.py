@@ -29,6 +29,7 @@ def python_blocks(markdown: str) -> list[str]:
     return re.findall(r"^```python\n(.*?)^```", markdown, flags=re.M | re.S)
 
 
+@pytest.mark.process
 def test_import_loads_nothing_heavy() -> None:
     code = (
         "import sys, gpufleet\n"
@@ -142,6 +143,7 @@ def controller(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, 
             proc.wait(timeout=10)
 
 
+@pytest.mark.process
 def test_docs_examples_run(controller: tuple[str, str], monkeypatch: pytest.MonkeyPatch) -> None:
     url, token = controller
     monkeypatch.setenv("GPUFLEET_URL", url)
@@ -161,6 +163,7 @@ def test_python_blocks_finds_each_block() -> None:
     assert python_blocks(md) == ["a = 1\n", "b = 2\n"]
 
 
+@pytest.mark.process
 def test_up_gives_simulated_nodes_racks_through_the_client(controller: tuple[str, str]) -> None:
     """`gpufleet up` labels simulated nodes with racks (r00, ...) using `Client.set_node`."""
     url, token = controller

@@ -26,6 +26,7 @@ def served() -> Iterator[tuple[Agent, str, ManualClock]]:
     agent.close()
 
 
+@pytest.mark.process
 def test_endpoints_and_health(served: tuple[Agent, str, ManualClock]) -> None:
     agent, url, clock = served
     with httpx.Client(timeout=5) as c:

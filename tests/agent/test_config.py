@@ -6,6 +6,7 @@ import json
 import subprocess
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
@@ -30,6 +31,7 @@ def test_systemd_unit() -> None:
     assert json.loads(js.output)["name"] == "gpufleet-agent.service"
 
 
+@pytest.mark.process
 def test_prometheus_config_and_rules_pass_promtool(tmp_path: Path) -> None:
     promtool = need_binary("promtool")
     rules = tmp_path / "gpufleet-rules.yml"
@@ -84,6 +86,7 @@ def test_bad_urls_targets_and_paths_are_usage_errors(tmp_path: Path) -> None:
     assert ok.exit_code == 0, ok.output
 
 
+@pytest.mark.process
 def test_agent_start_line_is_one_line_with_whole_urls(tmp_path: Path) -> None:
     """The start line goes to journals and scripts: never wrapped at 80 columns (it used to
     break before the controller URL when stdout was not a terminal)."""
@@ -118,6 +121,7 @@ def _service(unit: str) -> dict[str, str]:
     return dict(ln.split("=", 1) for ln in section.splitlines() if "=" in ln)
 
 
+@pytest.mark.process
 def test_unit_for_jobs_holds_nothing_a_job_cannot_live_with(tmp_path: Path) -> None:
     """Jobs started by ``--run-jobs`` are the agent's children and inherit its unit: the job
     unit has no memory cap, no read-only file system or hidden home, does not stop the agent

@@ -163,6 +163,7 @@ def test_no_registration_at_import() -> None:
 _DCGM_LINT = ("camelCase", 'should have "_total" suffix', "should not include type")
 
 
+@pytest.mark.process
 def test_promtool_check_metrics(scraped: tuple[str, Sampler, SimNode]) -> None:
     promtool = need_binary("promtool")
     text, _, _ = scraped

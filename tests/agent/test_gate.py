@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.devices.sim import Fault, FaultKind, SimFleet, parse_fleet_spec
@@ -34,6 +35,7 @@ def _states(ctl: Controller, name: str) -> list[str]:
     return [t["to_state"] for t in sorted(r.json(), key=lambda t: t["id"])][1:]
 
 
+@pytest.mark.process
 def test_failing_level_1_keeps_the_node_out_until_repaired_and_passing(tmp_path: Path) -> None:
     ctl = Controller(tmp_path / "data", scheduler="none").start()
     stop_ev = threading.Event()
@@ -99,6 +101,7 @@ faults:
 """
 
 
+@pytest.mark.process
 def test_a_hung_gpu_is_a_fail_finding_that_drains_its_node(tmp_path: Path) -> None:
     """A real `gpufleet agent` process on a simulated node whose GPU 7 stops answering NVML
     six seconds in: before that the node validates itself into service; then the agent
@@ -152,6 +155,7 @@ faults:
 """
 
 
+@pytest.mark.process
 def test_gpufleet_validate_posts_any_level_to_the_controller(tmp_path: Path) -> None:
     """`gpufleet validate --controller URL --token-file F` posts each node's verdict: a level-1
     fail sends a validating node to repair naming the check, a later level-2 pass (no fault)

@@ -7,12 +7,16 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
+import pytest
+
 from gpufleet.agent.jobs import DEFAULT_EXCHANGE_S, AgentJobs
 from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.devices.sim import ManualClock, SimFleet, parse_fleet_spec
 from gpufleet.schedulers.base import JobSpec
 from gpufleet.schedulers.embedded import LocalProcessExecutor
 from gpufleet.wire import Ack, WireCommand
+
+pytestmark = pytest.mark.process
 
 
 def test_jobs_agent_exchanges_every_second_and_reports_changes_at_once(tmp_path: Path) -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from gpufleet.agent.power import AgentPower
 from gpufleet.agent.power_enforce import FAILED, REAPPLIED
@@ -193,6 +194,7 @@ def test_a_restore_waiting_on_the_controller_runs_before_the_first_check(tmp_pat
         p.close()
 
 
+@pytest.mark.process
 def test_the_check_interval_is_checked_by_the_cli() -> None:
     argv = [sys.executable, "-m", "gpufleet", "agent", "--sim", "1x2xh100"]
     out = subprocess.run(

@@ -18,7 +18,7 @@ from gpufleet.agent.server import AgentServer
 from gpufleet.devices.sim import Fault, FaultKind, Load
 from tests.agent.conftest import need_binary, sim_node
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 UTILS = {0: 1.0, 1: 0.5, 2: 0.25, 3: 0.75}  # GPUs 4-7 idle
 # mean over 8 GPUs, in %: (100 + 50 + 25 + 75 + 0 * 4) / 8

@@ -92,6 +92,7 @@ def _round(agent: Agent, clock: ManualClock, seconds: float = 5.0) -> None:
     agent.push_once()
 
 
+@pytest.mark.process
 def test_push_offline_buffer_replay_and_restart(ingest: Ingest, tmp_path: Path) -> None:
     clock = ManualClock()
     fleet, node = sim_node("1x2xh100", clock)

@@ -11,10 +11,13 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gpufleet.agent.maintenance import AgentMaintenance
 from gpufleet.agent.update_unit import result_path, run_unit
 from gpufleet.wire import WireUpdateOrder
+
+pytestmark = pytest.mark.process
 
 
 def test_exit_code_and_output_tail(tmp_path: Path) -> None:

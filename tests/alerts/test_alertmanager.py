@@ -102,6 +102,7 @@ def _config(tmp_path: Path, receiver: Receiver) -> Path:
     return path
 
 
+@pytest.mark.process
 def test_amtool_accepts_the_config_and_routes_by_severity_and_tenant(
     tmp_path: Path, receiver: Receiver
 ) -> None:
@@ -142,6 +143,7 @@ def _alert(name: str, instance: str, severity: str, scope: str, **labels: str) -
     }
 
 
+@pytest.mark.process
 def test_real_alertmanager_delivers_by_route_and_inhibits_gpu_alerts(
     tmp_path: Path, receiver: Receiver
 ) -> None:

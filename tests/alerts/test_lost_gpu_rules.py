@@ -13,6 +13,7 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
 import yaml
 
 from gpufleet.cli.config_prometheus import rules_doc
@@ -108,6 +109,7 @@ def test_lost_at_start_gpu_exports_the_labels_it_had(tmp_path: Path) -> None:
     assert lost_series(shifted, lost_at_start=True)["1"] == fresh["1"]
 
 
+@pytest.mark.process
 def test_gpu_lost_alert_fires_and_stays_firing_across_an_agent_restart(tmp_path: Path) -> None:
     memory = tmp_path / "gpu-identities.json"
     before = lost_series(memory, lost_at_start=False)["1"]
@@ -155,6 +157,7 @@ def test_gpu_lost_alert_fires_and_stays_firing_across_an_agent_restart(tmp_path:
     )
 
 
+@pytest.mark.process
 def test_gpu_lost_at_first_start_fires(tmp_path: Path) -> None:
     """The case that never fired before: the GPU was lost before the agent ever saw it."""
     lost = lost_series(tmp_path / "none.json", lost_at_start=True)["1"]

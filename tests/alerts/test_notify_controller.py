@@ -13,10 +13,14 @@ import sys
 from pathlib import Path
 
 import httpx
+import pytest
 
 from gpufleet.testing.procs import AgentProcess, create_tokens
 from gpufleet.testing.testbed import free_port, wait_for
 from tests.alerts.receivers import WebhookReceiver
+
+pytestmark = pytest.mark.process
+
 
 SECRET = b"webhook-signing-key-for-the-test"
 

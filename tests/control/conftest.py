@@ -8,7 +8,6 @@ import glob
 import json
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -21,14 +20,10 @@ import pytest
 from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.devices.sim import ManualClock
+from gpufleet.testing.testbed import free_port as free_port  # re-exported for the suites
+from gpufleet.testing.timescale import scaled
 
 T0 = 1_700_000_000.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _pg_bin() -> Path | None:
@@ -95,7 +90,7 @@ def _reset_pg(url: str) -> None:
     eng.dispose()
 
 
-@pytest.fixture(params=["sqlite", "postgresql"])
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.process)])
 def db_config(request: pytest.FixtureRequest, tmp_path: Path) -> dict[str, Any]:
     """Storage tests run on both databases."""
     if request.param == "sqlite":
@@ -216,7 +211,7 @@ def push(svc: ControlService, body: dict[str, Any]) -> Any:
 
 
 def wait_for(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
-    end = time.monotonic() + timeout
+    end = time.monotonic() + scaled(timeout)
     while time.monotonic() < end:
         if pred():
             return True

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import MetaData, select
 
 from gpufleet.control.db import database_url, make_engine
@@ -20,6 +21,8 @@ from gpufleet.testing.procs import ControllerProcess, create_tokens
 from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.control.conftest import _reset_pg
 from tests.integration.conftest import embedded, fleet_of
+
+pytestmark = pytest.mark.process
 
 
 def cli(*args: str) -> subprocess.CompletedProcess[str]:

@@ -128,6 +128,7 @@ def send_body(
     raise AssertionError(f"{method} {path}: no answer within {limit_s} s ({sent} bytes sent)")
 
 
+@pytest.mark.process
 def test_unauthenticated_writes_are_refused_before_their_body(controller: Controller) -> None:
     for method, path in WRITES:
         for token in (None, "gf_not-a-token"):
@@ -136,6 +137,7 @@ def test_unauthenticated_writes_are_refused_before_their_body(controller: Contro
             assert got.sent < 64 * 2**20, (method, path, got)  # not the 250 MB
 
 
+@pytest.mark.process
 def test_bodies_past_their_cap_are_413_before_they_are_read(controller: Controller) -> None:
     port, admin = controller.port, controller.admin
     for method, path in WRITES:
@@ -150,6 +152,7 @@ def test_bodies_past_their_cap_are_413_before_they_are_read(controller: Controll
         assert cap <= streamed.sent < cap + 64 * 2**20, (method, path, streamed)
 
 
+@pytest.mark.process
 def test_four_unauthenticated_250mb_bodies_leave_peak_memory_near_idle(
     controller: Controller,
 ) -> None:

@@ -63,6 +63,7 @@ def test_migrate_and_tokens(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_up_end_to_end(tmp_path: Path) -> None:
     port = free_port()
     env = {**os.environ, "HOME": str(tmp_path)}  # a fresh machine: default data dir under HOME
@@ -139,6 +140,7 @@ def test_up_end_to_end(tmp_path: Path) -> None:
         ), printed
 
 
+@pytest.mark.process
 def test_up_rejects_a_bad_policy_file_naming_the_field(tmp_path: Path) -> None:
     import subprocess
     import sys

@@ -22,7 +22,7 @@ from gpufleet.control.models import IngestedBatch
 from gpufleet.control.store import ControlStore
 from tests.control.conftest import batch, free_port, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 def start(data: Path, port: int, log: Path) -> subprocess.Popen[bytes]:

@@ -29,6 +29,9 @@ from gpufleet.wire import Batch
 
 from .conftest import T0, batch, free_port, push, wait_for
 
+pytestmark = pytest.mark.process
+
+
 runner = CliRunner()
 
 WATTS = (300.0, 500.0)  # GPU 0, GPU 1

@@ -23,6 +23,7 @@ from gpufleet.control.telemetry_store import FIELDS
 from gpufleet.devices.sim import ManualClock
 from gpufleet.wire.limits import MAX_SAMPLES_PER_BLOCK, SAMPLE_AHEAD_S, SAMPLE_RANGES
 from tests.control.conftest import batch
+from tests.hypothesis_budget import examples
 
 numbers = st.one_of(
     st.floats(allow_nan=False, allow_infinity=False),
@@ -79,7 +80,7 @@ def test_fuzzed_ingest_never_fails_and_never_touches_another_node(
     answers: set[int] = set()
 
     @settings(
-        max_examples=150,
+        max_examples=examples(150),
         deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
     )

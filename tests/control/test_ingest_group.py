@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ from gpufleet.control.ingest import parse_batch, queue_item
 from gpufleet.control.ingest_http import IngestReply, handle_ingest
 from gpufleet.control.models import Gpu, IngestedBatch, Node
 from gpufleet.control.service import ControlService
+from gpufleet.testing.timescale import scaled
 from tests.control.conftest import T0, batch
 
 
@@ -44,6 +46,23 @@ def _hold(svc: ControlService) -> threading.Event:
     return gate
 
 
+async def _queued(svc: ControlService, n: int) -> None:
+    """Until ``n`` batches wait in the writer's queue. (A fixed 0.3 s sleep here once let only
+    two of three batches queue on a loaded machine: the third came in a group of its own.)
+
+    ``pending`` counts a batch from the moment its request reaches the writer, but the writer
+    receives a loop iteration's batches at the end of that iteration: counting alone once let
+    the writer, released at once, take the first handful as a group of their own before the
+    last were handed over (CI: an answer saw 3 of 5 batches stored). So this also waits until
+    this loop holds back none."""
+    loop = asyncio.get_running_loop()
+    writer = svc.store.writer
+    deadline = time.monotonic() + scaled(10.0)
+    while svc.ingest.pending < n or writer._held.get(loop):
+        assert time.monotonic() < deadline, f"{svc.ingest.pending} of {n} batches queued"
+        await asyncio.sleep(0.01)
+
+
 def test_answers_come_only_after_the_commit(make_service: Any) -> None:
     """While the writer is held, no request of the group is answered and nothing is stored;
     when an answer arrives its batch is already in the database (read on another
@@ -60,7 +79,7 @@ def test_answers_come_only_after_the_commit(make_service: Any) -> None:
         ]
         for t in tasks:
             t.add_done_callback(lambda _t: seen_at_answer.append(_stored(svc)))
-        await asyncio.sleep(0.3)  # parsed and queued by now; the writer is still held
+        await _queued(svc, 5)  # parsed and queued; the writer is still held
         assert not any(t.done() for t in tasks)
         assert _stored(svc) == set()
         assert svc.ingest.pending == 5
@@ -100,7 +119,7 @@ def test_a_failing_batch_fails_alone(make_service: Any, monkeypatch: pytest.Monk
             )
             for n in nodes
         ]
-        await asyncio.sleep(0.3)
+        await _queued(svc, 3)  # all three wait behind the hold: one group
         gate.set()
         return list(await asyncio.gather(*tasks, return_exceptions=True))
 

@@ -53,6 +53,7 @@ def _kinds(engine: Engine) -> list[str]:
         return list(c.execute(select(EventRow.kind).order_by(EventRow.id)).scalars())
 
 
+@pytest.mark.process
 def test_one_leader_then_takeover_after_expiry_with_a_new_epoch(engine: Engine) -> None:
     exclusive = engine.dialect.name == "sqlite"
     a = Leadership(engine, lease_s=1.0, renew_s=0.2, exclusive=exclusive, holder="a")

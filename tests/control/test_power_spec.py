@@ -76,6 +76,7 @@ def test_bad_durations_name_the_option(text: str) -> None:
         ),
     ],
 )
+@pytest.mark.process
 def test_cli_bad_input_is_a_clear_error(args: list[str], message: str) -> None:
     out = subprocess.run(
         [sys.executable, "-m", "gpufleet", "power", "apply", *args],

@@ -21,6 +21,7 @@ def dead_url() -> str:
     return f"http://127.0.0.1:{free_port()}"  # nothing listens there
 
 
+@pytest.mark.process
 def test_agent_pushes_fail_over_to_the_replica_that_answers(tmp_path: Path) -> None:
     ctl = Controller(tmp_path / "data").start()
     backend = SimFleet(parse_fleet_spec("1x2xh100-sxm")).backends()[0]
@@ -47,6 +48,7 @@ def test_agent_pushes_fail_over_to_the_replica_that_answers(tmp_path: Path) -> N
         ctl.stop()
 
 
+@pytest.mark.process
 def test_cli_client_reads_from_the_next_replica(tmp_path: Path) -> None:
     ctl = Controller(tmp_path / "data").start()
     try:
@@ -62,6 +64,7 @@ def test_cli_client_reads_from_the_next_replica(tmp_path: Path) -> None:
         ctl.stop()
 
 
+@pytest.mark.process
 def test_a_post_that_may_have_acted_is_never_sent_twice(tmp_path: Path) -> None:
     """Replica A accepts the connection and never answers (a read timeout: it may have acted):
     the job must not be submitted to replica B as well."""

@@ -12,14 +12,18 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import schemathesis
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
+from schemathesis.core.result import Ok
+from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
 from gpufleet.control.api import create_app
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.schedulers.registry import SchedulerOptions, make_scheduler
 from tests.control.conftest import batch, push
+from tests.hypothesis_budget import examples
 
 if TYPE_CHECKING:
     from schemathesis.specs.openapi.schemas import OpenApiCase
@@ -59,16 +63,34 @@ def token_of(caller: str) -> str:
 app = create_app(_svc)
 schema = schemathesis.openapi.from_asgi("/api/v1/openapi.json", app)
 CHECKS = [not_a_server_error, response_schema_conformance]
-SETTINGS = settings(max_examples=5, deadline=None, suppress_health_check=list(HealthCheck))
+SETTINGS = settings(
+    max_examples=examples(5), deadline=None, suppress_health_check=list(HealthCheck)
+)
 
 
-@schema.parametrize()
-@SETTINGS
-def test_api_fuzz_every_role(case: OpenApiCase) -> None:
-    for caller in CALLERS:
-        case.call_and_validate(
-            headers={"Authorization": f"Bearer {token_of(caller)}"}, checks=CHECKS
-        )
+# One test per documented operation, valid and invalid inputs alike: what
+# `schema.parametrize()` generates, built here from the operations so the suite does not need
+# schemathesis's pytest plugin (`make test` runs pytest with plugin auto-loading off).
+OPERATIONS = {}
+for _r in schema.get_all_operations():
+    assert isinstance(_r, Ok), f"the OpenAPI schema has an invalid operation: {_r}"
+    OPERATIONS[_r.ok().label] = _r.ok()
+
+
+@pytest.mark.parametrize("label", sorted(OPERATIONS))
+def test_api_fuzz_every_role(label: str) -> None:
+    op = OPERATIONS[label]
+    cases = st.one_of(*(op.as_strategy(generation_mode=m) for m in GenerationMode))
+
+    @SETTINGS
+    @given(case=cases)
+    def fuzz(case: OpenApiCase) -> None:
+        for caller in CALLERS:
+            case.call_and_validate(
+                headers={"Authorization": f"Bearer {token_of(caller)}"}, checks=CHECKS
+            )
+
+    fuzz()
 
 
 @pytest.mark.parametrize("caller", list(CALLERS))
@@ -82,7 +104,7 @@ def test_api_stateful_every_role(caller: str) -> None:
 
     Workflow.run(
         settings=settings(
-            max_examples=4,
+            max_examples=examples(4),
             stateful_step_count=5,
             deadline=None,
             suppress_health_check=list(HealthCheck),

@@ -63,6 +63,7 @@ def test_advertise_url_refused_with_a_clear_error(given: str, why: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["option", "env"])
+@pytest.mark.process
 def test_the_controller_refuses_a_bad_advertise_url_before_starting(
     how: str, tmp_path: Any
 ) -> None:
@@ -107,6 +108,7 @@ def _holder(svc: ControlService, node: str) -> str | None:
     return SeriesForwarder.holder(svc.store, node)
 
 
+@pytest.mark.process
 def test_the_holder_rides_on_the_throttled_heartbeat_write(
     pair: tuple[ControlService, ControlService],
 ) -> None:
@@ -258,6 +260,7 @@ def test_a_holder_that_failed_is_not_asked_again_for_a_while() -> None:
 
 
 @pytest.mark.parametrize("what", ["missing", "not-pem"])
+@pytest.mark.process
 def test_the_controller_refuses_a_bad_peer_ca_before_starting(what: str, tmp_path: Any) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
     ca = tmp_path / "peers.pem"

@@ -20,7 +20,7 @@ from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
 from tests.control.conftest import free_port, wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 @contextlib.contextmanager
@@ -131,7 +131,12 @@ def _pushes_and_drains(tmp_path: Path, port: int, token: str, svc: ControlServic
     # three runs at once on this 2-core machine got 219-228 of 240
     assert out["batches_acked"] >= 12 * 8 and out["errors"] == 0
     states = {n: c.state for n, c in svc.store.nodes.items()}
-    assert len(states) == 12 and sum(len(c.gpus) for c in svc.store.nodes.values()) == 48
+    assert len(states) == 12
+    gpus = {n: sorted(c.gpus) for n, c in svc.store.nodes.items()}
+    assert all(g == [0, 1, 2, 3] for n, g in gpus.items() if n != "sim-02"), gpus
+    # sim-02's GPU 3 is in the inventory only if its identity was read before it fell off
+    # at 1 s (a loaded machine starts the 12 simulated agents later than that)
+    assert gpus["sim-02"][:3] == [0, 1, 2], gpus
     # out of service either way: drained from service by the agent's fail finding, or sent
     # to repair by its own level-1 validation when the GPU fell off before it entered service
     assert states["sim-02"] in ("draining", "repair"), states

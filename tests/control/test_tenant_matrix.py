@@ -159,6 +159,7 @@ def _body(rig: Rig, spec: str, column: str) -> Any:
     return json.loads(spec)
 
 
+@pytest.mark.process
 def test_every_cell_of_the_matrix(rig: Rig) -> None:
     wrong = []
     for row in matrix():
@@ -174,6 +175,7 @@ def test_every_cell_of_the_matrix(rig: Rig) -> None:
     assert not wrong, "\n".join(wrong)
 
 
+@pytest.mark.process
 def test_a_tenant_token_reads_nothing_of_another_tenant(rig: Rig) -> None:
     ta = rig.tokens["ta-viewer"]
     call = rig.ctl.call
@@ -189,6 +191,7 @@ def test_a_tenant_token_reads_nothing_of_another_tenant(rig: Rig) -> None:
     assert call("GET", "/api/v1/summary").json()["nodes"] == 3
 
 
+@pytest.mark.process
 def test_the_audit_log_is_per_tenant(rig: Rig) -> None:
     op_a = rig.tokens["ta-operator"]
     r = rig.ctl.call("POST", "/api/v1/nodes/na/actions/uncordon", op_a)

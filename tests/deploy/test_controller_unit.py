@@ -7,6 +7,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
+import pytest
 from pytest import MonkeyPatch
 from typer.testing import CliRunner
 
@@ -71,6 +72,7 @@ def test_bad_options_are_refused() -> None:
     assert res.exit_code != 0 and "--tls-key" in str(res.exception)
 
 
+@pytest.mark.process
 def test_systemd_analyze_verify(tmp_path: Path) -> None:
     analyze = need_binary("systemd-analyze")
     for name, args in (("plain", ()), ("tls", ("--tls-cert", "/c.pem", "--tls-key", "/k.pem"))):

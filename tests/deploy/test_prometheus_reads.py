@@ -26,7 +26,7 @@ from gpufleet.testing.testbed import free_port, wait_for
 from tests.agent.conftest import need_binary
 from tests.integration.processes import cli, start, stop
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 NODE = "sim-00"
 UTIL = {0: 1.0, 1: 0.5}  # Load(util=...) -> 100 % and 50 % in NVML's utilization

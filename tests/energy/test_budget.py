@@ -96,6 +96,7 @@ def test_equal_gpus_share_a_tight_budget_nearly_equally() -> None:
     assert p.expected_w <= 8 * 480.0
 
 
+@pytest.mark.process
 def test_cli_budget_of_a_simulated_rack(tmp_path: Path) -> None:
     """``power budget --sim FLEET`` (no controller): the rack's nodes only, under the budget."""
     fleet = tmp_path / "fleet.yaml"

@@ -16,7 +16,7 @@ import pytest
 from gpufleet.testing.procs import ControllerProcess, create_tokens
 from gpufleet.testing.testbed import wait_for
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 DAY = 86400
 

@@ -188,6 +188,7 @@ def test_apply_then_restore_round_trips_with_a_private_state_file(tmp_path: Path
     assert (backend.power_limit_w(0), backend.power_limit_w(1)) == (700, 650)
 
 
+@pytest.mark.process
 def test_cli_apply_without_permission_is_a_clear_error(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text("nodes:\n  - {model: h200, gpus: 2, power_admin: false}\n")
@@ -228,6 +229,7 @@ def test_cli_sweep_json_and_html(tmp_path: Path) -> None:
     assert page.count("<svg") == 2 and "throughput per watt" in page
 
 
+@pytest.mark.process
 def test_cli_bad_limits_name_the_option() -> None:
     res = gpufleet("power", "sweep", "--sim", "1x1xh200", "--limits", "700,abc")
     assert res.returncode == 2 and "--limits" in res.stderr and "Traceback" not in res.stderr
@@ -265,6 +267,7 @@ def test_a_counter_reset_mid_window_falls_back_to_sampled_power() -> None:
     assert p.power_w == pytest.approx(691, rel=0.02)
 
 
+@pytest.mark.process
 def test_command_workload_rate_is_parsed() -> None:
     code = "print('warming'); print('rate: 12.5 it/s'); print('rate: 13.5 it/s')"
     cmd = f'{sys.executable} -c "{code}"'
@@ -272,6 +275,7 @@ def test_command_workload_rate_is_parsed() -> None:
     assert res.work[0] / res.seconds == pytest.approx(13.0)
 
 
+@pytest.mark.process
 def test_loadgen_without_a_gpu_is_a_clear_error() -> None:
     from tests.conftest import real_gpu_available
 
@@ -286,6 +290,7 @@ def test_loadgen_without_a_gpu_is_a_clear_error() -> None:
     assert done.stderr.startswith("error: ") and "Traceback" not in done.stderr
 
 
+@pytest.mark.process
 def test_cli_sweep_text_shows_the_curve_and_the_recommendation() -> None:
     res = gpufleet(
         "power", "sweep", "--sim", "1x1xh200", "--limits", "700,500,300", "--seconds", "5"

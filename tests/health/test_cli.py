@@ -150,6 +150,7 @@ def test_ack_command_clears_a_sticky_finding_for_the_next_check(tmp_path: Path) 
     ]
 
 
+@pytest.mark.process
 def test_ack_of_an_unknown_finding_is_a_clear_error(tmp_path: Path) -> None:
     gpufleet = Path(sys.executable).parent / "gpufleet"
     done = subprocess.run(
@@ -162,6 +163,7 @@ def test_ack_of_an_unknown_finding_is_a_clear_error(tmp_path: Path) -> None:
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.process
 def test_bad_config_file_is_one_line_naming_the_field(tmp_path: Path) -> None:
     cfg = tmp_path / "h.yaml"
     cfg.write_text("health:\n  rules:\n    sbe_rate: {max_per_hour: lots}\n")

@@ -13,10 +13,15 @@ import time
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.devices.sim import Fault, FaultKind, SimFleet, parse_fleet_spec
 from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.integration.conftest import fleet_of
+
+pytestmark = pytest.mark.process
+
 
 DBE = "ECC_DBE_VOLATILE"
 

@@ -20,6 +20,9 @@ from gpufleet.testing.procs import ControllerProcess, _env, _spawn, create_token
 from gpufleet.testing.testbed import wait_for
 from tests.integration.test_campaign_processes import NEW, OLD, SCRIPT, SupervisedAgent
 
+pytestmark = pytest.mark.process
+
+
 NODES = ["dl0", "dl1"]
 
 JOB = """#!/bin/sh
@@ -47,7 +50,6 @@ class JobAgent(SupervisedAgent):
         )
 
 
-@pytest.mark.timeout(240)
 def test_drain_deadline_checkpoint_signals_and_requeues_a_job(tmp_path: Path) -> None:
     data = tmp_path / "ctl"
     tokens = create_tokens(data, {"admin": ("admin", None), **{n: ("agent", n) for n in NODES}})

@@ -21,10 +21,9 @@ NODES = ["k0", "k1", "k2", "k3"]
 KILLS = 20  # seeded kill moments in one campaign (kept under 3 minutes)
 
 # agents must stay in contact through 20 controller restarts: run alone (see Makefile)
-pytestmark = pytest.mark.serial
+pytestmark = [pytest.mark.serial, pytest.mark.process]
 
 
-@pytest.mark.timeout(300)
 def test_kill9_at_random_steps_resumes_without_doing_anything_twice(tmp_path: Path) -> None:
     rng = random.Random(15)
     data = tmp_path / "ctl"

@@ -15,6 +15,9 @@ from gpufleet.testing.procs import ControllerProcess, create_tokens
 from gpufleet.testing.testbed import wait_for
 from tests.integration.test_campaign_processes import NEW, SupervisedAgent
 
+pytestmark = pytest.mark.process
+
+
 FAULTS = {  # node -> (its update fault, what its failure reason says)
     "fu-noret": ("update_no_return", "no outcome reported for the update"),
     "fu-old": ("update_old_version", "versions not at baseline after the update: gpu0 driver"),
@@ -23,7 +26,6 @@ FAULTS = {  # node -> (its update fault, what its failure reason says)
 }
 
 
-@pytest.mark.timeout(240)
 def test_each_update_failure_ends_in_repair_with_its_reason(tmp_path: Path) -> None:
     nodes = [*FAULTS, "fu-ok"]
     data = tmp_path / "ctl"

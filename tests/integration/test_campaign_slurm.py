@@ -28,6 +28,9 @@ from gpufleet.testing.testbed import Controller, wait_for
 from tests.integration.test_campaign_processes import NEW, OLD, SCRIPT, SupervisedAgent
 from tests.slurm.conftest import require_slurm
 
+pytestmark = pytest.mark.process
+
+
 NODES = ["gpu1", "gpu2", "gpu3"]
 FOREVER = """#!/bin/sh
 trap 'echo "checkpoint restart=$SLURM_RESTART_COUNT" >> "{ckpt}"; exit 0' USR1
@@ -80,7 +83,6 @@ def _ended(ctl: Controller, cid: int) -> dict[str, Any]:
     return status()
 
 
-@pytest.mark.timeout(420)
 def test_campaigns_drain_update_and_resume_slurm_nodes(cluster: DevCluster, tmp_path: Path) -> None:
     backend = SlurmBackend(
         slurm_conf=str(cluster.slurm_conf), output_dir=str(cluster.root / "jobs")

@@ -16,7 +16,7 @@ import pytest
 from gpufleet.testing.testbed import wait_for
 from tests.integration.test_up_hung_nvml import _start_up
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 OLD, NEW = "535.104.05", "550.90.07"
 FLEET = f"""\
 seed: 7
@@ -26,7 +26,6 @@ nodes:  # one entry per node: the simulator's update rewrites the node's own ent
 """
 
 
-@pytest.mark.timeout(240)
 def test_campaign_on_up_completes_with_the_new_versions(tmp_path: Path) -> None:
     proc, url, token = _start_up(tmp_path, FLEET)
     fleet = tmp_path / "fleet.yaml"

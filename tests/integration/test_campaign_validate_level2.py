@@ -15,10 +15,12 @@ from gpufleet.testing.procs import ControllerProcess, create_tokens
 from gpufleet.testing.testbed import wait_for
 from tests.integration.test_campaign_processes import NEW, OLD, SCRIPT, SupervisedAgent
 
+pytestmark = pytest.mark.process
+
+
 NODES = ["lv0", "lv1"]
 
 
-@pytest.mark.timeout(240)
 def test_level_2_after_the_update_catches_what_level_1_does_not(tmp_path: Path) -> None:
     data = tmp_path / "ctl"
     tokens = create_tokens(data, {"admin": ("admin", None), **{n: ("agent", n) for n in NODES}})

@@ -73,7 +73,11 @@ PUSH_S = 0.5
 MAX_REQUEUES = 50
 ENDED_S = 120.0  # a job still not ended this long after its fault is a failure, not slowness
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # judges seconds: run alone (see Makefile)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.serial,
+    pytest.mark.process,
+]  # judges seconds: run alone (see Makefile)
 
 
 @dataclass(frozen=True)

@@ -8,8 +8,14 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from gpufleet.testing.testbed import Agents, Controller, wait_for
+from gpufleet.testing.timescale import scaled
 from tests.integration.conftest import embedded
+
+pytestmark = pytest.mark.process
+
 
 Bed = Callable[..., tuple[Controller, Agents]]
 TARGET_S = 10.0  # issue 7: under 10 s from the fault to the job running on another node
@@ -61,7 +67,7 @@ def test_xid79_moves_the_job_to_another_node_fast(bed: Bed) -> None:
         "job running on another node",
     )
     took = time.monotonic() - t0
-    assert took < TARGET_S
+    assert took < scaled(TARGET_S)  # the figure itself: benchmarks/failover.py
     launch = agents.executor.copies[second].launch
     assert launch.env["GPUFLEET_RESTART_COUNT"] == "1"
     assert launch.env["GPUFLEET_CHECKPOINT_DIR"] == "/ckpt/a"

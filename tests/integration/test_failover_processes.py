@@ -19,7 +19,11 @@ from typing import Any
 import pytest
 
 from gpufleet.testing.testbed import Controller, UpAgents, wait_for
+from gpufleet.testing.timescale import scaled
 from tests.integration.conftest import embedded, fleet_of
+
+pytestmark = pytest.mark.process
+
 
 TARGET_S = 10.0  # issue 12: fault to running elsewhere, reachable agent, default settings
 
@@ -91,7 +95,8 @@ def test_xid79_reachable_agent_moves_a_process_job_fast_and_fenced(
     )
     took = time.time() - t0
     beats = wait_for(lambda: (b := heartbeats(hb)).get(2) and b, 5, "second copy's heartbeats")
-    assert took < TARGET_S, f"fault -> running elsewhere took {took:.1f} s"
+    # the figure itself is benchmarks/failover.py's; here: well within the target, scaled
+    assert took < scaled(TARGET_S), f"fault -> running elsewhere took {took:.1f} s"
     # fenced: the old copy's last heartbeat came before the new copy's first one, and none after
     assert max(beats[1]) < min(beats[2]), "two generations were alive at once"
     time.sleep(0.5)

@@ -39,7 +39,7 @@ from gpufleet.testing.procs import (
 from gpufleet.testing.testbed import wait_for
 
 # timing: the outage must really be half the lease, which a loaded machine cannot promise
-pytestmark = [pytest.mark.slow, pytest.mark.serial]
+pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.process]
 SHORT_LEASE_S = 4.0
 MARGIN_S = TERM_GRACE_S + 2.0  # the wrapper's TERM grace, its check step, a loaded machine
 

@@ -50,7 +50,11 @@ from gpufleet.testing.procs import (
 from gpufleet.testing.testbed import wait_for
 from tests.control.conftest import _reset_pg, pg_url  # noqa: F401  (the PostgreSQL fixture)
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # judges seconds: run alone (see Makefile)
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.serial,
+    pytest.mark.process,
+]  # judges seconds: run alone (see Makefile)
 
 SEEDS = int(os.environ.get("GPUFLEET_HA_SEEDS", "20"))
 LEASE_S, RENEW_S = 1.5, 0.3
@@ -127,8 +131,12 @@ def test_leader_killed_or_stopped_over_seeds(
 ) -> None:
     ctls, _agents, url = replicas
     leader = current_leader(ctls, 30.0)
-    for n in NODES:
-        leader.wait_in_service(n, 120.0)
+    # every replica, not only the leader: a follower sees the nodes the agents registered on
+    # the leader only at its next refresh, and the first cordon goes through the follower (a
+    # CI run's follower answered "node 'ha-n1' not found" the moment the leader had all three)
+    for c in ctls:
+        for n in NODES:
+            c.wait_in_service(n, 120.0)
     jobs: dict[str, Path] = {}
     cordons: list[str] = []
     failovers: list[float] = []

@@ -24,7 +24,7 @@ from gpufleet.testing.procs import AgentProcess, ControllerProcess, stop_all
 from gpufleet.testing.testbed import wait_for
 from tests.control.conftest import _reset_pg, pg_url  # noqa: F401  (the PostgreSQL fixture)
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 NODE = "hs-n1"
 SERIES = f"/api/v1/nodes/{NODE}/gpus/0/series"

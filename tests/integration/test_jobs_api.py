@@ -7,11 +7,15 @@ import json
 from collections.abc import Callable
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
 from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.integration.conftest import embedded
+
+pytestmark = pytest.mark.process
+
 
 LIST_KEYS = {
     "id",

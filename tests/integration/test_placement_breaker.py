@@ -12,8 +12,13 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.integration.conftest import embedded
+
+pytestmark = pytest.mark.process
+
 
 Bed = Callable[..., tuple[Controller, Agents]]
 BLOCKED = "drain blocked by circuit breaker"

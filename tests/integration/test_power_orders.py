@@ -22,6 +22,9 @@ from gpufleet.testing.testbed import wait_for
 from tests.integration.processes import GPUFLEET, env_for
 
 # node -> (labels, tenant, power_admin): pc's agent is not root (NVML_ERROR_NO_PERMISSION)
+pytestmark = pytest.mark.process
+
+
 NODES: dict[str, tuple[dict[str, str], str | None, bool]] = {
     "pa": ({"role": "train"}, "acme", True),
     "pb": ({"role": "train", "partition": "batch"}, None, True),
@@ -308,7 +311,6 @@ def test_an_offline_node_gets_its_order_when_it_is_back(bed: Bed) -> None:
     bed.wait_order(oid, _restored, "pb restored")
 
 
-@pytest.mark.timeout(240)
 def test_kill9_between_order_and_ack_applies_once(bed: Bed) -> None:
     """The controller dies as soon as an agent starts applying (before its report can be
     recorded); started again, it sends the order again, and each agent applies it once."""
@@ -405,7 +407,6 @@ def _last_event_id(bed: Bed) -> int:
     return max([e["id"] for e in r.json()], default=0)
 
 
-@pytest.mark.timeout(240)
 def test_a_rebooted_node_gets_its_limits_back_until_restored(bed: Bed) -> None:
     """kill -9 and a restart of a simulated node's agent is a reboot: its GPUs come back at
     the default limit (700 W). The agent sets the order's limit again and says so in an event;
@@ -471,7 +472,6 @@ def test_a_rebooted_node_gets_its_limits_back_until_restored(bed: Bed) -> None:
     assert "re-applied" not in (agent.state_dir / f"agent-{agent.starts}.log").read_text("utf-8")
 
 
-@pytest.mark.timeout(240)
 def test_a_limit_nvml_refuses_after_a_reboot_is_reported_not_hammered(bed: Bed) -> None:
     """pb comes back from a reboot without the right to set limits: the refusal is reported
     once (event and order status) and retried with a backoff, not at every check; back with

@@ -6,9 +6,13 @@ from __future__ import annotations
 import threading
 from pathlib import Path
 
+import pytest
+
 from gpufleet.agent.runner import Agent, AgentConfig
 from gpufleet.devices.sim import Fault, FaultKind, Load, SimFleet, parse_fleet_spec
 from gpufleet.testing.testbed import Controller, wait_for
+
+pytestmark = pytest.mark.process
 
 
 def test_real_agent_registers_pushes_and_a_dbe_drains(tmp_path: Path) -> None:

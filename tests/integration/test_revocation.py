@@ -19,7 +19,7 @@ from tests.integration.processes import GPUFLEET, cli, env_for, start, stop
 
 __all__ = ["pg_url"]  # the private PostgreSQL server fixture, shared with the control tests
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])

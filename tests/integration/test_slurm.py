@@ -22,6 +22,9 @@ from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.integration.conftest import fleet_of
 from tests.slurm.conftest import require_slurm
 
+pytestmark = pytest.mark.process
+
+
 TARGET_S = 10.0
 
 

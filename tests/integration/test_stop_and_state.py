@@ -19,7 +19,7 @@ from gpufleet.testing.testbed import free_port, wait_for
 from tests.control.conftest import batch
 from tests.integration.processes import cli, start, stop
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 def loose_modes(root: Path) -> list[str]:

@@ -19,11 +19,15 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
 from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.integration.conftest import embedded
+
+pytestmark = pytest.mark.process
+
 
 Bed = Callable[..., tuple[Controller, Agents]]
 SECRET = "hf_very_secret_value_123"

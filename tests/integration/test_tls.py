@@ -18,7 +18,7 @@ from gpufleet.client import Client
 from gpufleet.testing.testbed import free_port, wait_for
 from tests.integration.processes import cli, env_for, start, stop
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 def make_cert(tmp: Path, name: str, san: str) -> tuple[Path, Path]:

@@ -19,6 +19,8 @@ from tests.scheduling.protocol import assert_protocol
 
 from .fake_api import FakeApi
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture
 def api() -> Iterator[FakeApi]:

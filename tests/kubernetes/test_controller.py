@@ -18,9 +18,12 @@ import pytest
 
 from gpufleet.schedulers.kubernetes.backend import TAINT_KEY
 from gpufleet.testing.testbed import free_port
+from gpufleet.testing.timescale import scaled
 from tests.control.conftest import batch, fail_finding
 
 from .fake_api import FakeApi
+
+pytestmark = pytest.mark.process
 
 
 def _gpufleet(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
@@ -52,7 +55,7 @@ def _kubeconfig(path: Path, port: int) -> Path:
 
 
 def _wait(what: str, fn: Any, limit_s: float = 120.0) -> Any:  # generous: a loaded machine
-    deadline = time.monotonic() + limit_s
+    deadline = time.monotonic() + scaled(limit_s)
     while True:
         got = fn()
         if got:

@@ -7,11 +7,15 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from gpufleet.control import actions
 from gpufleet.control import campaign_ops as ops
 from gpufleet.control.auth import Principal, Role
 from gpufleet.devices.sim import ManualClock
 from tests.maintenance.test_campaign_engine import OP, POLICY, T0, Fleet, make, run, spec
+
+pytestmark = pytest.mark.process
 
 
 def test_level_2_is_asked_in_the_ack_and_only_level_2_passes(tmp_path: Path) -> None:

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
@@ -48,6 +49,7 @@ def _register(ctl: Controller, node: str, driver: str) -> None:
     assert r.status_code < 300, r.text
 
 
+@pytest.mark.process
 def test_start_status_pause_resume_abort(tmp_path: Path) -> None:
     ctl = Controller(tmp_path / "ctl").start()
     try:

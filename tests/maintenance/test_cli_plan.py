@@ -10,6 +10,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
+
+pytestmark = pytest.mark.process
+
+
 FLEET = """\
 nodes:
   - {name: a, model: h100-sxm, gpus: 8, count: 4, rack: r01, driver_version: "535.104.05"}

@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
@@ -74,6 +75,7 @@ def _push(ctl: Controller, node: str, info: dict[str, Any]) -> None:
     assert r.status_code == 200, r.text
 
 
+@pytest.mark.process
 def test_controller_fleet_unknown_never_matches(tmp_path: Path) -> None:
     _fleet, base = _files(tmp_path)
     ctl = Controller(tmp_path / "ctl").start()

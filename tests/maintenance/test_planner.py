@@ -18,6 +18,7 @@ from gpufleet.maintenance.planner import (
     plan_campaign,
 )
 from gpufleet.maintenance.windows import Schedule, parse_schedule
+from tests.hypothesis_budget import examples
 
 T0 = datetime(2026, 12, 1, tzinfo=UTC)  # a Tuesday
 ONE_HOUR = StepDurations(drain_s=900, update_s=1800, reboot_s=600, verify_s=300, validate_level=0)
@@ -122,7 +123,7 @@ def _check_invariants(
     assert plan.min_in_service >= limits.floor - 1e-9
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(
     racks=st.integers(1, 6),
     per_rack=st.integers(1, 5),

@@ -162,6 +162,7 @@ def _register(ctl: Controller, node: str, driver: str) -> None:
     assert r.status_code < 300, r.text
 
 
+@pytest.mark.process
 def test_policy_proposes_and_an_operator_starts_it(tmp_path: Path) -> None:
     ctl = Controller(tmp_path / "ctl").start()
     try:

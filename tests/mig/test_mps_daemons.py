@@ -51,6 +51,7 @@ def _status(tmp_path: Path, path: str, *devices: str) -> subprocess.CompletedPro
     )
 
 
+@pytest.mark.process
 def test_status_running_stopped_and_unknown(tmp_path: Path) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()

@@ -10,6 +10,7 @@ from gpufleet.plan.fabric import Layout, fat_tree, plan_fabric
 from gpufleet.plan.facility import plan_facility
 from gpufleet.plan.planner import plan
 from gpufleet.plan.spec import load_spec
+from tests.hypothesis_budget import examples
 
 
 def _spec(gpus: int) -> dict[str, object]:
@@ -20,7 +21,7 @@ def _spec(gpus: int) -> dict[str, object]:
     }
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.integers(1, 20_000), st.integers(1, 2_000))
 def test_more_gpus_never_lowers_power(gpus: int, extra: int) -> None:
     a = plan(load_spec(_spec(gpus))).best
@@ -31,7 +32,7 @@ def test_more_gpus_never_lowers_power(gpus: int, extra: int) -> None:
     assert b.facility.racks >= a.facility.racks
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.integers(1, 8192), st.sampled_from([1, 2, 4, 8]), st.sampled_from([16, 32, 64, 128]))
 def test_switch_ports_suffice(nodes: int, nics: int, k: int) -> None:
     if nodes * nics > k**3 // 4:
@@ -51,7 +52,7 @@ def test_switch_ports_suffice(nodes: int, nics: int, k: int) -> None:
     assert t.cores * k >= t.spine_core_links
 
 
-@settings(max_examples=60, deadline=None)
+@settings(max_examples=examples(60), deadline=None)
 @given(st.integers(1, 3000), st.integers(1, 6), st.integers(8, 30))  # < 2 km runs
 def test_every_endpoint_cabled_once(servers: int, per_rack: int, per_row: int) -> None:
     racks = -(-servers // per_rack)
@@ -71,7 +72,7 @@ def test_every_endpoint_cabled_once(servers: int, per_rack: int, per_row: int) -
         assert sum(c.count for c in lines if c.tier == "spine-core") == tree.spine_core_links
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.integers(1, 5000), st.floats(10.3, 150))
 def test_racks_hold_all_servers_under_the_limit(servers: int, limit: float) -> None:
     f = plan_facility(

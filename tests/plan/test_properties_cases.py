@@ -15,9 +15,10 @@ from gpufleet.plan.facility import ImpossibleConstraint
 from gpufleet.plan.planner import plan
 from gpufleet.plan.plant import plan_plant
 from gpufleet.plan.spec import load_spec
+from tests.hypothesis_budget import examples
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.integers(1, 8192), st.sampled_from([1, 2, 4, 8]), st.sampled_from([16, 32, 64, 128]))
 def test_spines_balance_and_are_the_fewest_that_do(nodes: int, nics: int, k: int) -> None:
     assume(nodes * nics <= k**3 // 4)
@@ -31,7 +32,7 @@ def test_spines_balance_and_are_the_fewest_that_do(nodes: int, nics: int, k: int
     assert not any(up % s == 0 and s * k >= t.leaf_spine_links for s in range(1, t.spines))
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(
     st.integers(1, 700),
     st.integers(1, 6),
@@ -73,7 +74,7 @@ def test_cable_map_is_every_link_once(
 _SHAPES = [(h, kv) for h in (12, 20, 24, 40, 48, 64, 96) for kv in (1, 2, 4, 8, h) if h % kv == 0]
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(st.sampled_from(_SHAPES), st.integers(8, 60), st.sampled_from([2048, 4096]))
 def test_auto_tensor_parallel_divides_heads(shape: tuple[int, int], layers: int, seq: int) -> None:
     heads, kv = shape
@@ -105,7 +106,7 @@ def test_auto_tensor_parallel_divides_heads(shape: tuple[int, int], layers: int,
     assert heads % tp == 0 and kv % tp == 0
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(st.floats(1, 50_000), st.floats(1.0, 4.0), st.sampled_from(["fp64", "fp32"]))
 def test_hpc_meets_the_rate_and_more_rate_never_fewer_gpus(
     rate: float, factor: float, precision: str
@@ -128,7 +129,7 @@ def test_hpc_meets_the_rate_and_more_rate_never_fewer_gpus(
     assert n2 >= n1 and n1 % 8 == 0
 
 
-@settings(max_examples=15, deadline=None)
+@settings(max_examples=examples(15), deadline=None)
 @given(st.integers(1, 4), st.sampled_from(["l40s", "l4", "h100-pcie", "a100-pcie-80gb"]))
 def test_pilots_hold_the_gpus_in_one_server(gpus: int, cand: str) -> None:
     best = plan(load_spec({"candidates": [cand], "workloads": [{"kind": "gpus", "gpus": gpus}]}))
@@ -137,7 +138,7 @@ def test_pilots_hold_the_gpus_in_one_server(gpus: int, cand: str) -> None:
     assert b.fabric and b.fabric.compute.switches == 0
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(st.floats(1e3, 1e9), st.floats(0.5, 15), st.floats(0.5, 10), st.floats(0, 90))
 def test_hardware_cost_brackets(
     capex: float, horizon: float, period: float, residual: float
@@ -150,7 +151,7 @@ def test_hardware_cost_brackets(
     assert hardware <= purchases * capex + 1e-6
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(
     st.floats(1, 50_000),
     st.floats(1.0, 2.0),
@@ -181,7 +182,7 @@ def test_plant_covers_the_load(it: float, pue: float, red: str, cooling: str, fr
     assert abs(p.liquid_kw + p.air_kw - it) < 1e-6 * it
 
 
-@settings(max_examples=20, deadline=None)
+@settings(max_examples=examples(20), deadline=None)
 @given(st.integers(1, 3), st.integers(0, 4))
 def test_tiny_sites_cable_every_bmc(servers: int, mgmt: int) -> None:
     layout = Layout(1, 4, 12, 0.6, 2.4)

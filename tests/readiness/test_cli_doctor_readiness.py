@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
@@ -75,6 +76,7 @@ def _cli(*args: str) -> tuple[int, str]:
     return done.returncode, done.stderr
 
 
+@pytest.mark.process
 def test_bad_declarations_exit_3_with_one_line(tmp_path: Path) -> None:
     bad = tmp_path / "plan.json"
     bad.write_text("{\n  oops\n}")

@@ -9,10 +9,13 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import pytest
+
 from gpufleet.schedulers.base import JobSpec
 from gpufleet.schedulers.embedded import Launch, LocalProcessExecutor
 from gpufleet.schedulers.embedded.remote import RemoteAgentExecutor
 from gpufleet.testing.testbed import wait_for
+from gpufleet.testing.timescale import scaled
 from gpufleet.wire import WireCommand
 
 TRAPS = "trap 'echo saved > ckpt; exit 0' USR1; echo up > started; while :; do sleep 0.05; done"
@@ -33,15 +36,18 @@ def _run(tmp_path: Path, script: str, grace_s: float) -> tuple[LocalProcessExecu
     return ex, time.monotonic() - t0
 
 
+@pytest.mark.process
 def test_a_job_that_traps_the_signal_saves_its_checkpoint(tmp_path: Path) -> None:
-    ex, took = _run(tmp_path, TRAPS, grace_s=30)
+    grace = scaled(30.0)
+    ex, took = _run(tmp_path, TRAPS, grace_s=grace)
     assert (tmp_path / "work" / "ckpt").read_text().strip() == "saved"
-    assert took < 10  # it left in its grace, long before it ran out
+    assert took < grace / 3  # it left in its grace, long before it ran out
     rep = ex.poll("n1")[0]
     assert rep.fenced and rep.exit_code is None
     assert "checkpoint stop: exited" in rep.reason and "exit 0" in rep.reason
 
 
+@pytest.mark.process
 def test_a_job_that_ignores_the_signal_is_killed_after_its_grace(tmp_path: Path) -> None:
     ex, took = _run(tmp_path, IGNORES, grace_s=1.5)
     assert not (tmp_path / "work" / "ckpt").exists()

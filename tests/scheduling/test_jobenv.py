@@ -15,6 +15,7 @@ from gpufleet.schedulers.embedded.executor import Launch, LocalProcessExecutor
 from gpufleet.schedulers.embedded.jobenv import ALLOWED, job_environment
 
 
+@pytest.mark.process
 def test_a_real_job_process_sees_no_agent_secret(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

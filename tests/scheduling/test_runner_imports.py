@@ -9,9 +9,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SRC = str(Path(__file__).resolve().parents[2] / "src")
 
 
+@pytest.mark.process
 def test_the_job_wrapper_imports_no_database_layer() -> None:
     code = (
         "import sys, gpufleet.schedulers.embedded.runner\n"

@@ -94,3 +94,13 @@ def test_another_key_file_stops_the_start_with_an_error_naming_it(tmp_path: Path
         started[0].scheduler.job(jid)
     for s in started:
         s.stop()
+
+
+def test_stop_ends_the_scheduler_thread_though_its_tick_is_long(tmp_path: Path) -> None:
+    """The scheduler's loop waits up to tick_s (60 s here) for an agent's report; a stop wakes
+    it (it used to wait out the 10 s join and leave the thread running)."""
+    svc = _service(tmp_path / "data")
+    backend = svc.scheduler
+    assert isinstance(backend, EmbeddedBackend) and backend._thread is not None
+    svc.stop()
+    assert not backend._thread.is_alive()

@@ -21,6 +21,9 @@ from gpufleet.schedulers.slurm.backend import SlurmBackend
 from gpufleet.schedulers.slurm.devcluster import DevCluster
 from tests.control.conftest import batch, push
 
+pytestmark = pytest.mark.process
+
+
 WATTS = (250.0, 650.0)
 
 

@@ -89,6 +89,7 @@ def test_parse_cpu_list() -> None:
         parse_cpu_list("0-x")
 
 
+@pytest.mark.process
 def test_this_machine_matches_slurmd() -> None:
     """This host's real /proc and /sys, read as slurmd reads them (``slurmd -C`` prints the
     NodeName line slurmd would register with)."""

@@ -7,6 +7,7 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+import pytest
 from typer.testing import CliRunner
 
 from gpufleet.agent.runner import Agent, AgentConfig
@@ -14,6 +15,8 @@ from gpufleet.cli.app import app
 from gpufleet.devices.host import read_host
 from gpufleet.devices.sim import SimFleet, parse_fleet_spec
 from gpufleet.testing.testbed import Controller, wait_for
+
+pytestmark = pytest.mark.process
 
 
 def test_agent_reported_topology_reaches_slurm_node_lines(tmp_path: Path) -> None:

@@ -96,6 +96,7 @@ def _policy(admin: Client, **fields: object) -> None:
     admin.request("PUT", "/policy", json=body)
 
 
+@pytest.mark.process
 def test_controller_guard_follows_the_real_breaker(ctl: tuple[Controller, Client]) -> None:
     c, admin = ctl
     check = SlurmCheck(controller=c.url, token=c.token("viewer"))
@@ -118,6 +119,7 @@ def test_controller_guard_follows_the_real_breaker(ctl: tuple[Controller, Client
         close()
 
 
+@pytest.mark.process
 def test_health_asks_the_controller_before_draining_in_slurm(
     ctl: tuple[Controller, Client],
     slurm_cluster: DevCluster,
@@ -182,6 +184,20 @@ def test_the_check_keeps_within_its_10_s_budget() -> None:
     report = HealthReport("gpu7", 0.0, Severity.FAIL, (), {})
     [outcome] = health_check.run([report], None, check)
     assert outcome.action == "undecided" and "no time left" in outcome.detail
+
+
+def test_a_given_time_budget_replaces_the_10_s_one() -> None:
+    """``--time-budget 30``: the same arithmetic over 30 s; below 1 s the option is refused."""
+    from typer.testing import CliRunner
+
+    from gpufleet.cli.app import app
+
+    now = [3.0]
+    check = SlurmCheck(started_s=1.0, startup_s=1.5, clock=lambda: now[0], budget_s=30.0)
+    assert check.time_left() == pytest.approx(30 - 0.5 - 1.5 - 2.0)
+    assert check.per_call_s() == 3.0  # a quarter of 26 s, capped at 3 s
+    r = CliRunner().invoke(app, ["health", "--slurm-drain", "--time-budget", "0.5"])
+    assert r.exit_code == 2 and "--time-budget" in r.output, r.output
 
 
 def test_power_saving_is_not_out_but_down_and_maintenance_are() -> None:

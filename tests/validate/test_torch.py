@@ -15,6 +15,7 @@ else:
 
 
 @pytest.mark.slow
+@pytest.mark.process
 def test_gloo_collectives_arithmetic() -> None:
     from gpufleet.validate.engine_torch import run_local_collectives
 

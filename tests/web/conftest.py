@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -15,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from gpufleet.testing.testbed import free_port as free_port  # re-exported for the suites
+from gpufleet.testing.timescale import scaled
 
 CHROMIUM = os.environ.get("GPUFLEET_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -37,14 +39,8 @@ def artifacts_dir() -> Path:
     return d
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def wait_for(pred: Callable[[], bool], timeout: float) -> bool:
-    end = time.monotonic() + timeout
+    end = time.monotonic() + scaled(timeout)
     while time.monotonic() < end:
         if pred():
             return True

@@ -35,6 +35,7 @@ from gpufleet.wire.limits import (
     MAX_SAMPLES_PER_BLOCK,
 )
 from gpufleet.wire.problems import first_problem
+from tests.hypothesis_budget import examples
 
 KNOWN = ("gpu_util_pct", "power_w", "sm_clock_mhz", "ecc_dbe_volatile", "fan_speed_pct")
 BIG_INTS = (2**1023, 2**1024, -(10**400), 10**308, 2**64, -(2**63))
@@ -272,7 +273,7 @@ def check(obj: Any) -> None:
     assert sum(int(np.isfinite(g.mat).sum()) for g in got.arrays) == kept
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(500), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(clean_block(), st.data())
 def test_one_block_answers_like_the_model(block: dict[str, Any], data: Any) -> None:
     """One block with one defect (or none)."""
@@ -309,7 +310,7 @@ def test_every_odd_value_in_every_slot(slot: str) -> None:
 
 
 @settings(
-    max_examples=250,
+    max_examples=examples(250),
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
@@ -335,7 +336,7 @@ def fast_agrees(obj: Any, raw: bytes | None = None) -> Batch | None:
     return got
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(300), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
 def test_fast_path_accepts_only_what_the_model_accepts(obj: dict[str, Any]) -> None:
     """The accept-only fast path never accepts a batch the model refuses, nor reads one
@@ -343,7 +344,7 @@ def test_fast_path_accepts_only_what_the_model_accepts(obj: dict[str, Any]) -> N
     fast_agrees(obj)
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(st.lists(clean_block(), max_size=4), st.integers(1, 2**63 - 1))
 def test_clean_batches_take_the_fast_path(blocks: list[dict[str, Any]], seq: int) -> None:
     """A clean batch is accepted by the fast path itself, not only by the model after it."""

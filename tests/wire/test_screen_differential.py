@@ -16,6 +16,7 @@ import math
 from typing import Any
 
 import numpy as np
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -24,6 +25,10 @@ from gpufleet.control.telemetry_store import FIELDS, SampleGroup
 from gpufleet.wire import Batch
 from gpufleet.wire.limits import SAMPLE_AHEAD_S, SAMPLE_BEHIND_S, SAMPLE_RANGES
 from gpufleet.wire.telemetry import screen_samples
+from tests.hypothesis_budget import examples
+
+pytestmark = pytest.mark.process
+
 
 NOW = 1_800_000_000.0
 EDGES = [NOW - SAMPLE_BEHIND_S, NOW + SAMPLE_AHEAD_S]
@@ -81,7 +86,7 @@ def rows(groups: list[SampleGroup]) -> list[tuple[int, str, tuple[str, ...]]]:
     return sorted(out)
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=examples(400), deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(blocks(), max_size=4))
 def test_ingest_screens_like_the_model(samples: list[dict[str, Any]]) -> None:
     body = {"node": "n1", "agent_id": "a", "seq": 1, "sent_at_s": NOW, "samples": samples}
