@@ -73,7 +73,9 @@ def test_hung_call_does_not_stall_the_loop() -> None:
     clock.advance(1)
     t0 = time.monotonic()
     r = s.tick()
-    assert time.monotonic() - t0 < 2.0  # bounded by the call timeout, not the 30 s hang
+    # bounded by the 0.2 s call timeout, not the 30 s hang: any bound between them judges
+    # which one ended the tick; half the hang holds on however loaded a machine
+    assert time.monotonic() - t0 < 30 / 2
     assert r.stalled == (2,)
     assert set(r.sampled) == {0, 1, 3}
     clock.advance(1)
@@ -215,7 +217,7 @@ def test_close_leaves_nvml_initialised_when_a_call_hangs() -> None:
     assert s.tick().stalled == (1,)
     t0 = time.monotonic()
     assert s.close(wait_s=0.3) is False  # bounded: the 30 s hang does not block exit
-    assert time.monotonic() - t0 < 3.0
+    assert time.monotonic() - t0 < 30 / 2  # the 0.3 s wait, not the 30 s hang
     assert node.nvml._init_count == 1  # never shut down under a running call
     node.gpus[1].hang_release.set()
 

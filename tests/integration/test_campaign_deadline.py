@@ -10,7 +10,6 @@ the job as requeued after the signal, none killed without it.
 from __future__ import annotations
 
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -103,7 +102,6 @@ def test_drain_deadline_checkpoint_signals_and_requeues_a_job(tmp_path: Path) ->
         r = ctl.call("POST", "/api/v1/maintenance/campaigns", json=body)
         assert r.status_code == 201, r.text
         cid = r.json()["id"]
-        t0 = time.monotonic()
 
         def status() -> dict[str, Any]:
             doc: dict[str, Any] = ctl.call("GET", f"/api/v1/maintenance/campaigns/{cid}").json()
@@ -126,7 +124,6 @@ def test_drain_deadline_checkpoint_signals_and_requeues_a_job(tmp_path: Path) ->
         )
         assert moved["requeues"] == 1 and moved["restarts"] == 0, moved
         wait_for(lambda: "start restart=1" in ckpt.read_text(encoding="utf-8"), 30, "job restarted")
-        assert time.monotonic() - t0 < 150
         runs = log.read_text(encoding="utf-8").split()
         assert runs[0::2] == [where]  # the update ran once, after the job left
         ev = ctl.call("GET", "/api/v1/events", params={"kind": "maintenance_evacuated"})

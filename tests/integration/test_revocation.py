@@ -1,19 +1,24 @@
 """A token revoked with `gpufleet token revoke` (the CLI writes the database, not the API)
-stops working on every running controller within 1 s, on SQLite and PostgreSQL: the
-controllers have the token cached, the CLI revokes it. On PostgreSQL two real controller
-processes share the database; SQLite allows one controller per data directory (its lock
-refuses a second, checked here too)."""
+stops working on every running controller, on SQLite and PostgreSQL: the controllers have the
+token cached (the cache has no expiry, so only the token-table watcher can drop it), the CLI
+revokes it. On PostgreSQL two real controller processes share the database; SQLite allows one
+controller per data directory (its lock refuses a second, checked here too).
+
+How fast (docs/security.md's "within 1 s") is a wall-clock figure: `benchmarks/revocation.py`
+measures it with `revocation_delays` below; the test only requires that it happens."""
 
 from __future__ import annotations
 
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
 import pytest
 
+from gpufleet.testing.timescale import scaled
 from tests.control.conftest import _reset_pg, pg_url
 from tests.integration.processes import GPUFLEET, cli, env_for, start, stop
 
@@ -36,9 +41,26 @@ def _status(url: str, token: str) -> int:
     return r.status_code
 
 
-def test_cli_revocation_reaches_every_replica_within_a_second(
-    tmp_path: Path, db_args: list[str]
-) -> None:
+def revocation_delays(
+    urls: list[str], token: str, revoke: Callable[[], None], give_up_s: float
+) -> dict[str, float]:
+    """Seconds from ``revoke()`` returning to each controller refusing ``token`` (401); a
+    controller still accepting it after ``give_up_s`` is absent from the answer."""
+    for url in urls:  # they answer, and so hold the token in their cache
+        assert _status(url, token) == 200
+        assert _status(url, token) == 200
+    revoke()
+    revoked_at = time.monotonic()
+    refused: dict[str, float] = {}
+    while len(refused) < len(urls) and time.monotonic() - revoked_at < give_up_s:
+        for url in urls:
+            if url not in refused and _status(url, token) == 401:
+                refused[url] = time.monotonic() - revoked_at
+        time.sleep(0.02)
+    return refused
+
+
+def test_cli_revocation_reaches_every_replica(tmp_path: Path, db_args: list[str]) -> None:
     from gpufleet.testing.testbed import free_port
 
     cli(["controller", "migrate", *db_args], tmp_path)
@@ -72,19 +94,14 @@ def test_cli_revocation_reaches_every_replica_within_a_second(
                 timeout=60,
             )
             assert second.returncode == 2 and "stop it first" in second.stderr, second.stderr
-        for url in urls:  # they answer, and so hold the token in their cache
-            assert _status(url, token) == 200
-            assert _status(url, token) == 200
-        cli(["token", "revoke", str(token_id), *db_args], tmp_path)
-        revoked_at = time.monotonic()
-        refused: dict[str, float] = {}
-        while len(refused) < len(urls) and time.monotonic() - revoked_at < 10:
-            for url in urls:
-                if url not in refused and _status(url, token) == 401:
-                    refused[url] = time.monotonic() - revoked_at
-            time.sleep(0.02)
-        assert set(refused) == set(urls), f"still accepted 10 s after the revoke: {refused}"
-        assert max(refused.values()) < 1.0, refused
+        give_up_s = scaled(10)
+        refused = revocation_delays(
+            urls,
+            token,
+            lambda: cli(["token", "revoke", str(token_id), *db_args], tmp_path),
+            give_up_s,
+        )
+        assert set(refused) == set(urls), f"still accepted {give_up_s} s after: {refused}"
         other = cli(["token", "create", "--role", "viewer", *db_args], tmp_path)["token"]
         time.sleep(0.5)
         for url in urls:  # a token made meanwhile works: the replicas still read the table

@@ -307,7 +307,7 @@ def test_run_processes_kills_at_the_deadline() -> None:
     ]
     t0 = time.monotonic()
     out = run_processes(cmds, timeout_s=1.5)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60 / 2  # killed at the 1.5 s deadline, not the 60 s sleep
     assert out[0].returncode == 0 and out[0].stdout.strip() == "hi"
     assert out[1].returncode is None
 
@@ -320,7 +320,7 @@ def test_run_processes_stops_the_rest_soon_after_one_fails() -> None:
     ]
     t0 = time.monotonic()
     out = run_processes(cmds, timeout_s=60, grace_s=0.5)
-    assert time.monotonic() - t0 < 10
+    assert time.monotonic() - t0 < 60 / 2  # stopped 0.5 s after the failure, not at 60 s
     assert [o.returncode for o in out] == [3, None]
 
 
@@ -415,9 +415,7 @@ def test_slurm_allocation_runs_gloo_and_blames_the_slow_node(
     cmd = [salloc, "-N", "3", "-t", "2", "--job-name=gpufleet-mn-test", sys.executable, "-m"]
     cmd += ["gpufleet", "validate", "--slurm", "--master-addr", "127.0.0.1", "--level", "3"]
     cmd += ["--json"]
-    t0 = time.monotonic()
     p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60, check=False)
-    assert time.monotonic() - t0 < 60
     assert p.returncode == 2, p.stderr[-2000:]  # a failing node: exit code 2
     d = json.loads(p.stdout)
     assert d["engine"] == "torch-gloo"
