@@ -51,14 +51,16 @@ Prints a table (``figure | value | budget | ratio | ok/OVER``) and the load aver
 one object, ``results`` the list); exits 1 when a figure is over its budget or could not be
 measured, 0 otherwise, 2 on bad usage or a bad budgets file (one line), 130 on Ctrl-C.
 Budgets: ``benchmarks/guard_budgets.json`` (``{figure: {"budget": x, "unit": u, "why": ...}}``).
-On a machine slower than the one the budgets were set on, every CPU budget is raised by how
-much slower a fixed pure-Python loop runs (`speed_factor`, printed; never below 1), so a
-slower CI machine is not a regression and a 10x regression still fails.
+Budgets are figures at a reference machine speed: while the figures are measured, a child
+process runs a fixed workload about once a second (``benchmarks/guard_speed.py``), and each
+CPU budget is raised by how much slower that workload ran during that figure's measurement
+(the ``speed`` column; never below 1), so a slower or busier machine is not a regression and
+a 10x regression still fails.
 
 ``--plant KIND`` proves the guard bites, without touching ``src/``: the children get a
 ``sitecustomize.py`` first on their ``PYTHONPATH`` (chaining any other one), which for
-``cli-start`` burns 2.5 s of CPU when a gpufleet CLI interpreter starts, and for ``validate``
-wraps ``gpufleet.validate.runner.run_suite`` to burn 5x the CPU each run took.
+``cli-start`` burns 5x the CPU a gpufleet CLI interpreter used when it exits, and for
+``validate`` wraps ``gpufleet.validate.runner.run_suite`` to burn 5x the CPU each run took.
 
 Every child runs in a session of its own (and dies with the guard: ``PR_SET_PDEATHSIG``); all
 are stopped, and the temporary directory removed, on exit, Ctrl-C, SIGTERM or an exception.
@@ -105,6 +107,7 @@ from benchmarks.guard_figures import (
     start_agent,
 )
 from benchmarks.guard_plants import PLANTS, GuardError
+from benchmarks.guard_speed import REFERENCE_S, SpeedSampler
 
 DEFAULT_BUDGETS = Path(__file__).resolve().with_name("guard_budgets.json")
 
@@ -123,17 +126,6 @@ UNITS: dict[str, str] = {
 }
 FIGURES = tuple(UNITS)
 CPU_UNITS = frozenset({"s", "%", "ms"})  # CPU-time figures; MiB and KiB are memory
-
-# Machine speed. CPU time is steady under load but not across machines: the same tree read
-# 0.72 s of CPU for `--version` on the machine the budgets were set on and 1.45 s on a
-# 2-core machine of the same kind whose CPUs ran half as fast (a pure-Python loop took 2.02x
-# its time). So the guard first times a fixed pure-Python loop (`calibration_s`, the best of
-# 5) and, on a machine slower than the budgets' one, raises every CPU budget by that factor
-# (never lowers it: a faster machine keeps the budgets as they are). A 2x slower machine thus
-# passes, while a 10x regression still fails on any machine. REFERENCE_CALIBRATION_S is the
-# loop's time on the budgets' machine: 0.131 s measured on 2026-12-02 on the slow machine
-# above, divided by its 2.02x.
-REFERENCE_CALIBRATION_S = 0.065
 
 
 # -- the pure part: budgets, verdicts, output --------------------------------------------------
@@ -154,6 +146,7 @@ class Result:
     unit: str
     raw: tuple[float, ...] = ()  # the readings behind the value
     error: str | None = None
+    speed: float | None = None  # the machine's slowness while it was measured (guard_speed)
 
     @property
     def ratio(self) -> float | None:
@@ -233,35 +226,25 @@ def judge(
     budget: Budget,
     raw: Sequence[float] = (),
     error: str | None = None,
+    speed: float | None = None,
 ) -> Result:
-    return Result(figure, value, budget.budget, budget.unit, tuple(raw), error)
+    """``value`` against ``budget`` raised by `speed_factor` of ``speed``."""
+    b = scale_budget(budget, speed_factor(speed))
+    return Result(figure, value, b.budget, b.unit, tuple(raw), error, speed)
 
 
-def calibration_s() -> float:
-    """CPU seconds of a fixed pure-Python loop (dict and string work, like imports do): the
-    best of 5, so that a run interrupted by another process counts least."""
-    best = float("inf")
-    for _ in range(5):
-        t0 = time.process_time()
-        d: dict[str, int] = {}
-        for i in range(200_000):
-            d[str(i)] = i * 2
-        sum(v for v in d.values() if v % 3)
-        best = min(best, time.process_time() - t0)
-    return best
+def speed_factor(measured: float | None) -> float:
+    """How much a CPU budget is raised for a figure measured at ``measured`` (its span's
+    `guard_speed.factor_of`): that factor, never below 1 (a faster moment keeps the budget as
+    set); 1 when the sampler gave nothing."""
+    return 1.0 if measured is None else max(1.0, measured)
 
 
-def speed_factor(calibration: float, reference: float = REFERENCE_CALIBRATION_S) -> float:
-    """How much slower this machine runs the loop than the budgets' machine, at least 1."""
-    return max(1.0, calibration / reference)
-
-
-def scale_budgets(budgets: dict[str, Budget], factor: float) -> dict[str, Budget]:
-    """Every CPU-time budget times ``factor``; memory budgets as they are."""
-    return {
-        name: Budget(b.budget * factor, b.unit, b.why) if b.unit in CPU_UNITS else b
-        for name, b in budgets.items()
-    }
+def scale_budget(budget: Budget, factor: float) -> Budget:
+    """A CPU-time budget times ``factor``; a memory budget as it is."""
+    if budget.unit not in CPU_UNITS:
+        return budget
+    return Budget(budget.budget * factor, budget.unit, budget.why)
 
 
 def _num(x: float) -> str:
@@ -269,20 +252,23 @@ def _num(x: float) -> str:
 
 
 def format_table(results: Sequence[Result], meta: dict[str, Any]) -> str:
-    """The human table, then one line on the load and the verdict."""
-    rows = [("figure", "value", "budget", "ratio", "ok/OVER")]
+    """The human table (``speed``: how much slower than the budgets' reference the machine ran
+    while the figure was measured, the factor its CPU budget was raised by when above 1), then
+    one line on the load and the verdict."""
+    rows = [("figure", "value", "budget", "speed", "ratio", "ok/OVER")]
     for r in results:
         value = "-" if r.value is None else f"{_num(r.value)} {r.unit}"
         ratio = "-" if r.ratio is None else f"{r.ratio:.2f}"
-        rows.append((r.figure, value, f"{_num(r.budget)} {r.unit}", ratio, r.status))
-    widths = [max(len(row[i]) for row in rows) for i in range(5)]
+        speed = "-" if r.speed is None or r.unit not in CPU_UNITS else f"x{r.speed:.2f}"
+        rows.append((r.figure, value, f"{_num(r.budget)} {r.unit}", speed, ratio, r.status))
+    widths = [max(len(row[i]) for row in rows) for i in range(6)]
     lines = []
     for k, row in enumerate(rows):
         cells = [
             row[0].ljust(widths[0]),
-            *(c.rjust(w) for c, w in zip(row[1:4], widths[1:4], strict=True)),
+            *(c.rjust(w) for c, w in zip(row[1:5], widths[1:5], strict=True)),
         ]
-        lines.append(" | ".join([*cells, row[4]]).rstrip())
+        lines.append(" | ".join([*cells, row[5]]).rstrip())
         if k == 0:
             lines.append("-+-".join("-" * w for w in widths))
     for r in results:
@@ -296,13 +282,10 @@ def format_table(results: Sequence[Result], meta: dict[str, Any]) -> str:
         f"{meta.get('wall_s', 0):.0f} s wall"
         + (f"; planted: {meta['plant']}" if meta.get("plant") else "")
     )
-    speed = meta.get("speed")
-    if speed:
-        lines.append(
-            f"machine speed: calibration loop {speed['calibration_s']:.3f} s against "
-            f"{speed['reference_s']:.3f} s on the budgets' machine: CPU budgets x"
-            f"{speed['factor']:.2f}"
-        )
+    lines.append(
+        f"speed: CPU budgets are at the speed the workload in benchmarks/guard_speed.py runs in "
+        f"{REFERENCE_S:.3f} s; raised by the column's factor where it ran slower"
+    )
     lines.append(f"OVER or not measured: {', '.join(over)}" if over else "all figures in budget")
     return "\n".join(lines)
 
@@ -322,6 +305,7 @@ def format_json(results: Sequence[Result], meta: dict[str, Any]) -> str:
                 "unit": r.unit,
                 "budget": r.budget,
                 "ratio": None if r.ratio is None else round(r.ratio, 4),
+                "speed": None if r.speed is None else round(r.speed, 4),
                 "status": r.status,
                 "raw": [round(x, 4) for x in r.raw],
                 "error": r.error,
@@ -338,31 +322,43 @@ def format_json(results: Sequence[Result], meta: dict[str, Any]) -> str:
 def measure(
     figures: Sequence[str], budgets: dict[str, Budget], plant: str | None, progress: bool
 ) -> list[Result]:
-    """Measure ``figures`` and judge each against its budget; every child stopped and the
-    temporary directory removed whatever happens."""
-    results: dict[str, Result] = {}
+    """Measure ``figures`` and judge each against its budget at the machine's speed during its
+    measurement (`SpeedSampler`); every child stopped and the temporary directory removed
+    whatever happens."""
+    measured: dict[str, tuple[float, list[float], float, float]] = {}
+    errors: dict[str, str] = {}
 
     def record(wanted: Sequence[str], get: Callable[[], Values]) -> None:
+        t0 = time.monotonic()
         try:
             values = get()
         except MeasureError as exc:
-            results.update({f: judge(f, None, budgets[f], error=str(exc)) for f in wanted})
+            errors.update({f: str(exc) for f in wanted})
             return
+        t1 = time.monotonic()
         for f in wanted:
             value, runs = values[f]
-            results[f] = judge(f, value, budgets[f], runs)
+            measured[f] = (value, runs, t0, t1)
 
     tmp = Path(tempfile.mkdtemp(prefix="gpufleet-guard-"))
+    sampler = SpeedSampler()
     try:
+        sampler.wait_first()
         ctx = Ctx(tmp, plant, progress=progress)
         try:
             _measure_all(ctx, figures, record)
         finally:
             ctx.close()
     finally:
+        sampler.close()
         shutil.rmtree(tmp, ignore_errors=True)
-    missing = [f for f in figures if f not in results]  # the agent's thread died
-    results.update({f: judge(f, None, budgets[f], error="not measured") for f in missing})
+    results: dict[str, Result] = {}
+    for f in figures:
+        if f in measured:
+            value, runs, t0, t1 = measured[f]
+            results[f] = judge(f, value, budgets[f], runs, speed=sampler.factor(t0, t1))
+        else:  # a measurement failed, or the agent's thread died
+            results[f] = judge(f, None, budgets[f], error=errors.get(f, "not measured"))
     return [results[f] for f in figures]
 
 
@@ -438,9 +434,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     load0 = [round(x, 2) for x in os.getloadavg()]
     try:
         with _signals_raise():
-            calibration = calibration_s()
-            factor = speed_factor(calibration)
-            budgets = scale_budgets(budgets, factor)
             results = measure(figures, budgets, args.plant, progress=not args.json)
     except KeyboardInterrupt:  # every child stopped, the temporary directory gone
         print("guard: interrupted", file=sys.stderr)
@@ -450,11 +443,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "cpus": os.cpu_count(),
         "wall_s": round(time.monotonic() - t0, 1),
         "plant": args.plant,
-        "speed": {
-            "calibration_s": round(calibration, 4),
-            "reference_s": REFERENCE_CALIBRATION_S,
-            "factor": round(factor, 3),
-        },
+        "speed_reference_s": REFERENCE_S,
     }
     print(format_json(results, meta) if args.json else format_table(results, meta))
     return 0 if all(r.ok for r in results) else 1

@@ -2,8 +2,9 @@
 guard bites, without touching ``src/``.
 
 The guard's children get the ``sitecustomize.py`` that `write_plant` writes first on their
-``PYTHONPATH`` (chaining any other one), which for ``cli-start`` burns 2.5 s of CPU when a
-gpufleet CLI interpreter starts, and for ``validate`` wraps
+``PYTHONPATH`` (chaining any other one), which for ``cli-start`` burns 5x the CPU a gpufleet
+CLI interpreter used when it exits (a regression in what every command pays), and for
+``validate`` wraps
 ``gpufleet.validate.runner.run_suite`` to burn 5x the CPU each run took. Anything else (this
 module's code run in pytest, say) burns nothing and hooks nothing.
 """
@@ -97,7 +98,9 @@ def _chain():
 
 if _is_gpufleet_cli():
     if KIND == "cli-start":
-        _burn(2.5)
+        import atexit
+
+        atexit.register(lambda: _burn(5 * time.process_time()))
     elif KIND == "validate":
         sys.meta_path.insert(0, _RunnerFinder())
 _chain()

@@ -15,7 +15,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-from benchmarks import guard_plants
+from benchmarks import guard_plants, guard_speed
 
 GUARD_PATH = Path(__file__).resolve().parents[1] / "benchmarks" / "guard.py"
 
@@ -166,6 +166,7 @@ def test_table() -> None:
         "figure",
         "value",
         "budget",
+        "speed",
         "ratio",
         "ok/OVER",
     ]
@@ -191,6 +192,7 @@ def test_json() -> None:
         "unit": "s",
         "budget": 2.0,
         "ratio": 0.5,
+        "speed": None,
         "status": "ok",
         "raw": [1.0, 1.1, 0.9],
         "error": None,
@@ -268,27 +270,47 @@ def test_guard_fails_on_a_planted_regression_and_passes_without() -> None:
     clean = _guard()
     assert clean.returncode == 0, clean.stdout + clean.stderr
     assert _row(clean.stdout).endswith("| ok")
+    # the speed sampler ran alongside: the row carries the factor measured during it
+    speed = [c.strip() for c in _row(clean.stdout).split("|")][3]
+    assert speed.startswith("x") and float(speed[1:]) > 0, clean.stdout
 
 
 def test_a_slower_machine_raises_the_cpu_budgets_never_the_memory_ones() -> None:
-    budgets = {n: guard.Budget(2.0, u, "") for n, u in guard.UNITS.items()}
-    scaled = guard.scale_budgets(budgets, guard.speed_factor(0.3, reference=0.1))
-    assert scaled["cli_version_cpu_s"].budget == pytest.approx(6.0)
-    assert scaled["controller_cpu_ms_per_batch"].budget == pytest.approx(6.0)
-    assert scaled["agent_cpu_pct_8gpu_1hz"].budget == pytest.approx(6.0)
-    assert scaled["agent_rss_mib"].budget == 2.0
-    assert scaled["controller_rss_kib_per_node"].budget == 2.0
-    # a faster machine keeps the budgets as set: a factor below 1 is never applied
-    assert guard.speed_factor(0.05, reference=0.1) == 1.0
+    b = {n: guard.Budget(2.0, u, "") for n, u in guard.UNITS.items()}
+    slow = {n: guard.judge(n, 5.0, b[n], speed=3.0) for n in guard.UNITS}
+    assert slow["cli_version_cpu_s"].budget == pytest.approx(6.0)
+    assert slow["cli_version_cpu_s"].ok  # 5 s at a third of the speed: 1.7 s at the reference
+    assert slow["controller_cpu_ms_per_batch"].budget == pytest.approx(6.0)
+    assert slow["agent_cpu_pct_8gpu_1hz"].budget == pytest.approx(6.0)
+    assert slow["agent_rss_mib"].budget == 2.0 and not slow["agent_rss_mib"].ok
+    assert slow["controller_rss_kib_per_node"].budget == 2.0
+    # a faster moment keeps the budget as set: a factor below 1 is never applied
+    fast = guard.judge("cli_version_cpu_s", 1.9, b["cli_version_cpu_s"], speed=0.5)
+    assert fast.budget == 2.0 and fast.ok
+    # no sample: the budget as set
+    assert guard.judge("cli_version_cpu_s", 2.1, b["cli_version_cpu_s"]).status == "OVER"
 
 
-def test_the_table_says_how_the_budgets_were_scaled() -> None:
+def test_speed_factor_is_the_median_of_the_runs_in_the_span() -> None:
+    ref = guard_speed.REFERENCE_S
+    samples = [(10.0, ref), (11.0, 2 * ref), (12.0, 3 * ref), (13.0, 4 * ref), (20.0, 9 * ref)]
+    # runs ending in [11, 12 + slack]: 2x, 3x, 4x -> 3x
+    assert guard_speed.factor_of(samples, 10.5, 12.0) == pytest.approx(3.0)
+    # a span no run ended in: the run just before it
+    assert guard_speed.factor_of(samples, 15.0, 15.2) == pytest.approx(4.0)
+    assert guard_speed.factor_of([], 0.0, 1.0) is None
+    assert guard_speed.factor_of(samples, 1.0, 2.0) is None  # nothing before or in it
+
+
+def test_the_table_shows_each_figures_speed() -> None:
     b = guard.Budget(1.0, "s", "")
-    meta = {
-        "load_average": {"start": [1.0, 1.0, 1.0], "end": [1.0, 1.0, 1.0]},
-        "cpus": 2,
-        "wall_s": 3.0,
-        "speed": {"calibration_s": 0.13, "reference_s": 0.065, "factor": 2.0},
-    }
-    text = guard.format_table([guard.judge("cli_version_cpu_s", 0.5, b)], meta)
-    assert "calibration loop 0.130 s against 0.065 s" in text and "x2.00" in text
+    m = guard.Budget(100.0, "MiB", "")
+    rows = [
+        guard.judge("cli_version_cpu_s", 1.5, b, speed=2.0),
+        guard.judge("agent_rss_mib", 90.0, m, speed=2.0),
+    ]
+    lines = guard.format_table(rows, META).splitlines()
+    cli = [c.strip() for c in lines[2].split("|")]
+    assert cli == ["cli_version_cpu_s", "1.500 s", "2.000 s", "x2.00", "0.75", "ok"]
+    assert [c.strip() for c in lines[3].split("|")][3] == "-"  # memory is not scaled
+    assert any(f"{guard_speed.REFERENCE_S:.3f} s" in line for line in lines)
