@@ -1,6 +1,7 @@
 """Hypothesis profiles, so every example budget comes from one place: ``dev`` (small: the fast
 tier and a developer's plain ``pytest``) and ``ci`` (the full budgets, derandomized: ``make
-test``). ``GPUFLEET_HYPOTHESIS_PROFILE`` picks one; `examples` scales a test's own budget."""
+test``). ``GPUFLEET_HYPOTHESIS_PROFILE`` picks one; `examples` scales a test's own budget, and
+`seeds` does the same for a test parametrized over hand-seeded runs."""
 
 from __future__ import annotations
 
@@ -26,3 +27,9 @@ def examples(ci_budget: int) -> int:
         return ci_budget
     active = settings.get_profile(PROFILE)
     return min(ci_budget, active.max_examples)
+
+
+def seeds(ci_count: int, dev_count: int) -> range:
+    """The seeds a hand-seeded randomized test runs: all ``ci_count`` under the ci profile, the
+    first ``dev_count`` otherwise (such a test is a property test with its own generator)."""
+    return range(ci_count if PROFILE == "ci" else min(ci_count, dev_count))

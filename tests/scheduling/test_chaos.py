@@ -24,6 +24,7 @@ from gpufleet.schedulers.embedded import (
     SimExecutor,
     nodes_from_sim,
 )
+from tests.hypothesis_budget import seeds
 
 
 class SchedulerCrash(BaseException):
@@ -157,7 +158,7 @@ def check_run(result: dict[str, Any]) -> None:
             assert any(iv.how == "completed" for iv in done)
 
 
-@pytest.mark.parametrize("block", range(5))
+@pytest.mark.parametrize("block", seeds(5, dev_count=2))
 def test_chaos_fifty_seeded_runs(tmp_path: Path, block: int) -> None:
     stats: Counter[str] = Counter()
     for seed in range(block * 10, block * 10 + 10):

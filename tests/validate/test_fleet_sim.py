@@ -8,10 +8,11 @@ import functools
 import pytest
 
 from gpufleet.validate.results import Status, ValidationReport
+from tests.hypothesis_budget import seeds
 from tests.validate.conftest import FAULTS, run_sim
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", seeds(20, dev_count=4))
 def test_healthy_fleet_levels_1_2_pass_without_warnings(seed: int) -> None:
     report = run_sim(seed=seed, level=2)
     assert report.status is Status.PASS, [r.message for r in report.failures()][:5]
