@@ -333,7 +333,7 @@ def _serve(
             "no --advertise-url (nor --prometheus-url): other replicas answer raw series of "
             "the nodes pushing here from their own memory, marked partial"
         )
-    service.start()
+    service.start(api=True)
     url = f"{'https' if tls else 'http'}://{host}:{port}"
 
     def ready() -> None:

@@ -55,7 +55,7 @@ def run_up(
     service = build_service(
         _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
     )
-    service.start()
+    service.start(api=True)
     token = admin_token(service, _data_dir(data_dir))
     source, backends, simfleet = open_backends(sim, seed, DEFAULT_SIM)
     check_gpu_limit(backends, "--sim")

@@ -130,7 +130,11 @@ class ControlService:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
 
-    def start(self) -> None:
+    def start(self, *, api: bool = False) -> None:
+        """Start the background work. ``api``: an API is about to serve this service; no
+        node is declared lost until it listens (`ControlStore.api_listening`)."""
+        if api:
+            self.store.await_api()
         self.leader.start(self._leader_changed)
         self.store.lead = self.leader.wrap
         self._started = True

@@ -153,6 +153,9 @@ class ControlStore:
         self.nodes: dict[str, NodeCache] = {}
         self.generation = 0
         self.grace_from_s = clock()  # a fresh controller gives every node a grace period
+        # no node is declared lost until the API listens (`await_api`, `api_listening`): a
+        # loaded machine can take longer to build the app and bind than a node's lost threshold
+        self.awaiting_api = False
         self.stats = {"batches": 0, "duplicates": 0, "samples": 0}
         self.view: Snapshot = EMPTY_SNAPSHOT
         self._dirty: set[str] = set()
@@ -390,11 +393,23 @@ class ControlStore:
 
     # -- periodic work ------------------------------------------------------------------------
     def begin_grace(self) -> None:
-        """The API listens from now on: every node's grace period counts from here."""
+        """Every node's grace period counts from now (this replica began to lead)."""
         self.writer.call(self._begin_grace)
 
     def _begin_grace(self) -> None:
         self.grace_from_s = self.clock()
+
+    def await_api(self) -> None:
+        """Declare no node lost until `api_listening`: the loop may run before the API does."""
+        self.awaiting_api = True
+
+    def api_listening(self) -> None:
+        """The API listens from now on: agents can be heard again; their grace starts here."""
+        self.writer.call(self._api_listening)
+
+    def _api_listening(self) -> None:
+        self.grace_from_s = self.clock()
+        self.awaiting_api = False
 
     def note_own_gap(self, gap_s: float) -> None:
         """The controller itself was not running for ``gap_s``: restart every node's grace."""
@@ -432,7 +447,7 @@ class ControlStore:
         with self.sessions.begin() as s:
             for nc in list(self.nodes.values()):
                 st = S(nc.state)
-                if st in LOSABLE:
+                if st in LOSABLE and not self.awaiting_api:
                     seen = max(nc.last_seen_s or 0.0, self.grace_from_s)
                     limit = self.lost_after_intervals * nc.interval_s
                     if (nc.last_seen_s or 0.0) < self.grace_from_s:  # not heard since it began

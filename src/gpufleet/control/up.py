@@ -24,6 +24,9 @@ from gpufleet.tls import TlsFiles
 
 log = logging.getLogger("gpufleet.up")
 DEFAULT_SIM = "4x8xh100-sxm"
+# test hook (off by default): seconds `serve` waits before it builds the app, as a loaded
+# machine can; tests/integration/test_restart_grace.py restarts a controller with it
+API_DELAY_ENV = "GPUFLEET_TEST_API_START_DELAY_S"
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "gpufleet"
 
 
@@ -95,6 +98,10 @@ def serve(
     still answers (`gpufleet up` lets its agents push their last samples there)."""
     from gpufleet.control.api import create_app
 
+    delay = os.environ.get(API_DELAY_ENV)
+    if delay:  # test hook only: an app that takes this long to build, as on a loaded machine
+        log.warning("test hook active: %s=%s", API_DELAY_ENV, delay)
+        time.sleep(float(delay))
     app = create_app(service)
     config = uvicorn.Config(
         app,
@@ -121,7 +128,7 @@ def serve(
         while not server.started and not server.should_exit:
             time.sleep(0.05)
         if server.started:
-            service.store.begin_grace()  # agents can reach it from now: their grace starts
+            service.store.api_listening()  # agents can reach it from now: their grace starts
             on_ready()
 
     threading.Thread(target=watch, daemon=True).start()

@@ -92,6 +92,7 @@ class ControllerProcess:
     db_url: str | None = None
     args: list[str] = field(default_factory=list)
     tls: tuple[Path, Path] | None = None  # (cert, key): serve https, reached trusting the cert
+    env: dict[str, str] = field(default_factory=dict)  # on top of the tests' environment
 
     @property
     def url(self) -> str:
@@ -123,7 +124,7 @@ class ControllerProcess:
                 *tls,
             ],
             self.data_dir / f"controller-{self.starts}.log",
-            _env(),
+            {**_env(), **self.env},
         )
         wait_for(self.ready, wait_s, f"controller on port {self.port}", step_s=0.05)
         return self
@@ -181,10 +182,18 @@ class ControllerProcess:
         return done
 
     def wait_in_service(self, node: str, timeout_s: float = 120.0) -> None:
-        def up() -> bool:
-            return self.node_state(node) == "in_service"
+        """Until the node is in service with its GPUs known: the agent's validation report
+        can put it in service before the first telemetry batch describes its GPUs, and what
+        reads the inventory (a campaign choosing nodes by driver version) needs both."""
 
-        wait_for(up, timeout_s, f"node {node} in service", step_s=0.2)
+        def up() -> bool:
+            r = self.call("GET", f"/api/v1/nodes/{node}")
+            if r.status_code != 200:
+                return False
+            doc = r.json()["node"]
+            return bool(doc["state"] == "in_service" and doc["gpus"] and doc["model"])
+
+        wait_for(up, timeout_s, f"node {node} in service with its GPUs reported", step_s=0.2)
 
     def node_state(self, node: str) -> str | None:
         r = self.call("GET", f"/api/v1/nodes/{node}")

@@ -1,0 +1,52 @@
+"""A restarted controller declares no node lost before its API listens.
+
+The control loop starts before the app is built and bound; on a loaded machine that took longer
+than a node's lost threshold (3 pushes of 0.25 s plus the restart grace, ~6 s), and the loop
+declared every node lost while no agent could reach it: a campaign read 0 % in service, and
+with jobs on the nodes the scheduler would have moved them all. Here the controller process is
+restarted with its app build held (`GPUFLEET_TEST_API_START_DELAY_S`) past that threshold; the
+agents, real processes pushing every 0.25 s, must stay in service.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from gpufleet.testing.procs import AgentProcess, ControllerProcess, create_tokens
+from gpufleet.testing.timescale import scaled
+
+pytestmark = pytest.mark.process
+
+NODES = ["g0", "g1"]
+HELD_S = 9.0  # past the lost threshold of a 0.25 s push interval (0.75 + 5.5 s of grace)
+
+
+def _lost_events(ctl: ControllerProcess) -> list[str]:
+    events = ctl.call("GET", "/api/v1/events", params={"limit": 200}).json()
+    return [f"{e['node']}: {e['message']}" for e in events if "-> lost" in e["message"]]
+
+
+def test_nodes_stay_in_service_while_a_restarted_controller_builds_its_api(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "ctl"
+    tokens = create_tokens(data, {"admin": ("admin", None), **{n: ("agent", n) for n in NODES}})
+    ctl = ControllerProcess(data, tokens["admin"]).start()
+    agents = [AgentProcess(n, ctl.url, tokens[n], tmp_path / n).start() for n in NODES]
+    try:
+        for n in NODES:
+            ctl.wait_in_service(n, scaled(120))
+        ctl.kill9()
+        ctl.env = {"GPUFLEET_TEST_API_START_DELAY_S": f"{HELD_S:g}"}
+        ctl.start(wait_s=scaled(120))
+        log = (data / "controller-2.log").read_text(encoding="utf-8")
+        assert "test hook active: GPUFLEET_TEST_API_START_DELAY_S" in log  # the hold happened
+        for n in NODES:
+            ctl.wait_in_service(n, scaled(30))  # heard again once the API listens
+        assert _lost_events(ctl) == [], log
+    finally:
+        for a in agents:
+            a.stop()
+        ctl.stop()
