@@ -50,7 +50,7 @@ class Fleet:
         self.down: set[str] = set()
         self.keys: set[str] = set()  # orders run (an agent runs each key once)
 
-    def push(self, node: str, *, health: int = 0) -> None:
+    def push(self, node: str, *, health: int = 0, devices: bool = True) -> None:
         self.seq[node] += 1
         t = self.clock()
         body: dict[str, Any] = {
@@ -69,7 +69,7 @@ class Fleet:
                     "uuid": f"GPU-{node}-{g}",
                     "info": {"model": "h100-sxm", "driver_version": self.version[node]},
                 }
-                for g in range(2)
+                for g in range(2 if devices else 0)
             ],
         }
         parsed = parse_batch(json.dumps(body).encode())
@@ -299,6 +299,36 @@ def test_pause_stops_new_starts_and_abort_gives_nodes_back(
     for v in svc.store.view.nodes.values():
         assert v.state == "in_service" and not v.cordoned
     assert sum(fleet.updates.values()) == 0
+
+
+def test_a_node_in_service_before_its_gpus_are_reported_is_named_not_silently_left_out(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    # an agent's validation report can put a node in service before its first batch that
+    # describes its GPUs: the campaign cannot tell its driver version yet and says so
+    svc = make(tmp_path, clock)
+    fleet = Fleet(svc, clock, ["n0", "n1"])
+    fleet.push("n0", devices=False)
+    fleet.push("n1")
+    assert {v.state for v in svc.store.view.nodes.values()} == {"in_service"}
+    cid = ops.start(svc.store, spec(), OP)
+    doc = ops.status(svc.store, cid)
+    assert [n["node"] for n in doc["nodes"]] == ["n1"]
+    with svc.store.sessions() as s:
+        entry = s.scalars(select(AuditEntry).where(AuditEntry.action == "maintenance.start")).one()
+    assert entry.detail["skipped"] == [{"node": "n0", "reason": "its GPUs are not reported yet"}]
+
+
+def test_a_campaign_with_only_unreported_nodes_ends_saying_why(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    svc = make(tmp_path, clock)
+    Fleet(svc, clock, ["m0"]).push("m0", devices=False)
+    done = ops.status(svc.store, ops.start(svc.store, spec(), OP))
+    assert done["state"] == "done" and done["nodes"] == []
+    assert done["reason"] == (
+        "no node out of baseline; 1 skipped (m0: its GPUs are not reported yet)"
+    )
 
 
 def test_window_closed_starts_nothing(tmp_path: Path, clock: ManualClock) -> None:

@@ -111,6 +111,9 @@ def _members(
     for nc in store.nodes.values():
         if not _select_ok(spec, nc.name, nc.model, nc.rack):
             continue
+        if nc.model is None:  # in service on its validation report before its first batch
+            skipped.append({"node": nc.name, "reason": "its GPUs are not reported yet"})
+            continue
         if nc.model not in spec.baseline.models:
             continue
         if not cp.deviations(store, nc, spec.baseline):
@@ -174,6 +177,9 @@ def _start(
             )
         if not members:
             c.state, c.reason = cp.DONE, "no node out of baseline"
+            if skipped:
+                first = skipped[0]
+                c.reason += f"; {len(skipped)} skipped ({first['node']}: {first['reason']})"
         detail = {"nodes": len(members), "skipped": skipped}
         if who is not None:
             store.audit(s, who, "maintenance.start", f"campaign:{c.id}", detail=detail)
