@@ -62,13 +62,19 @@ test-fast: install
 # several-fold (the chaos rounds passed alone and timed out under the parallel phase).
 TEST_WORKERS ?= 3
 
+# Each phase prints the clock first, so a CI log says where its minutes went.
 test: install sysdeps
+	@date +"== %T lint and types"
 	$(BIN)/ruff check src tests benchmarks
 	$(BIN)/mypy
 	$(COMPILE)
+	@date +"== %T parallel phase"
 	GPUFLEET_HYPOTHESIS_PROFILE=ci $(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile -m "not serial"
+	@date +"== %T serial phase"
 	GPUFLEET_HYPOTHESIS_PROFILE=ci $(PYTEST) -q -m serial
+	@date +"== %T figures guard"
 	$(BIN)/python benchmarks/guard.py
+	@date +"== %T done"
 
 # The figures guard alone: CPU time of the headline figures against benchmarks/guard_budgets.json.
 guard: install
