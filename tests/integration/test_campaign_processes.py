@@ -127,26 +127,23 @@ def test_campaign_with_a_real_update_script_and_a_controller_kill(tmp_path: Path
         assert r.status_code == 201, r.text
         cid = r.json()["id"]
         assert {n["node"] for n in r.json()["nodes"]} == set(NODES)
-        seen: list[float] = []
         dips: list[Any] = []  # what the nodes were when capacity read below the floor
 
         def status() -> dict[str, Any]:
             doc: dict[str, Any] = ctl.call("GET", f"/api/v1/maintenance/campaigns/{cid}").json()
             frac = doc["capacity"]["in_service_fraction"]
-            if frac is not None:
-                seen.append(frac)
-                if frac < 0.3 - 1e-9:
-                    nodes = ctl.call("GET", "/api/v1/nodes").json()
-                    rows = nodes["nodes"] if isinstance(nodes, dict) else nodes
-                    events = ctl.call("GET", "/api/v1/events", params={"limit": 30}).json()
-                    dips.append(
-                        (
-                            {k: v for k, v in doc["capacity"].items() if k != "history"},
-                            [(n["node"], n["step"]) for n in doc["nodes"]],
-                            [(r.get("name"), r.get("state"), r.get("cordoned")) for r in rows],
-                            [(e.get("node"), e.get("message")) for e in events],
-                        )
+            if frac is not None and frac < 0.3 - 1e-9:
+                nodes = ctl.call("GET", "/api/v1/nodes").json()
+                rows = nodes["nodes"] if isinstance(nodes, dict) else nodes
+                events = ctl.call("GET", "/api/v1/events", params={"limit": 30}).json()
+                dips.append(
+                    (
+                        {k: v for k, v in doc["capacity"].items() if k != "history"},
+                        [(n["node"], n["step"]) for n in doc["nodes"]],
+                        [(r.get("name"), r.get("state"), r.get("cordoned")) for r in rows],
+                        [(e.get("node"), e.get("message")) for e in events],
                     )
+                )
             return doc
 
         def some_updating() -> bool:

@@ -14,31 +14,11 @@ from gpufleet.cli.output import print_error
 from gpufleet.cli.process import stop_on_sigterm
 from gpufleet.errors import GpufleetError
 
-# One registry of command modules; each exposes ``register(app)``.
-COMMAND_MODULES = (
-    "gpufleet.cli.inventory",
-    "gpufleet.cli.status",
-    "gpufleet.cli.doctor",
-    "gpufleet.cli.checklist",
-    "gpufleet.cli.plan",
-    "gpufleet.cli.catalog",
-    "gpufleet.cli.health",
-    "gpufleet.cli.agent",
-    "gpufleet.cli.validate",
-    "gpufleet.cli.controller",
-    "gpufleet.cli.jobs",
-    "gpufleet.cli.mig",
-    "gpufleet.cli.config",
-    "gpufleet.cli.maintenance",
-    "gpufleet.cli.power",
-    "gpufleet.cli.energy",
-)
-
-# The top-level command each module registers, so `main()` imports only the module a command
-# line names: importing all sixteen costs ~1.4 s of CPU (sqlalchemy, the catalog, the energy
-# store), which `gpufleet agent run` or `gpufleet health` never use. `--help`, no command and an
-# unknown word import them all. tests/test_cli_registry.py holds this table to what the
-# modules register.
+# The registry of commands: the module that registers each top-level command, so `main()`
+# imports only the module a command line names. Importing all sixteen costs ~1.4 s of CPU
+# (sqlalchemy, the catalog, the energy store), which `gpufleet agent` or `gpufleet health` never
+# use; `--help`, no command and an unknown word import them all. tests/test_cli_registry.py holds
+# this table to what the modules register.
 COMMANDS: dict[str, str] = {
     "inventory": "gpufleet.cli.inventory",
     "status": "gpufleet.cli.status",
@@ -60,6 +40,8 @@ COMMANDS: dict[str, str] = {
     "power": "gpufleet.cli.power",
     "energy": "gpufleet.cli.energy",
 }
+# One registry of command modules (each exposes ``register(app)``), in the order --help lists.
+COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))
 
 
 def _version(value: bool) -> None:
