@@ -186,6 +186,30 @@ def test_lost_after_three_intervals(
     assert [h[1] for h in history(svc, "quiet")][-2:] == ["validating", "in_service"]
 
 
+def test_a_draining_node_back_from_lost_keeps_its_drain_reason(
+    make_service: Callable[..., ControlService], clock: ManualClock
+) -> None:
+    """A faulted node that went quiet under load came back draining with the reason
+    'heartbeats resumed': why it was out of service was gone (the CI failure of
+    test_sim_fleet_pushes_and_fault_drains). Twice lost, the reason does not stack."""
+    svc = make_service(min_drain_s=1000.0)
+    svc._last_tick = clock()
+    push(svc, batch("n1", 1))
+    push(svc, batch("n1", 2, devices=False, findings=[fail_finding("n1")], health=2))
+    assert states(svc)["n1"] == "draining"
+    drain_reason = svc.store.nodes["n1"].state_reason
+    assert drain_reason.startswith("finding XID_79")
+    for seq in (3, 4):
+        for _ in range(6):  # 12 s quiet, over 3 x 2 s and the start's grace; ticks 2 s apart
+            clock.advance(2.0)
+            svc.tick()
+        assert states(svc)["n1"] == "lost"
+        push(svc, batch("n1", seq, devices=False, findings=[fail_finding("n1")], health=2))
+        assert states(svc)["n1"] == "draining"
+        reason = svc.store.nodes["n1"].state_reason
+        assert reason == f"{drain_reason}; heartbeats resumed (agent agent-n1)", reason
+
+
 def test_controller_outage_is_not_node_loss(
     make_service: Callable[..., ControlService], clock: ManualClock
 ) -> None:

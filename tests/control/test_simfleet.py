@@ -90,8 +90,14 @@ def test_sim_fleet_with_an_admin_token_makes_one_node_bound_token_per_node(
 def test_sim_fleet_pushes_and_fault_drains(tmp_path: Path) -> None:
     # the breaker off: under load some nodes may still be validating when the GPU falls, and
     # the default breaker would then rightly refuse the drain (tested on its own elsewhere)
+    # and liveness is not under test here: 12 agents and the controller share one process, and
+    # under load a node's 0.5 s pushes once stalled past 3 x 0.5 s and it was declared lost
+    # (lost detection has its own tests, with a manual clock and with real processes)
     config = ServiceConfig(
-        data_dir=tmp_path / "d", max_pending=5000, policy=RemediationPolicy(max_out_fraction=1.0)
+        data_dir=tmp_path / "d",
+        max_pending=5000,
+        policy=RemediationPolicy(max_out_fraction=1.0),
+        lost_after_intervals=40,
     )
     svc = ControlService(config)
     token = svc.store.tokens.create("agent")[0]

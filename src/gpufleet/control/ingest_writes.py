@@ -21,7 +21,7 @@ from gpufleet.control import lifecycle as lc
 from gpufleet.control.cache import FindingCache, GpuCache, IngestItem, NodeCache, info_digest
 from gpufleet.control.energy_hook import account_energy
 from gpufleet.control.lifecycle import NodeState
-from gpufleet.control.models import EventRow, FindingRow, Gpu, IngestedBatch, Node
+from gpufleet.control.models import EventRow, FindingRow, Gpu, IngestedBatch, Node, Transition
 from gpufleet.control.remediation import decide
 from gpufleet.wire import Ack, WireAck, WireFinding
 
@@ -227,14 +227,11 @@ def _apply_one(
         before = s.get(Node, nc.id)
         prev = before.state_before_lost if before is not None else None
         back = S(prev) if prev in (S.DRAINING, S.DRAINED) else S.VALIDATING
-        store._move(
-            s,
-            nc,
-            back,
-            actor=actor,
-            after=after,
-            reason=f"heartbeats resumed (agent {b.agent_id})",
-        )
+        reason = f"heartbeats resumed (agent {b.agent_id})"
+        if back is not S.VALIDATING:  # still out for the reason it went out: keep saying so
+            why = _reason_into(s, nc.name, back)
+            reason = f"{why}; {reason}" if why else reason
+        store._move(s, nc, back, actor=actor, after=after, reason=reason)
     if nc.state == S.REGISTERING:
         store._move(
             s,
@@ -246,6 +243,22 @@ def _apply_one(
         )
     _apply_findings(store, s, nc, b.findings, now, after)
     store._maybe_in_service(s, nc, actor, after)
+
+
+def _reason_into(s: Session, node: str, state: S) -> str | None:
+    """The reason of ``node``'s latest move into ``state`` from anything but ``lost`` (the
+    drain one or more lost spells interrupted)."""
+    row = s.scalars(
+        select(Transition)
+        .where(
+            Transition.node == node,
+            Transition.to_state == state.value,
+            Transition.from_state != NodeState.LOST.value,
+        )
+        .order_by(Transition.id.desc())
+        .limit(1)
+    ).first()
+    return row.reason if row is not None else None
 
 
 def _upsert_gpu(
