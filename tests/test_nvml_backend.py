@@ -6,6 +6,7 @@ from __future__ import annotations
 import threading
 import time
 
+import pynvml
 import pytest
 
 from gpufleet.devices.nvml import NvmlBackend
@@ -265,3 +266,26 @@ def test_running_processes_lists_the_loads_pid_and_memory() -> None:
     backend = node.backend()
     assert backend.running_processes(0) == []
     assert backend.running_processes(1) == [(10_001, 3 * 2**30)]  # the simulator's pid 10000+i
+
+
+def test_field_values_read_through_the_raw_layout_as_pynvml_reads_them() -> None:
+    """`field_values` reads an array of ``c_nvmlFieldValue_t`` through `RawFieldValue` (its
+    bytes without pynvml's attribute hooks): each value type, a failed entry, and a list that
+    is not a ctypes array give what the written values were."""
+    from gpufleet.devices.nvml.fields import field_value, field_values
+
+    written: list[tuple[int, int, str, float | int]] = [  # (return, valueType, member, value)
+        (pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_DOUBLE, "dVal", 2.5),
+        (pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 4_000_000_000),
+        (pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG, "ullVal", 2**40 + 7),
+        (pynvml.NVML_SUCCESS, pynvml.NVML_VALUE_TYPE_SIGNED_LONG_LONG, "sllVal", -12),
+        (pynvml.NVML_ERROR_NOT_SUPPORTED, pynvml.NVML_VALUE_TYPE_UNSIGNED_INT, "uiVal", 9),
+    ]
+    arr = (pynvml.c_nvmlFieldValue_t * len(written))()
+    for fv, (ret, vtype, member, value) in zip(arr, written, strict=True):
+        fv.fieldId, fv.nvmlReturn, fv.valueType = 155, ret, vtype
+        setattr(fv.value, member, value)
+    expected = [2.5, 4_000_000_000, 2**40 + 7, -12, None]
+    assert field_values(arr) == expected
+    assert [field_value(fv) for fv in arr] == expected
+    assert field_values(list(arr)) == expected  # not an array: entry by entry

@@ -308,9 +308,8 @@ class NvmlBackend(GpmReadings):
         out: dict[str, float | int | None] = {}
         if values is None:
             return out
-        for fid, fv in zip(ids, values, strict=False):
+        for fid, v in zip(ids, F.field_values(values), strict=False):
             attr, scale = table[fid]
-            v = F.field_value(fv)
             if v is None:
                 out[attr] = None
             elif attr in F.BOOL_FIELDS:
@@ -456,9 +455,8 @@ class NvmlBackend(GpmReadings):
         if values is None:
             return None
         per_link: dict[int, dict[str, int | bool | None]] = {link: {} for link in range(n)}
-        for (fid, link), fv in zip(ids, values, strict=False):
+        for (fid, link), v in zip(ids, F.field_values(values), strict=False):
             attr = F.NVLINK_LINK_FIELDS[fid]
-            v = F.field_value(fv)
             if v is None:
                 per_link[link][attr] = None
             elif attr == "active":

@@ -12,6 +12,9 @@ NVLink field answers NotSupported in 10-56 us).
 
 from __future__ import annotations
 
+import ctypes
+from typing import Any
+
 import pynvml
 
 # field id -> (Sample attribute, scale). Scale converts NVML units to ours.
@@ -78,12 +81,18 @@ NVLINK_LINK_FIELDS: dict[int, str] = {
 NVLINK_MAX_LINKS = 18  # Hopper and Blackwell GPUs have 18 NVLinks (NVIDIA H100/B200 datasheets)
 
 
-def field_value(fv: object) -> float | int | None:
-    """The value of one ``c_nvmlFieldValue_t`` by its value type; None when not successful."""
-    if getattr(fv, "nvmlReturn", 1) != pynvml.NVML_SUCCESS:
+class RawFieldValue(ctypes.Structure):
+    """``c_nvmlFieldValue_t``'s C layout without pynvml's Python attribute hooks (its
+    ``_PrintableStructure`` runs Python code on every read and write of a member). A slow
+    sample reads 18 links x 6 fields of every GPU: read through this view, the members are
+    plain ctypes descriptors."""
+
+    _fields_ = pynvml.c_nvmlFieldValue_t._fields_
+
+
+def _typed(ret: int, vtype: int, v: Any) -> float | int | None:
+    if ret != pynvml.NVML_SUCCESS:
         return None
-    vtype = getattr(fv, "valueType", None)
-    v = fv.value  # type: ignore[attr-defined]
     if vtype == pynvml.NVML_VALUE_TYPE_DOUBLE:
         return float(v.dVal)
     if vtype == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
@@ -97,3 +106,21 @@ def field_value(fv: object) -> float | int | None:
     if vtype == pynvml.NVML_VALUE_TYPE_UNSIGNED_SHORT:
         return int(v.usVal)
     return int(v.ullVal)
+
+
+def field_value(fv: object) -> float | int | None:
+    """The value of one ``c_nvmlFieldValue_t`` by its value type; None when not successful."""
+    ret = getattr(fv, "nvmlReturn", 1)
+    if ret != pynvml.NVML_SUCCESS:
+        return None
+    return _typed(ret, getattr(fv, "valueType", None), fv.value)  # type: ignore[attr-defined,arg-type]
+
+
+def field_values(values: Any) -> list[float | int | None]:
+    """`field_value` of each entry of what ``nvmlDeviceGetFieldValues`` returned: an array of
+    ``c_nvmlFieldValue_t`` is read through `RawFieldValue` (the same bytes), anything else
+    entry by entry."""
+    if isinstance(values, ctypes.Array) and values._type_ is pynvml.c_nvmlFieldValue_t:
+        raw = (RawFieldValue * len(values)).from_buffer(values)
+        return [_typed(r.nvmlReturn, r.valueType, r.value) for r in raw]
+    return [field_value(fv) for fv in values]

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import pynvml
 
+from gpufleet.devices.nvml.fields import RawFieldValue
 from gpufleet.devices.sim.faults import FaultKind
 
 if TYPE_CHECKING:
@@ -531,13 +532,14 @@ class SimNvml:
         _ = (sll, dbl)
         return table
 
-    def _link_field(self, gpu: SimGpu, fid: int, link: int) -> tuple[int, float | int] | None:
-        """A field scoped to one NVLink (``scopeId`` = link), as NVML answers it."""
+    def _link_table(self, gpu: SimGpu, link: int) -> dict[int, tuple[int, float | int]]:
+        """(valueType, value) of every field scoped to one NVLink (``scopeId`` = link), as
+        NVML answers them; empty for a link the GPU does not have."""
         if gpu.nvlink_count == 0 or len(self._node.gpus) < 2 or not 0 <= link < gpu.nvlink_count:
-            return None
+            return {}
         u32 = pynvml.NVML_VALUE_TYPE_UNSIGNED_INT
         ull = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
-        per_link: dict[int, tuple[int, float | int]] = {
+        return {
             pynvml.NVML_FI_DEV_NVLINK_GET_STATE: (u32, 0 if gpu.nvlink_down(link) else 1),
             pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_CRC: (ull, int(gpu.nvlink_crc[link])),
             pynvml.NVML_FI_DEV_NVLINK_ERROR_DL_REPLAY: (ull, int(gpu.nvlink_replay[link])),
@@ -545,39 +547,47 @@ class SimNvml:
             pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX: (ull, int(gpu.nvlink_tx_kib[link])),
             pynvml.NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: (ull, int(gpu.nvlink_rx_kib[link])),
         }
-        return per_link.get(fid)
 
     def nvmlDeviceGetFieldValues(self, h: SimHandle, field_ids: list[Any]) -> Any:
-        """Like pynvml: an id, or ``(id, scopeId)`` for fields scoped to a link."""
+        """Like pynvml: an id, or ``(id, scopeId)`` for fields scoped to a link. The agent asks
+        for 18 links x 6 fields of every GPU each slow sample: each link's table is built once
+        a call, and the values are written through `RawFieldValue` (plain ctypes members, not
+        pynvml's Python attribute hooks) into the array pynvml's type reads."""
         gpu = self._gpu(h)
         values = (pynvml.c_nvmlFieldValue_t * len(field_ids))()
+        raw = (RawFieldValue * len(field_ids)).from_buffer(values)  # the same bytes
         now_us = int(gpu.t * 1e6)
         table = self._field_table(gpu)
+        links: dict[int, dict[int, tuple[int, float | int]]] = {}
+        ns_type = pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
         for i, item in enumerate(field_ids):
-            scope: int | None = None
+            v = raw[i]
             if isinstance(item, tuple):
                 fid, scope = int(item[0]), int(item[1])
+                per_link = links.get(scope)
+                if per_link is None:
+                    per_link = links[scope] = self._link_table(gpu, scope)
+                entry = per_link.get(fid)
+                v.scopeId = scope
             else:
                 fid = int(item)
-            entry = self._link_field(gpu, fid, scope) if scope is not None else table.get(int(fid))
-            if scope is not None:
-                values[i].scopeId = scope
+                entry = table.get(fid)
             value: float | int = 0
             if entry is None:
-                ret, vtype = _NS, pynvml.NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
+                ret, vtype = _NS, ns_type
             else:
                 ret, (vtype, value) = pynvml.NVML_SUCCESS, entry
-            values[i].fieldId = int(fid)
-            values[i].timestamp = now_us
-            values[i].latencyUsec = 0
-            values[i].nvmlReturn = ret
-            values[i].valueType = vtype
+            v.fieldId = fid
+            v.timestamp = now_us
+            v.latencyUsec = 0
+            v.nvmlReturn = ret
+            v.valueType = vtype
             if vtype == pynvml.NVML_VALUE_TYPE_DOUBLE:
-                values[i].value.dVal = float(value)
+                v.value.dVal = float(value)
             elif vtype == pynvml.NVML_VALUE_TYPE_UNSIGNED_INT:
-                values[i].value.uiVal = int(value)
+                v.value.uiVal = int(value)
             else:
-                values[i].value.ullVal = ctypes.c_ulonglong(int(value)).value
+                v.value.ullVal = ctypes.c_ulonglong(int(value)).value
         return values
 
     # ----- GPM (profiling metrics, Hopper and newer) ------------------------------------------
