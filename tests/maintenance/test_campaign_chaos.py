@@ -1,8 +1,9 @@
-"""Chaos for maintenance campaigns (issue 15): over 20 seeds, the controller is thrown away
-at random moments of a campaign (its writer stopped, nothing flushed, a new controller started
-on the same database) while the played agents answer late at random. Each node step is one
-transaction, so a crash between two writer commands is a crash between any two steps, and a
-crash inside one rolls it back (the step never happened). Every seed must end with every node
+"""Chaos for maintenance campaigns (issue 15): over 20 seeds (the first 5 under the ``dev``
+profile of the fast tier), the controller is thrown away at random moments of a campaign (its
+writer stopped, nothing flushed, a new controller started on the same database) while the
+played agents answer late at random. Each node step is one transaction, so a crash between two
+writer commands is a crash between any two steps, and a crash inside one rolls it back (the
+step never happened). Every seed must end with every node
 updated exactly once, no step taken twice, none left cordoned and all in service, and the
 in-service capacity never below the floor. (A real ``kill -9`` of a controller process runs in
 tests/integration/test_campaign_processes.py.)
@@ -22,10 +23,11 @@ from gpufleet.control.campaigns import capacity
 from gpufleet.control.models import MaintStep
 from gpufleet.devices.sim import ManualClock
 from gpufleet.wire import WireUpdateReport
+from tests.hypothesis_budget import seeds
 from tests.maintenance.test_campaign_engine import NEW, OP, T0, make, setup, spec
 
 
-@pytest.mark.parametrize("seed", range(20))
+@pytest.mark.parametrize("seed", seeds(20, dev_count=5))
 def test_controller_crashes_at_random_steps(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     clock = ManualClock(T0)

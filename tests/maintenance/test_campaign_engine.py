@@ -234,7 +234,10 @@ def test_failure_ends_in_repair_and_halts_at_max_failures(
     tmp_path: Path, clock: ManualClock, behaviour: Behaviour, reason: str
 ) -> None:
     svc, fleet = setup(tmp_path, clock)
-    cid = ops.start(svc.store, spec(batch=1, max_failures=2, floor=0.5), OP)
+    # short timeouts: the manual clock moves 1 s a step, and a node that never comes back
+    # costs its update and back timeouts in steps
+    quick = {"update_timeout_s": 15, "back_timeout_s": 10}
+    cid = ops.start(svc.store, spec(batch=1, max_failures=2, floor=0.5, **quick), OP)
     run(svc, fleet, behave=dict.fromkeys(fleet.version, behaviour), steps=400)
     st = ops.status(svc.store, cid)
     assert st["state"] == "halted"
