@@ -56,10 +56,11 @@ test-fast: install
 # Most tests wait on real processes (controllers, agents, daemons), not on the CPU: three
 # workers on a 2-core machine take about half the time of one. Each test file stays on one
 # worker (`--dist loadfile`: module fixtures and test order as in a serial run). TEST_WORKERS=0
-# runs serially. Tests marked `serial` judge wall-clock timing (loopback bandwidth, a controller
-# restart within a lease, the process chaos rounds with 3 s leases, the dashboard's 5 s fault
-# display): they run afterwards, alone, since three workers on two cores can slow a process start
-# several-fold (the chaos rounds passed alone and timed out under the parallel phase).
+# runs serially. Tests marked `serial` still need the machine to themselves (loopback bandwidth
+# judged against peers, a controller restart within a lease, the process chaos rounds with 3 s
+# leases): they run afterwards, alone, since three workers on two cores can slow a process start
+# several-fold (the chaos rounds passed alone and timed out under the parallel phase). Each one
+# that stops judging seconds leaves the phase (the dashboard's fault display did on 2026-12-03).
 TEST_WORKERS ?= 3
 
 # Each phase prints the clock first, so a CI log says where its minutes went.
