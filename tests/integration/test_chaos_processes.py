@@ -60,18 +60,21 @@ from gpufleet.testing.procs import (
     stop_all,
 )
 from gpufleet.testing.testbed import wait_for
+from gpufleet.testing.timescale import scaled
 
-LEASE_S = float(os.environ.get("GPUFLEET_CHAOS_LEASE_S", "3"))
+# protocol times grow with GPUFLEET_TEST_TIME_SCALE: a slow machine slows the lease, not the verdict
+LEASE_S = scaled(float(os.environ.get("GPUFLEET_CHAOS_LEASE_S", "3")))
 KINDS = ("agent", "controller", "partition", "xid")
 ONLY = [int(s) for s in os.environ.get("GPUFLEET_CHAOS_ONLY", "").split(",") if s.strip()]
 SEEDS = ONLY or list(range(int(os.environ.get("GPUFLEET_CHAOS_SEEDS", "20"))))
 ROUND = len(ONLY) or int(os.environ.get("GPUFLEET_CHAOS_ROUND", "10"))
 ROUNDS = [SEEDS[i : i + ROUND] for i in range(0, len(SEEDS), ROUND)]
-PUSH_S = 0.5
+PUSH_S = scaled(0.5)
 # a loaded machine misses heartbeats (nodes go lost and come back): requeues the cap would
 # turn into failures; the cap itself is tested in tests/scheduling
 MAX_REQUEUES = 50
-ENDED_S = 120.0  # a job still not ended this long after its fault is a failure, not slowness
+# a job still not ended this long after its fault is a failure, not slowness
+ENDED_S = scaled(120.0)
 
 pytestmark = [
     pytest.mark.slow,

@@ -37,11 +37,14 @@ from gpufleet.testing.procs import (
     read_beats,
 )
 from gpufleet.testing.testbed import wait_for
+from gpufleet.testing.timescale import scaled
 
 # timing: the outage must really be half the lease, which a loaded machine cannot promise
 pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.process]
-SHORT_LEASE_S = 4.0
-MARGIN_S = TERM_GRACE_S + 2.0  # the wrapper's TERM grace, its check step, a loaded machine
+# protocol times grow with GPUFLEET_TEST_TIME_SCALE: a slow machine slows the lease, not the verdict
+SHORT_LEASE_S = scaled(4.0)
+# the wrapper's TERM grace, its check step, a loaded machine
+MARGIN_S = scaled(TERM_GRACE_S + 2.0)
 
 
 @dataclass

@@ -2,8 +2,10 @@
 
 Every condition wait's deadline (`gpufleet.testing.testbed.wait_for` and the suites' own
 helpers) is ``scaled``: on a slow or loaded machine set the factor above 1 and the waits grow
-with it. Protocol times a test sets (leases, grace periods, outages) are meant to go through
-``scaled`` too; most do not yet.
+with it. Protocol times a test sets (leases, grace periods, outages) go through ``scaled`` too
+where the test judges them against the clock: the fencing suite's lease and margin, the process
+chaos rounds' lease, push interval and end deadline, the HA chaos suite's lease, renewal and
+failover bound. A slow machine then slows the protocol, not the verdict.
 """
 
 from __future__ import annotations
