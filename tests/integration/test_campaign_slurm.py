@@ -132,7 +132,7 @@ def test_campaigns_drain_update_and_resume_slurm_nodes(cluster: DevCluster, tmp_
         assert f"Reason=gpufleet: maintenance campaign {cid}" in shown, shown
         assert backend.job(jobs[0]).state is JobState.RUNNING  # not killed: it may finish
         doc = _ended(ctl, cid)
-        assert doc["state"] == "done" and doc["nodes"][0]["step"] == "done", doc
+        assert doc["state"] == "done" and doc["nodes"][0]["step"] == "done", doc["nodes"]
         assert doc["requeued"]["nodes"] == 0  # it ended by itself
         assert backend.job(jobs[0]).state is JobState.SUCCEEDED
         assert log.read_text(encoding="utf-8").split()[0::2] == [node]

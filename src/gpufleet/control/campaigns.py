@@ -8,7 +8,10 @@
           selected/cordoned/draining/evacuating -> skipped (abort, halt or drain timeout)
 
 ``evacuating``: the drain's deadline passed with jobs still running; they were
-checkpoint-signalled and requeued (`gpufleet.control.campaign_drain`).
+checkpoint-signalled and requeued (`gpufleet.control.campaign_drain`). A node that goes
+lost while draining or evacuating is waited for (a lost spell may end; it comes back draining)
+until that step's timeout, then given back: it returns through validation, not held out by a
+campaign that let it go. A node that goes to repair or failed is given back at once.
 
 It runs on the writer thread (`gpufleet.control.writer`), one pass per controller tick
 (`tick`), and never waits on anything but the database. Each node's step change is one
@@ -74,6 +77,7 @@ from gpufleet.control.models import (
     MaintNode,
     MaintStep,
     Node,
+    Transition,
 )
 from gpufleet.control.remediation import allowed_out
 from gpufleet.maintenance.windows import parse_schedule
@@ -247,9 +251,30 @@ def _give_back(
             S.DRAINED.value,
         ):
             _move(store, s, c, nc, S.IN_SERVICE, f"maintenance campaign {c.id}: {why}", after)
+        elif mn.step in (DRAINING, EVACUATING) and nc.state == S.LOST.value:
+            # lost in the campaign's drain: when it comes back it is not held out by a
+            # campaign that let it go (it comes back through validation, not draining)
+            row = s.get(Node, nc.id)
+            if row is not None and _drained_by(s, nc.name) == f"campaign:{c.id}":
+                row.state_before_lost = None
         if nc.cordoned:
             _set_cordon(store, s, nc, False, after)
     _take(store, s, c, mn, SKIPPED, why, changes)
+
+
+def _drained_by(s: Session, node: str) -> str | None:
+    """Who moved ``node`` into draining last (lost spells aside): a campaign's drain is its
+    own to undo, a fault's drain is not."""
+    return s.scalar(
+        select(Transition.actor)
+        .where(
+            Transition.node == node,
+            Transition.to_state == S.DRAINING.value,
+            Transition.from_state != S.LOST.value,
+        )
+        .order_by(Transition.id.desc())
+        .limit(1)
+    )
 
 
 # -- the pass ----------------------------------------------------------------------------------
@@ -367,10 +392,16 @@ def _advance(
     if mn.step == DRAINING:
         if state is S.DRAINED:
             _take(store, s, c, mn, UPDATING, "update ordered", changes, {"key": mn_key(c, mn)})
-        elif state in (S.REPAIR, S.FAILED, S.LOST):
+        elif state in (S.REPAIR, S.FAILED):
             _give_back(
                 store, s, c, mn, nc, f"node went {state.value} while draining", changes, after
             )
+        elif state is S.LOST:
+            # a lost spell may end (a loaded or briefly unreachable agent): the node comes
+            # back draining and the drain goes on; one lost past the drain timeout goes back
+            if waited > spec.drain_timeout_s:
+                why = f"node lost while draining and not back in {spec.drain_timeout_s:g} s"
+                _give_back(store, s, c, mn, nc, why, changes, after)
         elif spec.drain_deadline_s is not None and waited > spec.drain_deadline_s:
             why = (
                 f"drain deadline ({spec.drain_deadline_s:g} s) passed: jobs get "
@@ -549,7 +580,7 @@ def _evacuating(
     state = S(nc.state)
     if state is S.DRAINED:
         _take(store, s, c, mn, UPDATING, "update ordered", changes, {"key": mn_key(c, mn)})
-    elif state in (S.REPAIR, S.FAILED, S.LOST):
+    elif state in (S.REPAIR, S.FAILED):
         _give_back(store, s, c, mn, nc, f"node went {state.value} while draining", changes, after)
     elif waited > spec.checkpoint_grace_s + EVACUATE_SLACK_S:
         why = (
@@ -557,7 +588,7 @@ def _evacuating(
             f"(grace {spec.checkpoint_grace_s:g} s)"
         )
         _give_back(store, s, c, mn, nc, why, changes, after)
-    elif drain_ops.needs_call(store, s, c.id, mn.node):
+    elif state is not S.LOST and drain_ops.needs_call(store, s, c.id, mn.node):
         drain_ops.evacuate_after(store, c.id, mn.node, spec, after)
 
 
