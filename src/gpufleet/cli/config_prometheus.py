@@ -4,6 +4,7 @@ alert rules."""
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 from pathlib import Path
@@ -30,6 +31,14 @@ NODE_KEY = "instance, Hostname"
 # ``keep_firing_for`` exists since Prometheus 2.42 (prometheus.io/docs/prometheus/latest/
 # configuration/alerting_rules/).
 LOST_KEEP_FIRING = "10m"
+# A new XID in the last 10 minutes. The agent's counter series of an XID code on a GPU is born
+# at its first event with the value 1, so ``increase`` alone never sees that first one (and
+# XIDs 79, 48, 94/95 usually come once): a series that did not exist 10 minutes ago is new too.
+# A Prometheus that starts scraping an agent with XIDs already counted alerts on them once.
+XID_NEW = (
+    "increase(gpufleet_xid_errors_total[10m]) > 0"
+    " or (gpufleet_xid_errors_total unless gpufleet_xid_errors_total offset 10m)"
+)
 
 GPU_RULES: list[dict[str, object]] = [
     {
@@ -51,7 +60,7 @@ GPU_RULES: list[dict[str, object]] = [
     },
     {
         "alert": "GpufleetXidErrors",
-        "expr": "increase(gpufleet_xid_errors_total[10m]) > 0",
+        "expr": XID_NEW,
         "labels": {"severity": "warning", "scope": "gpu"},
         "annotations": {
             "summary": "XID {{ $labels.xid }} on GPU {{ $labels.gpu }} of {{ $labels.Hostname }}"
@@ -202,13 +211,16 @@ def write_sd_file(path: Path, groups: list[dict[str, object]]) -> None:
 
 
 def rules_doc() -> dict[str, object]:
-    """The alert rules file: node rules and GPU rules, one group each."""
-    return {
-        "groups": [
-            {"name": "gpufleet-node", "rules": NODE_RULES},
-            {"name": "gpufleet-gpu", "rules": GPU_RULES},
-        ]
-    }
+    """The alert rules file: node rules and GPU rules, one group each (a copy: the caller
+    may change it)."""
+    return copy.deepcopy(
+        {
+            "groups": [
+                {"name": "gpufleet-node", "rules": NODE_RULES},
+                {"name": "gpufleet-gpu", "rules": GPU_RULES},
+            ]
+        }
+    )
 
 
 def register_config(config_app: typer.Typer) -> None:
@@ -222,6 +234,12 @@ def register_config(config_app: typer.Typer) -> None:
         interval: int = typer.Option(15, "--interval", help="Scrape interval, seconds."),
         rules_out: Path | None = typer.Option(
             None, "--rules-out", help="Also write the alert rules to this file."
+        ),
+        rules_tests_out: Path | None = typer.Option(
+            None,
+            "--rules-tests-out",
+            help="With --rules-out: also write promtool unit tests of the rules to this file "
+            "(promtool test rules FILE).",
         ),
         rules_only: bool = typer.Option(False, "--rules", help="Print the alert rules instead."),
         controller: str | None = typer.Option(
@@ -260,6 +278,8 @@ def register_config(config_app: typer.Typer) -> None:
             raise UsageError("--sd-refresh must be at least 1 second")
         if not 1 <= agent_port <= 65535:
             raise UsageError(f"--agent-port {agent_port}: expected 1-65535")
+        if rules_tests_out is not None and rules_out is None:
+            raise UsageError("--rules-tests-out needs --rules-out FILE (the rules it tests)")
         targets = [host_port(t, "--target") for t in target or ["localhost:9400"]]
         rules_name = rules_out.name if rules_out else "gpufleet-rules.yml"
         discovery = None
@@ -284,11 +304,26 @@ def register_config(config_app: typer.Typer) -> None:
                 rules_out.write_text(yaml.safe_dump(rules_doc(), sort_keys=False), encoding="utf-8")
             except OSError as exc:
                 raise ConfigError(f"{rules_out}: cannot write: {exc.strerror or exc}") from exc
+        if rules_tests_out is not None and rules_out is not None:
+            _write_rule_tests(rules_tests_out, rules_out)
         if json_out:
             emit_json({"config": config, "rules": rules_doc()})
             return
         doc = rules_doc() if rules_only else config
         typer.echo(yaml.safe_dump(doc, sort_keys=False), nl=False)
+
+
+def _write_rule_tests(path: Path, rules: Path) -> None:
+    """promtool's unit tests of the rules in ``rules`` (named relative to ``path``, as
+    promtool resolves it)."""
+    from gpufleet.cli.prometheus_rule_tests import rule_tests_doc
+
+    rel = os.path.relpath(rules.resolve(), path.resolve().parent)
+    try:
+        path.write_text(yaml.safe_dump(rule_tests_doc(rel), sort_keys=False), encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write: {exc.strerror or exc}") from exc
+    err_console.print(f"wrote the rules' unit tests to {path}: promtool test rules {path}")
 
 
 def _fetch_targets(controller: str, token: str | None, port: int) -> list[dict[str, object]]:
