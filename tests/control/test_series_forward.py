@@ -20,7 +20,12 @@ from sqlalchemy import select, update
 from gpufleet.control import queries as qy
 from gpufleet.control import schemas as sc
 from gpufleet.control.models import Node
-from gpufleet.control.series_forward import FORWARDED, SeriesForwarder, check_advertise_url
+from gpufleet.control.series_forward import (
+    FORWARDED,
+    PeerAnswered,
+    SeriesForwarder,
+    check_advertise_url,
+)
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.control.store import ControlStore
 from gpufleet.devices.sim import ManualClock
@@ -257,6 +262,35 @@ def test_a_holder_that_failed_is_not_asked_again_for_a_while() -> None:
     now[0] += 4.0  # past down_s: asked again, and it answers
     doc = _read(fw)
     assert len(seen) == 2 and doc.t == [5.0] and not doc.partial and fw.forwarded == 1
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "detail"),
+    [
+        (404, {"detail": "node n1 has no GPU 99"}, "node n1 has no GPU 99"),
+        (422, {"detail": [{"loc": ["query", "since_s"]}]}, '"since_s"'),
+        (403, None, "forbidden"),
+    ],
+)
+def test_a_holders_refusal_is_passed_on_and_the_holder_stays_up(
+    status: int, body: Any, detail: str
+) -> None:
+    # the issue-29 finding: a viewer asking for GPU 99 made the holder answer 404, and this
+    # replica then took the holder for down 5 s, so every user's recent charts read partial
+    now = [100.0]
+    answers = [
+        httpx.Response(status, json=body) if body else httpx.Response(status, text="forbidden"),
+        httpx.Response(200, json=_series([7.0]).model_dump()),
+    ]
+    transport, seen = _peer(lambda r: answers[len(seen) - 1])
+    fw = _Fixed(B, A, transport=transport, down_s=5.0, clock=lambda: now[0])
+    with pytest.raises(PeerAnswered) as refused:
+        _read(fw)
+    assert refused.value.status == status and detail in refused.value.detail
+    now[0] += 1.0  # well within down_s
+    doc = _read(fw)
+    assert len(seen) == 2 and doc.t == [7.0] and doc.source == "peer" and not doc.partial
+    assert fw.failed == 0
 
 
 @pytest.mark.parametrize("what", ["missing", "not-pem"])

@@ -130,6 +130,17 @@ def test_a_replica_forwards_raw_series_to_the_holder(
     assert "t" not in refused[1].json()
     assert get(b, "gf_not_a_token").status_code == 401
 
+    # a GPU the node does not have: the holder's 404 reaches the caller through B, and B
+    # does not take the holder for down (before: every chart on B read partial for 5 s)
+    ghost = httpx.get(
+        b.url + SERIES.replace("/gpus/0/", "/gpus/99/"),
+        headers={"Authorization": f"Bearer {admin}"},
+        timeout=10.0,
+    )
+    assert ghost.status_code == 404 and "has no GPU 99" in ghost.json()["detail"], ghost.text
+    after_ghost = get(b, admin).json()
+    assert after_ghost["source"] == "peer" and after_ghost["partial"] is False, after_ghost
+
     # a read marked as forwarded is answered from B's own memory: it holds nothing of the node
     local = get(b, admin, headers={FORWARDED: "1"}).json()
     assert local["t"] == [] and local["source"] == "memory" and local["served_by"] == b.url

@@ -10,8 +10,10 @@ against the same database, so tenant scoping is unchanged; the header is never l
 ``X-Gpufleet-Forwarded: 1``, on which the peer answers from its own memory (no loops), within
 `TIMEOUT_S`. The answer says where it came from (``source``, ``served_by``). A holder that
 does not answer, or none recorded, leaves the read to this replica's own memory, marked
-``partial`` with a ``note`` saying why; nothing is made up. A holder that failed is not asked
-again for `DOWN_S` (a dashboard asks once per GPU).
+``partial`` with a ``note`` saying why; nothing is made up. A holder that failed (no answer, a
+5xx or an answer that is no series) is not asked again for `DOWN_S` (a dashboard asks once per
+GPU). A 4xx is the holder's answer to this read (no such GPU, a field refused): it is passed
+on to the caller with its status (`PeerAnswered`), and the holder stays up.
 
 Minute reads are not forwarded: every replica flushes its closed minutes into the shared
 rollup table (merged with the same minute from another replica), and minutes are read from
@@ -82,7 +84,16 @@ def check_advertise_url(url: str) -> str:
 
 
 class PeerFailed(Exception):
-    """The holder did not give a series (unreachable, slow, or an error answer)."""
+    """The holder did not give a series (unreachable, slow, a 5xx or a malformed answer)."""
+
+
+class PeerAnswered(Exception):
+    """The holder refused the read itself (a 4xx: no such GPU, a bad field, ...): its status
+    and detail, for the caller; the holder is up."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(f"HTTP {status}: {detail}")
+        self.status, self.detail = status, detail
 
 
 def mark(doc: sc.Series, source: str, served_by: str | None, note: str | None = None) -> sc.Series:
@@ -185,6 +196,9 @@ class SeriesForwarder:
         url = f"{holder}{path}" + (f"?{query}" if query else "")
         try:
             r = self._client.get(url, headers={"Authorization": authorization, FORWARDED: "1"})
+            if 400 <= r.status_code < 500:
+                self._up(holder)
+                raise PeerAnswered(r.status_code, _detail(r))
             if r.status_code != 200:
                 raise PeerFailed(f"HTTP {r.status_code}")
             try:
@@ -200,7 +214,19 @@ class SeriesForwarder:
             if first:  # once per outage; never the request's headers
                 log.warning("replica %s did not answer a forwarded series read: %s", holder, why)
             raise PeerFailed(why) from None
+        self._up(holder)
+        return doc
+
+    def _up(self, holder: str) -> None:
         with self._lock:
             if self._down.pop(holder, None) is not None:
                 log.info("replica %s answers forwarded series reads again", holder)
-        return doc
+
+
+def _detail(r: httpx.Response) -> str:
+    """The ``detail`` of a refusal (FastAPI's error body), else its text, bounded."""
+    try:
+        detail = r.json().get("detail")
+    except (ValueError, AttributeError):
+        detail = None
+    return (detail if isinstance(detail, str) else r.text or r.reason_phrase)[:500]

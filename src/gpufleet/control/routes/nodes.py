@@ -13,7 +13,7 @@ from gpufleet.control import schemas as sc
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.lifecycle import Action, NodeState
 from gpufleet.control.routes.deps import Auth, Creds, Limit, NodeName
-from gpufleet.control.series_forward import SeriesForwarder, mark
+from gpufleet.control.series_forward import PeerAnswered, SeriesForwarder, mark
 from gpufleet.control.series_source import SeriesUnavailable, make_source
 from gpufleet.control.service import ControlService
 from gpufleet.errors import UsageError
@@ -161,6 +161,8 @@ def router(service: ControlService, auth: Auth) -> APIRouter:
             return mark(local(), source.kind, None)
         except SeriesUnavailable as exc:
             raise HTTPException(503, str(exc)) from None
+        except PeerAnswered as exc:  # the holder's own refusal (404 for no such GPU, ...)
+            raise HTTPException(exc.status, exc.detail) from None
 
     @api.get("/gpus", tags=["fleet"])
     def gpus_list(
