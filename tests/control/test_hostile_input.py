@@ -152,6 +152,22 @@ def test_node_names_outside_the_rule_are_refused_with_the_rule(env: Env, name: s
         SlurmCommands().resume_args(name)
 
 
+@pytest.mark.parametrize("interval", [1e-9, 0.0999])
+def test_a_heartbeat_interval_too_short_to_judge_is_refused_naming_the_field(
+    env: Env, interval: float
+) -> None:
+    # 1e-9 was accepted, and the node went lost at the controller's next pass
+    _, _, svc = env
+    r = _push(env, {**batch("n1", 1, t=T0), "heartbeat_interval_s": interval})
+    assert r.status_code == 422, r.text
+    assert r.json()["detail"].startswith("heartbeat_interval_s: "), r.text
+    assert "greater than or equal to 0.1" in r.json()["detail"], r.text
+    assert svc.store.nodes == {}
+    ok = _push(env, {**batch("n1", 1, t=T0), "heartbeat_interval_s": 0.1})
+    assert ok.status_code == 200, ok.text
+    assert svc.store.nodes["n1"].interval_s == 0.1
+
+
 def test_host_names_pass_everywhere(env: Env) -> None:
     client, h, svc = env
     name = "gpu-001.rack_7.example.org"

@@ -163,7 +163,7 @@ def spoil_block(draw: st.DrawFn, block: dict[str, Any]) -> Any:
 REST_EDITS: dict[str, Any] = {
     "seq": [0, 2**63, "1", 1.5, True],
     "sent_at_s": [math.nan, math.inf, "now", None],
-    "heartbeat_interval_s": [0, -1.0, 3600.5],
+    "heartbeat_interval_s": [0, -1.0, 3600.5, 1e-9, 0.099],
     "node": ["", "a\x00b", "n" * 254, 7, "a/b", "a b", "gpu[001-128]", "x\n", "-n", "n" * 253],
     "agent_id": [None, ""],
     "schema_version": [2],

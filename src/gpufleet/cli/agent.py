@@ -96,9 +96,15 @@ def register(app: typer.Typer) -> None:
         from gpufleet.cli.process import check_gpu_limit, private_state
         from gpufleet.devices.discovery import open_fleet
         from gpufleet.tls import TlsFiles, client_verify
+        from gpufleet.wire.limits import MIN_HEARTBEAT_S
 
         if fast_interval <= 0 or slow_interval <= 0 or push_interval <= 0:
             raise UsageError("--fast-interval, --slow-interval and --push-interval must be > 0")
+        if push_interval < MIN_HEARTBEAT_S:  # the push interval is the announced heartbeat
+            raise UsageError(
+                f"--push-interval {push_interval:g}: at least {MIN_HEARTBEAT_S:g} s (the "
+                "controller refuses a shorter heartbeat interval)"
+            )
         if not 0 < power_check_interval <= 86400:
             raise UsageError("--power-check-interval must be > 0 and at most 86400 seconds")
         token = read_token(token, token_file)

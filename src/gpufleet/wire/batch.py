@@ -46,6 +46,7 @@ from gpufleet.wire.limits import (
     MAX_HEARTBEAT_S,
     MAX_SAMPLE_BLOCKS,
     MAX_SEQ,
+    MIN_HEARTBEAT_S,
     WIRE_CONFIG,
     FiniteNumber,
     NodeName,
@@ -66,7 +67,7 @@ class Batch(BaseModel):
     agent_id: NoNul = Field(min_length=1, max_length=128)
     seq: int = Field(ge=1, le=MAX_SEQ)
     sent_at_s: FiniteNumber
-    heartbeat_interval_s: float = Field(2.0, gt=0, le=MAX_HEARTBEAT_S)
+    heartbeat_interval_s: float = Field(2.0, ge=MIN_HEARTBEAT_S, le=MAX_HEARTBEAT_S)
     # on the first batch and whenever they change
     devices: list[WireDevice] | None = Field(None, max_length=MAX_GPUS_PER_NODE)
     host: WireHost | None = None  # CPUs and memory, with ``devices`` (additive, v1)

@@ -28,6 +28,10 @@ MAX_FINDINGS = 4096
 MAX_EVENTS = 4096
 MAX_SEQ = 2**63 - 1  # a signed 64-bit column holds it
 MAX_HEARTBEAT_S = 3600.0
+# The shortest heartbeat interval a batch may declare: the controller declares a node lost
+# after a few intervals of silence, so a tiny one (1e-9 was accepted) made the node lost at
+# once; 0.1 s is well under any agent's push (the agent refuses a shorter --push-interval).
+MIN_HEARTBEAT_S = 0.1
 # The longest an agent waits between two attempts to reach an unreachable control plane (its
 # jittered backoff is capped at this and at its heartbeat interval), and the longest one attempt
 # may take; a restarted control plane gives every node both plus one heartbeat interval on top
