@@ -175,7 +175,9 @@ class TokenStore:
             raise UsageError("--node binds an agent token: use it with --role agent")
         token = new_token()
         row = ApiToken(
-            name=name or f"{role.value}-{token[3:9]}",
+            # a default name of its own randomness: no part of the secret (names are shown
+            # and logged; they once carried 6 characters of the token)
+            name=name or f"{role.value}-{secrets.token_hex(3)}",
             prefix=token[:9],
             token_hash=hash_token(token),
             role=role.value,
