@@ -16,7 +16,7 @@ from fastapi.testclient import TestClient
 from sqlalchemy import select
 
 from gpufleet.control.api import create_app
-from gpufleet.control.models import EventRow, Rollup
+from gpufleet.control.models import EventRow, Node, Rollup
 from gpufleet.control.service import ControlService
 from gpufleet.control.telemetry_store import FIELD_INDEX, NF
 from gpufleet.devices.sim import ManualClock
@@ -166,6 +166,35 @@ def test_a_heartbeat_interval_too_short_to_judge_is_refused_naming_the_field(
     ok = _push(env, {**batch("n1", 1, t=T0), "heartbeat_interval_s": 0.1})
     assert ok.status_code == 200, ok.text
     assert svc.store.nodes["n1"].interval_s == 0.1
+
+
+@pytest.mark.parametrize(("field", "hint"), [("tenant", 'send ""'), ("labels", "send {}")])
+def test_a_null_in_a_node_patch_is_refused_naming_the_field(
+    env: Env, field: str, hint: str
+) -> None:
+    # {"tenant": null} answered 200 and changed nothing
+    client, h, svc = env
+    assert _push(env, batch("n1", 1, t=T0)).status_code == 200
+    r = client.patch(
+        "/api/v1/nodes/n1", json={"tenant": "t1", "labels": {"k": "v"}}, headers=h["admin"]
+    )
+    assert r.status_code == 200, r.text
+    r = client.patch("/api/v1/nodes/n1", json={field: None}, headers=h["admin"])
+    assert r.status_code == 422, r.text
+    (problem,) = r.json()["detail"]
+    assert problem["loc"] == ["body", field] and hint in problem["msg"], problem
+
+    def stored() -> tuple[str | None, dict[str, str]]:
+        with svc.store.sessions() as s:
+            row = s.scalars(select(Node).where(Node.name == "n1")).one()
+            return row.tenant, dict(row.labels or {})
+
+    assert stored() == ("t1", {"k": "v"})  # nothing changed
+    cleared = client.patch(
+        "/api/v1/nodes/n1", json={field: "" if field == "tenant" else {}}, headers=h["admin"]
+    )
+    assert cleared.status_code == 200, cleared.text
+    assert stored() == ((None, {"k": "v"}) if field == "tenant" else ("t1", {}))
 
 
 def test_host_names_pass_everywhere(env: Env) -> None:

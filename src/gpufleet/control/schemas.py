@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.wire import Ack
@@ -202,13 +202,39 @@ class ActionIn(BaseModel):
     reason: Text = Field("", max_length=1000)
 
 
+_KEEP_OR_CLEAR = {
+    "rack": 'leave "rack" out to keep the rack',
+    "tenant": 'leave "tenant" out to keep it, or send "" to take the node out of its tenant',
+    "labels": 'leave "labels" out to keep them, or send {} to remove them all',
+}
+
+
+def _not_nullable(schema: dict[str, Any]) -> None:
+    """The schema of a body whose optional fields may be left out but never null."""
+    for prop in schema.get("properties", {}).values():
+        kinds = prop.pop("anyOf", None)
+        if kinds is not None:
+            prop.update(next(k for k in kinds if k.get("type") != "null"))
+        prop.pop("default", None)
+
+
 class NodePatch(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """The attributes a PATCH of a node sets; a field left out is kept. An explicit null is
+    refused (it once answered 200 and changed nothing, which reads as "unset")."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_not_nullable)
     rack: Text | None = Field(None, max_length=128)
     tenant: Text | None = Field(None, max_length=64)
     labels: (
         dict[Annotated[Text, Field(max_length=64)], Annotated[Text, Field(max_length=256)]] | None
     ) = None
+
+    @field_validator("rack", "tenant", "labels", mode="before")
+    @classmethod
+    def _no_null(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            raise ValueError(f"null is not a value: {_KEEP_OR_CLEAR[str(info.field_name)]}")
+        return value
 
 
 ValidationIn = ValidationPost
