@@ -83,6 +83,37 @@ def test_submit_argument_list_and_env() -> None:
     }
 
 
+def test_a_job_gets_its_own_env_and_none_of_the_controllers_secrets() -> None:
+    # sbatch --export=ALL hands the job sbatch's environment: it was the controller's whole
+    # environment (its token, database URL, cloud credentials)
+    r = FakeRunner([(0, "7\n", "")])
+    controller_env = {
+        "PATH": "/usr/bin:/bin",
+        "HOME": "/var/lib/gpufleet",
+        "LC_ALL": "C.UTF-8",
+        "SLURM_CLUSTER_NAME": "c1",
+        "GPUFLEET_TOKEN": "gf_secret",
+        "GPUFLEET_DB_URL": "postgresql://u:pw@db/gpufleet",
+        "AWS_SECRET_ACCESS_KEY": "k",
+        "PGPASSWORD": "pw",
+    }
+    cmd = SlurmCommands(runner=r, slurm_conf="/etc/x/slurm.conf", base_env=controller_env)
+    spec = JobSpec(name="j", command=("true",), gpus=1, env={"PATH": "/opt/job/bin", "B": "2"})
+    assert SlurmBackend(commands=cmd).submit(spec) == "7"
+    argv, env = r.calls[0]
+    assert "--export=ALL" in argv
+    assert env == {
+        "PATH": "/opt/job/bin",  # the job's own value wins
+        "HOME": "/var/lib/gpufleet",
+        "LC_ALL": "C.UTF-8",
+        "SLURM_CLUSTER_NAME": "c1",
+        "SLURM_CONF": "/etc/x/slurm.conf",
+        "B": "2",
+    }
+    cmd.run(cmd.cancel_args("7"))  # other commands keep the controller's environment
+    assert r.calls[1][1]["GPUFLEET_DB_URL"] == "postgresql://u:pw@db/gpufleet"
+
+
 def test_submit_typed_gpu_and_federated_id() -> None:
     r = FakeRunner([(0, "7;cluster2\n", "")])
     assert backend(r).submit(JobSpec(name="s", gpu_model="h100-sxm", gpus=8, duration_s=3)) == "7"

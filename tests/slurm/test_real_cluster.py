@@ -73,6 +73,24 @@ def test_submit_drain_requeue_resume_cancel(slurm_cluster: DevCluster) -> None:
     assert _wait_job(b, job, JobState.CANCELLED, limit_s=10).state.final
 
 
+def test_a_job_sees_its_own_env_not_the_controllers_secrets(
+    slurm_cluster: DevCluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("GPUFLEET_TOKEN", "gf_must_not_leak")
+    monkeypatch.setenv("PGPASSWORD", "pw_must_not_leak")
+    b = SlurmBackend(
+        slurm_conf=str(slurm_cluster.slurm_conf), output_dir=str(slurm_cluster.root / "jobs")
+    )
+    out = slurm_cluster.root / "job-env.txt"
+    spec = JobSpec(name="env", gpus=1, command=("sh", "-c", f"env > {out}"), env={"MINE": "a,b"})
+    _wait_job(b, b.submit(spec), JobState.SUCCEEDED, limit_s=scaled(30))
+    seen = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    assert seen["MINE"] == "a,b" and seen["SLURM_JOB_NAME"] == "env"
+    assert "PATH" in seen
+    leaked = {k for k, v in seen.items() if "must_not_leak" in v}
+    assert leaked == set(), leaked
+
+
 def test_bad_node_name_is_clear(slurm_cluster: DevCluster) -> None:
     b = SlurmBackend(
         slurm_conf=str(slurm_cluster.slurm_conf), output_dir=str(slurm_cluster.root / "jobs")

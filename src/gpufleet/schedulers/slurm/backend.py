@@ -194,7 +194,8 @@ class SlurmBackend:
         env = dict(spec.env)
         if spec.checkpoint_dir:
             env.setdefault("GPUFLEET_CHECKPOINT_DIR", spec.checkpoint_dir)
-        res = self.cmd.run(self.cmd.sbatch_args(spec, gtype, self.partition, self.output_dir), env)
+        args = self.cmd.sbatch_args(spec, gtype, self.partition, self.output_dir)
+        res = self.cmd.run(args, job_env=env)
         job_id = res.stdout.strip().split(";")[0]
         if not job_id.isdigit():
             raise SlurmError(f"sbatch printed no job id: {res.stdout.strip()!r}")

@@ -116,6 +116,12 @@ def job_script(spec: JobSpec) -> str:
     raise GpufleetError(f"job {spec.name!r}: give a command or a duration")
 
 
+# What a job inherits from the controller's environment besides its own variables (sbatch
+# runs with it and --export=ALL passes it on); Slurm adds its SLURM_* job variables itself.
+JOB_BASE_ENV = frozenset({"PATH", "HOME", "USER", "LOGNAME", "LANG", "TZ", "TMPDIR", "SHELL"})
+JOB_PREFIXES = ("LC_", "SLURM_")
+
+
 @dataclass(frozen=True)
 class SlurmCommands:
     """Builds argument lists and runs them through ``runner`` with ``SLURM_CONF`` set."""
@@ -133,11 +139,31 @@ class SlurmCommands:
         env.update(extra or {})
         return env
 
-    def run(self, argv: Sequence[str], extra_env: Mapping[str, str] | None = None) -> CommandResult:
-        """Run one argument list; a non-zero exit becomes a clear gpufleet error."""
+    def job_env(self, job: Mapping[str, str]) -> dict[str, str]:
+        """The environment of ``sbatch`` for a job, which ``--export=ALL`` hands to the job:
+        the job's own variables over the few a shell needs (`JOB_BASE_ENV`, ``LC_*``,
+        ``SLURM_*``), never the rest of the controller's (its tokens, database URL, cloud
+        credentials)."""
+        base = os.environ if self.base_env is None else self.base_env
+        env = {k: v for k, v in base.items() if k in JOB_BASE_ENV or k.startswith(JOB_PREFIXES)}
+        if self.slurm_conf:
+            env["SLURM_CONF"] = self.slurm_conf
+        env.update(job)
+        return env
+
+    def run(
+        self,
+        argv: Sequence[str],
+        extra_env: Mapping[str, str] | None = None,
+        *,
+        job_env: Mapping[str, str] | None = None,
+    ) -> CommandResult:
+        """Run one argument list; a non-zero exit becomes a clear gpufleet error.
+        ``job_env``: a submission, run with `job_env` instead of this process's environment."""
         from gpufleet.schedulers.slurm.errors import raise_for
 
-        res = self.runner(argv, self.env(extra_env), self.timeout_s)
+        env = self.job_env(job_env) if job_env is not None else self.env(extra_env)
+        res = self.runner(argv, env, self.timeout_s)
         if res.returncode != 0:
             raise_for(res)
         return res
@@ -150,8 +176,8 @@ class SlurmCommands:
         partition: str | None = None,
         output_dir: str | None = None,
     ) -> list[str]:
-        """sbatch argument list for ``spec`` (env is passed through the process environment
-        with ``--export=ALL``, so values may hold commas)."""
+        """sbatch argument list for ``spec`` (env is passed through the process environment,
+        `job_env`, with ``--export=ALL``, so values may hold commas)."""
         args = [self.binaries.sbatch, "--parsable", f"--job-name={spec.name}"]
         if partition:
             args.append(f"--partition={partition}")
