@@ -190,6 +190,7 @@ def register(app: typer.Typer) -> None:
         ),
         tls_cert: Path | None = TlsCertOption,
         tls_key: Path | None = TlsKeyOption,
+        notify: Path | None = NotifyOption,
         json_out: bool = JsonOption,
     ) -> None:
         """Control plane + local agent (+ embedded scheduler) in one process."""
@@ -197,7 +198,9 @@ def register(app: typer.Typer) -> None:
         backend = _scheduler(scheduler, slurm_conf, None)
         from gpufleet.cli.up_run import run_up
 
-        run_up(sim, data_dir, db_url, host, port, seed, json_out, policy, backend, tls)
+        run_up(
+            sim, data_dir, db_url, host, port, seed, json_out, policy, backend, tls, notify=notify
+        )
 
     @app.command("sim-fleet")
     def sim_fleet(

@@ -27,6 +27,8 @@ def run_up(
     policy: Path | None,
     scheduler: SchedulerBackend,
     tls: TlsFiles | None = None,
+    *,
+    notify: Path | None = None,
 ) -> None:
 
     from gpufleet.agent.fleet import (
@@ -50,11 +52,19 @@ def run_up(
     from gpufleet.schedulers.base import Feature
     from gpufleet.tls import pinned_verify
 
+    notifier = None
+    if notify is not None:  # a clear error naming the file before anything is opened
+        from gpufleet.control.notify import attach, build_notifier, database_id
+        from gpufleet.control.notify_config import load_notify
+
+        notifier = build_notifier(load_notify(notify), str(notify))
     private_state(_data_dir(data_dir))
     lock = _controller_lock(data_dir, db_url)
     service = build_service(
         _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
     )
+    if notifier is not None:  # as `gpufleet controller --notify` (docs/alerts.md)
+        attach(service.store.sessions, notifier.start(), database_id(service.url))
     service.start(api=True)
     token = admin_token(service, _data_dir(data_dir))
     source, backends, simfleet = open_backends(sim, seed, DEFAULT_SIM)
@@ -135,6 +145,8 @@ def run_up(
         watcher.stop()
         agents.stop(flush=False, close_wait_s=0.5)  # (done already after a stop signal)
         service.stop()
+        if notifier is not None:
+            notifier.stop()
         lock.close()
         if not json_out:
             err_console.print("gpufleet stopped")
