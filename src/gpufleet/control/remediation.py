@@ -179,6 +179,21 @@ class CircuitBreaker:
         return None
 
 
+# At least this fraction of the fleet's nodes out of service makes an opening breaker critical.
+CRITICAL_OUT_FRACTION = 0.5
+
+
+def breaker_severity(out: int, total: int, allowed: int) -> int:
+    """How loud an opening breaker is, by the capacity at stake (1 warning, 2 critical). It
+    opens as soon as the drain budget is used (``out + 1 > allowed``): one drain on a 3-node
+    fleet opens it, and the next failing node then waits for a person (a warning). Critical:
+    more nodes out than the policy lets automation take (they went lost or failed on their
+    own), or at least `CRITICAL_OUT_FRACTION` of the fleet out."""
+    if out > allowed or (total > 0 and out / total >= CRITICAL_OUT_FRACTION):
+        return 2
+    return 1
+
+
 def decide(
     policy: RemediationPolicy,
     breaker: CircuitBreaker,

@@ -46,7 +46,13 @@ from gpufleet.control.models import (
     Node,
     Rack,
 )
-from gpufleet.control.remediation import CircuitBreaker, RemediationPolicy, retry_blocked_drains
+from gpufleet.control.remediation import (
+    CircuitBreaker,
+    RemediationPolicy,
+    allowed_out,
+    breaker_severity,
+    retry_blocked_drains,
+)
 from gpufleet.control.sched_calls import SchedulerCalls
 from gpufleet.control.scheduling import SchedulerEvents
 from gpufleet.control.telemetry_store import TelemetryStore
@@ -150,6 +156,7 @@ class ControlStore:
         # (nodes.rings_url; `gpufleet.control.series_forward`); None: not advertised
         self.advertise_url: str | None = None
         self.breaker = CircuitBreaker()
+        self._breaker_told = 0  # the severity of the last breaker event (0: closed)
         self.nodes: dict[str, NodeCache] = {}
         self.generation = 0
         self.grace_from_s = clock()  # a fresh controller gives every node a grace period
@@ -310,16 +317,27 @@ class ControlStore:
             self.clock(),
             self.policy.min_out_nodes,
         )
-        if changed is not None and s is not None:
+        if changed is None and not self.breaker.open:
+            return
+        allowed = allowed_out(total, self.policy.max_out_fraction, self.policy.min_out_nodes)
+        severity = breaker_severity(out, total, allowed) if self.breaker.open else 0
+        if s is None:  # loading: the state as found, told by no event
+            self._breaker_told = severity
+            return
+        # open, closed, or open and worse than it was told (a warning that turns critical
+        # as more nodes go: told again, louder)
+        if changed is not None or severity > self._breaker_told:
+            self._breaker_told = severity
             s.add(
                 EventRow(
                     at_s=self.clock(),
-                    kind="circuit_breaker_open" if changed else "circuit_breaker_closed",
-                    severity=2 if changed else 0,
+                    kind="circuit_breaker_open" if self.breaker.open else "circuit_breaker_closed",
+                    severity=severity,
                     message=self.breaker.message,
                     data={
                         "out": out,
                         "total": total,
+                        "allowed": allowed,
                         "limit": self.policy.max_out_fraction,
                         "min_out_nodes": self.policy.min_out_nodes,
                     },
