@@ -284,14 +284,17 @@ def test_nvml_refusals_are_reported_per_gpu(bed: Bed) -> None:
     assert all(not g["ok"] and g["to_w"] == H100_MAX_W for g in node["gpus"]), node
     text = bed.cli("power", "status", str(doc["id"]), json_out=False)
     assert text.returncode == 0 and "NVML_ERROR_NO_PERMISSION" in text.stdout, text.stdout
-    # out of range on GPU 1 only: GPU 0 is still set
+    # out of GPU 1's range as its agent reported it: refused at the API, nothing recorded
+    # (it was accepted and then refused by the GPU)
+    before = _count_orders(bed)
     low = H100_MIN_W - 50
-    doc = bed.cli("power", "apply", "--limit", f"{low:g}", "--nodes", "pb", "--gpus", "1")
-    doc = bed.wait_order(doc["id"], _done, "pb answered")
-    (node,) = doc["nodes"]
-    assert node["apply"] == "failed"
-    (g,) = node["gpus"]
-    assert g["gpu"] == 1 and "allowed 200-700 W" in g["error"], g
+    out = bed.cli(
+        *("power", "apply", "--limit", f"{low:g}", "--nodes", "pb", "--gpus", "1"),
+        json_out=False,
+    )
+    assert out.returncode != 0, out.stdout
+    assert "GPU 1 of pb's allowed range 200-700 W; nothing applied" in out.stderr, out.stderr
+    assert _count_orders(bed) == before
 
 
 def test_an_offline_node_gets_its_order_when_it_is_back(bed: Bed) -> None:

@@ -22,7 +22,7 @@ from sqlalchemy import select
 
 from gpufleet.control.auth import Principal, Role
 from gpufleet.control.lifecycle import TransitionError
-from gpufleet.control.models import EventRow, Node, PowerOrder, PowerOrderNode
+from gpufleet.control.models import EventRow, Gpu, Node, PowerOrder, PowerOrderNode
 from gpufleet.control.power_spec import PowerOrderSpec, matches, named_nodes
 from gpufleet.control.store import ControlStore, NotFound
 from gpufleet.errors import UsageError
@@ -91,14 +91,36 @@ def select_nodes(store: ControlStore, spec: PowerOrderSpec, who: Principal) -> l
         raise UsageError(f"unknown node(s): {', '.join(missing[:5])}")
     chosen = sorted(n for n, (t, labels) in rows.items() if matches(spec, n, t, labels))
     foreign = [n for n in chosen if not who.owns(rows[n][0])]
-    if foreign:
+    if foreign:  # never named: a tenant sees no other tenant's nodes
         raise PermissionError(
-            f"the selection reaches {len(foreign)} node(s) not of tenant {who.tenant!r} "
-            f"(e.g. {foreign[0]}); nothing applied"
+            f"the selection reaches nodes outside tenant {who.tenant!r}; nothing applied "
+            f"(--tenant {who.tenant} selects only its own)"
         )
     if not chosen:
         raise UsageError("no node matches the selector")
+    _check_ranges(store, spec, chosen)
     return chosen
+
+
+def _check_ranges(store: ControlStore, spec: PowerOrderSpec, nodes: list[str]) -> None:
+    """Every limit within its GPU's allowed range as the agent reported it (NVML's power
+    management limit constraints); a GPU whose range is unknown is left to its agent, which
+    reports NVML's refusal per GPU."""
+    wanted = set(nodes)
+    with store.sessions() as s:
+        q = select(Node.name, Gpu.index, Gpu.info).join(Gpu, Gpu.node_id == Node.id)
+        gpus = [(n, i, info or {}) for n, i, info in s.execute(q) if n in wanted]
+    for node, index, info in sorted(gpus, key=lambda g: (g[0], g[1])):
+        plan = spec.limits_for(node)
+        watts = plan.get(str(index), plan.get("*"))
+        low, high = info.get("power_limit_min_w"), info.get("power_limit_max_w")
+        if watts is None or low is None or high is None:
+            continue
+        if not float(low) <= watts <= float(high):
+            raise UsageError(
+                f"limit {watts:g} W is outside GPU {index} of {node}'s allowed range "
+                f"{float(low):g}-{float(high):g} W; nothing applied"
+            )
 
 
 def checked_nodes(store: ControlStore, spec: PowerOrderSpec, who: Principal) -> list[str]:

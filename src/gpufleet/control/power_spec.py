@@ -17,7 +17,8 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 from gpufleet.errors import UsageError
 from gpufleet.wire.power import MAX_POWER_W
 
-Watts = Annotated[float, Field(gt=0, le=MAX_POWER_W)]
+# strict: a JSON true is not 1 W (it was accepted and refused later by every GPU)
+Watts = Annotated[float, Field(gt=0, le=MAX_POWER_W, strict=True)]
 Name = Annotated[str, Field(min_length=1, max_length=253)]
 GpuIndex = Annotated[int, Field(ge=0, le=1023)]
 MAX_REVERT_S = 90 * 86400.0
