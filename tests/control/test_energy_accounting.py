@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from sqlalchemy import select
@@ -66,6 +67,19 @@ def test_accounted_energy_matches_the_integral_of_power_through_wrap_reset_and_r
         AgentConfig(controller="http://127.0.0.1:9", state_dir=tmp_path / "agent"),
         clock=clock,
     )
+    try:
+        _run_and_check(make_service, clock, node, gpus, agent)
+    finally:
+        agent.close()  # its sampling lanes (one per GPU, one for events) end with it
+
+
+def _run_and_check(
+    make_service: Callable[..., ControlService],
+    clock: ManualClock,
+    node: Any,
+    gpus: Any,
+    agent: Agent,
+) -> None:
     svc = make_service()
     truth = [0.0, 0.0]
     last_p = [g.state.power_w for g in gpus]

@@ -6,7 +6,10 @@ role. Examples are bounded."""
 
 from __future__ import annotations
 
+import atexit
+import shutil
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -28,14 +31,28 @@ from tests.hypothesis_budget import examples
 if TYPE_CHECKING:
     from schemathesis.specs.openapi.schemas import OpenApiCase
 
-# the embedded scheduler, so the jobs endpoints answer (with `none` they are 501 by design)
+# the embedded scheduler, so the jobs endpoints answer (with `none` they are 501 by design).
+# Built at import (schemathesis reads the app's schema there) but started only while this
+# module's tests run (`_running`): started at import, it ticked in every xdist worker that
+# collected the module, for the worker's whole life.
+_data = Path(tempfile.mkdtemp(prefix="gpufleet-st-"))
+atexit.register(shutil.rmtree, _data, True)  # workers that collect but never run the module
 _svc = ControlService(
-    ServiceConfig(data_dir=Path(tempfile.mkdtemp(prefix="gpufleet-st-"))),
-    scheduler=make_scheduler("embedded", SchedulerOptions()),
+    ServiceConfig(data_dir=_data), scheduler=make_scheduler("embedded", SchedulerOptions())
 )
-_svc.start()
-for _n in ("n1", "n2"):
-    push(_svc, batch(_n, 1))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _running() -> Iterator[None]:
+    _svc.start()
+    try:
+        for n in ("n1", "n2"):
+            push(_svc, batch(n, 1))
+        yield
+    finally:
+        _svc.stop()
+        shutil.rmtree(_data, ignore_errors=True)
+
 
 # (role, tenant, node) of each caller; a token is made again when a fuzzed DELETE revoked it
 CALLERS: dict[str, tuple[str, str | None, str | None]] = {

@@ -11,7 +11,7 @@ script are exercised in tests/integration/test_campaign_processes.py).
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -87,6 +87,19 @@ def clock() -> ManualClock:
     return ManualClock(T0)
 
 
+_made: list[ControlService] = []
+
+
+@pytest.fixture(autouse=True)
+def _stopped() -> Iterator[None]:
+    """Every service a test made is stopped after it (each left an ingest writer thread)."""
+    yield
+    while _made:
+        svc = _made.pop()
+        svc.ingest.stop()
+        svc.engine.dispose()
+
+
 def make(
     tmp_path: Path,
     clock: ManualClock,
@@ -98,6 +111,7 @@ def make(
         clock=clock,
     )
     svc.ingest.start()
+    _made.append(svc)
     return svc
 
 
