@@ -19,6 +19,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -29,32 +30,16 @@ def main() -> None:
     ap.add_argument("--db-url", help="a PostgreSQL URL: two controller replicas share it")
     args = ap.parse_args()
     sys.path[:0] = [str(ROOT), str(ROOT / "src")]
-    from tests.integration.processes import cli, start, stop
-    from tests.integration.test_revocation import _status, revocation_delays
-
-    from gpufleet.testing.testbed import free_port
+    from tests.integration.processes import cli, stop
+    from tests.integration.test_revocation import _status, revocation_delays, start_controllers
 
     with tempfile.TemporaryDirectory() as d:
         home = Path(d)
         db = ["--db-url", args.db_url] if args.db_url else ["--data-dir", str(home / "data")]
         cli(["controller", "migrate", *db], home)
-        procs, urls = [], []
+        procs: list[Any] = []
         try:
-            for _ in range(2 if args.db_url else 1):
-                proc, info = start(
-                    [
-                        "controller",
-                        *db,
-                        "--port",
-                        str(free_port()),
-                        "--scheduler",
-                        "none",
-                        "--json",
-                    ],
-                    home,
-                )
-                procs.append(proc)
-                urls.append(info["url"])
+            urls = start_controllers(db, home, 2 if args.db_url else 1, procs)
             probe = cli(["token", "create", "--role", "viewer", *db], home)["token"]
             trips = []
             for _ in range(20):

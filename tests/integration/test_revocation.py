@@ -14,6 +14,7 @@ import subprocess
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -60,31 +61,31 @@ def revocation_delays(
     return refused
 
 
+def start_controllers(db_args: list[str], home: Path, count: int, procs: list[Any]) -> list[str]:
+    """``count`` controller processes on one database (no scheduler), each appended to
+    ``procs`` as it starts (the caller stops them); their URLs. Also used by
+    benchmarks/revocation.py."""
+    from gpufleet.testing.testbed import free_port
+
+    urls = []
+    for _ in range(count):
+        args = ["controller", *db_args, "--port", str(free_port()), "--scheduler", "none"]
+        proc, info = start([*args, "--json"], home)
+        procs.append(proc)
+        urls.append(info["url"])
+    return urls
+
+
 def test_cli_revocation_reaches_every_replica(tmp_path: Path, db_args: list[str]) -> None:
     from gpufleet.testing.testbed import free_port
 
     cli(["controller", "migrate", *db_args], tmp_path)
     made = cli(["token", "create", "--role", "operator", *db_args], tmp_path)
     token, token_id = made["token"], made["id"]
-    procs = []
+    procs: list[Any] = []
     try:
-        urls = []
         sqlite = "--data-dir" in db_args
-        for _ in range(1 if sqlite else 2):
-            proc, info = start(
-                [
-                    "controller",
-                    *db_args,
-                    "--port",
-                    str(free_port()),
-                    "--scheduler",
-                    "none",
-                    "--json",
-                ],
-                tmp_path,
-            )
-            procs.append(proc)
-            urls.append(info["url"])
+        urls = start_controllers(db_args, tmp_path, 1 if sqlite else 2, procs)
         if sqlite:  # a second controller on the same SQLite file is refused, clearly
             second = subprocess.run(
                 [*GPUFLEET, "controller", *db_args, "--port", str(free_port()), "--json"],
