@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import functools
 import os
-from collections.abc import Callable
+import threading
+import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -140,3 +142,34 @@ def _tolerate_ast_race_in_imports() -> None:
 
 _tolerate_ast_depth_mismatch()
 _tolerate_ast_race_in_imports()
+
+
+# `gpufleet.control.service.CONTROL_THREAD` (not imported here: collection stays cheap;
+# tests/test_leak_guard.py holds the two equal)
+CONTROL_THREAD = "gpufleet-control"
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _no_controller_left_running() -> Iterator[None]:
+    """A module that starts a controller service stops it: one left running ticks in its
+    xdist worker for the worker's whole life and starves the tests after it of CPU (the
+    schemathesis module's did, in every worker that collected it). Checked after the module's
+    own fixtures are torn down; a service that is stopping gets a few seconds."""
+    before = {t.ident for t in threading.enumerate() if t.name == CONTROL_THREAD}
+    yield
+    deadline = time.monotonic() + 5.0
+    while True:
+        left = [
+            t
+            for t in threading.enumerate()
+            if t.name == CONTROL_THREAD and t.ident not in before and t.is_alive()
+        ]
+        if not left or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
+    if left:
+        pytest.fail(
+            f"{len(left)} controller service(s) started by this module still run after it: "
+            "stop every ControlService a test or fixture starts",
+            pytrace=False,
+        )

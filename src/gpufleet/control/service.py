@@ -38,6 +38,10 @@ from gpufleet.schedulers.base import NoScheduler, SchedulerBackend, SchedulerCon
 log = logging.getLogger("gpufleet.control")
 
 
+# the name of the service's tick loop thread (the tests check none is left running)
+CONTROL_THREAD = "gpufleet-control"
+
+
 @dataclass
 class ServiceConfig:
     """Settings of one controller (CLI options map onto these)."""
@@ -153,7 +157,7 @@ class ControlService:
         self.ingest.start()
         self.store.tokens.watch(self.config.token_poll_s)
         self._last_tick = self.clock()
-        self._thread = threading.Thread(target=self._loop, name="gpufleet-control", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=CONTROL_THREAD, daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
