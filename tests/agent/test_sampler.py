@@ -13,6 +13,7 @@ from gpufleet.devices.sim import Fault, FaultKind, Load, ManualClock
 from gpufleet.devices.types import GpuEvent
 from gpufleet.telemetry import FAST_COLUMNS, RingBuffer, Sampler
 from gpufleet.telemetry.workers import CallPool
+from gpufleet.testing.timescale import scaled
 from tests.agent.conftest import sim_node
 
 
@@ -290,3 +291,29 @@ def test_incremental_window_equals_a_full_rebuild(every: int) -> None:
             assert len([x for x in got if x.ecc_sbe_aggregate is None]) <= 7  # ceil(6/1)+1
     assert len(s.window(s.gpus[0])) == 7 + 3  # 7 fast rows, and the 3 slow ones the ring holds
     s.close()
+
+
+def test_a_call_waiting_for_a_thread_is_not_running_so_not_hung() -> None:
+    """One pool thread, held by GPU 0's hung call: GPU 1's call waits for a thread (as on a
+    starved machine). Both GPUs are stalled this round, but only GPU 0's call has run: the
+    agent's hung-GPU deadline (`AgentRunner._hung`) counts from there, and GPU 1 is not hung."""
+    clock = ManualClock()
+    fleet, node = sim_node("1x2xh100", clock)
+    pool = CallPool(threads=1, max_threads=1)
+    s = Sampler(node.backend(), call_timeout_s=0.2, clock=clock, calls=pool)
+    s.tick()
+    deadline = time.monotonic() + scaled(10)
+    while any(w.busy for w in s._workers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    fleet.inject(Fault(FaultKind.HUNG_CALL, gpu=0, params={"seconds": 30}))
+    clock.advance(1)
+    r = s.tick()
+    try:
+        assert r.stalled == (0, 1)
+        running = s.call_running_s(0)
+        assert running is not None and running > 0
+        assert s.call_running_s(1) is None
+    finally:
+        node.gpus[0].hang_release.set()
+        s.close()
+        pool.close()

@@ -172,7 +172,6 @@ class Agent:
         self.push_errors = 0
         self._health_lock = threading.Lock()
         self._pending_events: list[wire.WireEvent] = []
-        self._stalled_since: dict[int, float] = {}  # GPU index -> when its call began to hang
         self._cursors: dict[tuple[int, str], int] = {}
         self._devices_sent = -1
         self.pusher: Pusher | None = None
@@ -327,12 +326,12 @@ class Agent:
         layer's deadline (`gpufleet.devices.deadline.NVML_TIMEOUT_S`): the health rule
         ``gpu_unresponsive`` makes it a fail finding (GPU_NVML_TIMEOUT) that reaches the
         control plane, which drains the node like any failed GPU. The call began at most one
-        sampler bound (``call_timeout_s``) before the first round that found it busy."""
+        deadline counts from when the call began to run (`Sampler.call_running_s`): a call still
+        waiting for a thread on a starved machine has not hung."""
         if not stalled:
-            self._stalled_since.pop(index, None)
             return ()
-        since = self._stalled_since.setdefault(index, now - self.config.call_timeout_s)
-        if now - since < NVML_TIMEOUT_S:
+        running = self.sampler.call_running_s(index)
+        if running is None or running < NVML_TIMEOUT_S:
             return ()
         detail = f"GPU {index} did not answer NVML within {NVML_TIMEOUT_S:g} s"
         uuid = info.uuid if info is not None else None

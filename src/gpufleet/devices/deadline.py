@@ -9,6 +9,12 @@ so nothing queues behind a hung call and a command's wall time is bounded by one
 lane, whatever the number of hung GPUs (`each` waits on all GPUs together). A hung thread is a
 daemon: it never blocks the process from exiting.
 
+The deadline counts from the moment a call *starts* on its lane, not from when it was asked
+for: on a starved machine (CPU load many times the core count) a lane thread may wait seconds
+before it runs at all, and a call that never started has not hung (`verdict`). Under
+`stress-ng` such waits made healthy simulated GPUs "not answer within 5 s". A call queued
+behind another call that is itself past the deadline is hung with it.
+
 The agent has its own lanes (``gpufleet.telemetry.workers``); this is the same idea for
 one-shot commands, kept in the device layer so every command can use it.
 """
@@ -41,33 +47,53 @@ class NvmlTimeoutError(DeviceError):
 
 
 class _Call:
-    __slots__ = ("done", "error", "fn", "result")
+    __slots__ = ("done", "error", "fn", "result", "started")
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
         self.done = threading.Event()
         self.result: Any = None
         self.error: BaseException | None = None
+        self.started: float | None = None  # time.monotonic() when the lane began running it
+
+
+def verdict(now: float, timeout_s: float, started: float | None, lane_since: float | None) -> float:
+    """Whether a call not yet done has hung: 0 when it has (it has run ``timeout_s`` since
+    ``started``, or it never started and the call holding its lane has run that long since
+    ``lane_since``); else how many more seconds to wait before asking again (a call that never
+    started, behind no hung call, was starved of CPU: it gets another deadline)."""
+    if started is not None:
+        return max(0.0, started + timeout_s - now)
+    if lane_since is not None and now - lane_since >= timeout_s:
+        return 0.0
+    return timeout_s
 
 
 class _Lane:
-    """One daemon thread running one call at a time."""
+    """One daemon thread running one call at a time; ``running`` is the call it runs now."""
 
     def __init__(self, name: str) -> None:
         self._q: queue.SimpleQueue[_Call | None] = queue.SimpleQueue()
+        self.running: _Call | None = None
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
+    def _take(self) -> _Call | None:
+        return self._q.get()
+
     def _run(self) -> None:
         while True:
-            call = self._q.get()
+            call = self._take()
             if call is None:
                 return
+            call.started = time.monotonic()
+            self.running = call
             try:
                 call.result = call.fn()
             except BaseException as exc:  # handed to the caller, never raised on this thread
                 call.error = exc
             finally:
+                self.running = None
                 call.done.set()
 
     def submit(self, fn: Callable[[], Any]) -> _Call:
@@ -85,8 +111,14 @@ Key = int | str
 class DeadlineBackend:
     """A `GpuBackend` whose every call has a deadline (see the module docstring)."""
 
-    def __init__(self, inner: GpuBackend, timeout_s: float = NVML_TIMEOUT_S) -> None:
+    def __init__(
+        self,
+        inner: GpuBackend,
+        timeout_s: float = NVML_TIMEOUT_S,
+        lane: Callable[[str], _Lane] = _Lane,
+    ) -> None:
         self.inner = inner
+        self._new_lane = lane
         self.node_name = inner.node_name
         self.timeout_s = timeout_s
         self._lanes: dict[Key, _Lane] = {}
@@ -110,14 +142,24 @@ class DeadlineBackend:
                 raise NvmlTimeoutError(message, gpu=key if isinstance(key, int) else None)
             lane = self._lanes.get(key)
             if lane is None:
-                lane = self._lanes[key] = _Lane(f"nvml-{self.node_name}-{key}")
+                lane = self._lanes[key] = self._new_lane(f"nvml-{self.node_name}-{key}")
             return lane.submit(fn)
 
     def _result(self, key: Key, call: _Call, deadline: float) -> Any:
-        if not call.done.wait(max(0.0, deadline - time.monotonic())):
+        """``call``'s result; waits until ``deadline`` and then for as long as `verdict` says
+        the call has not hung (it started late, or has not started behind no hung call)."""
+        wait_s = max(0.0, deadline - time.monotonic())
+        while not call.done.wait(wait_s):
             with self._lock:
-                self._unresponsive.setdefault(key, self._message(key))
-            raise NvmlTimeoutError(self._message(key), gpu=key if isinstance(key, int) else None)
+                lane = self._lanes.get(key)
+            blocker = lane.running if lane is not None else None
+            lane_since = blocker.started if blocker is not None and blocker is not call else None
+            wait_s = verdict(time.monotonic(), self.timeout_s, call.started, lane_since)
+            if wait_s <= 0.0 and not call.done.is_set():
+                with self._lock:
+                    self._unresponsive.setdefault(key, self._message(key))
+                gpu = key if isinstance(key, int) else None
+                raise NvmlTimeoutError(self._message(key), gpu=gpu)
         if call.error is not None:
             raise call.error
         return call.result

@@ -197,6 +197,12 @@ class Sampler:
     def slow_due(self, now: float) -> bool:
         return self.last_slow_s is None or now - self.last_slow_s >= self.slow_interval_s - 1e-6
 
+    def call_running_s(self, index: int) -> float | None:
+        """How long GPU ``index``'s unfinished device call has been running (monotonic
+        seconds); None when its lane is idle or the call has not started yet."""
+        job = self._workers[index].current
+        return job.running_for_s(time.monotonic()) if job is not None else None
+
     def next_due(self) -> float:
         """When the next fast round is due (clock seconds)."""
         if self.last_fast_s is None:

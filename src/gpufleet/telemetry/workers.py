@@ -50,17 +50,29 @@ class Done:
 
 
 class CallJob:
-    """One call handed to a lane: its result or error once ``done`` is set."""
+    """One call handed to a lane: its result or error once ``done`` is set; ``started_s``
+    (``time.monotonic()``) once a thread began running it: a call waiting for a thread (a
+    starved machine, a busy pool) has not started, so it cannot have hung."""
 
-    __slots__ = ("done", "error", "fn", "result")
+    __slots__ = ("done", "error", "fn", "result", "started_s")
 
     def __init__(self, fn: Callable[[], Any]) -> None:
         self.fn = fn
         self.done = Done()
         self.result: Any = None
         self.error: BaseException | None = None
+        self.started_s: float | None = None
+
+    def running_for_s(self, now: float) -> float | None:
+        """Seconds this call has run by ``now`` (monotonic) while not done; None when it is
+        done or has not started."""
+        started = self.started_s
+        if started is None or self.done.is_set():
+            return None
+        return now - started
 
     def run(self) -> None:
+        self.started_s = time.monotonic()
         try:
             self.result = self.fn()
         except BaseException as exc:  # reported to the sampler, never raised on the worker
