@@ -229,6 +229,29 @@ def test_lost_after_three_intervals(
     assert [h[1] for h in history(svc, "quiet")][-2:] == ["validating", "in_service"]
 
 
+def test_the_controllers_own_deaf_time_is_not_a_nodes_silence(
+    make_service: Callable[..., ControlService], clock: ManualClock
+) -> None:
+    """A starved controller (its event loop woke seconds late, `control.deafness`) cannot tell
+    a silent node from one whose pushes wait unread: that span does not count toward lost
+    (a restarted controller under the suite's load declared two pushing agents lost at once)."""
+    svc = make_service()
+    svc._last_tick = clock()
+    push(svc, batch("quiet", 1))  # heartbeat interval 2 s: lost after 6 s of silence
+    for _ in range(4):  # the loop ticks every 2 s (no gap of its own)
+        clock.advance(2.0)
+        if clock() - T0 == 6.0:
+            svc.store.deaf.add(T0 + 1.0, T0 + 6.0)  # its event loop could not hear 1-6 s
+        svc.tick()
+    assert states(svc) == {"quiet": "in_service"}  # 8 s silent, of it 3 s heard
+    for _ in range(2):
+        clock.advance(2.0)
+        svc.tick()
+    assert states(svc) == {"quiet": "lost"}  # 12 s silent, 7 s of it heard
+    reason = svc.store.nodes["quiet"].state_reason
+    assert "no heartbeat for 12.0 s" in reason and "5.0 s of it deaf here" in reason, reason
+
+
 def test_a_draining_node_back_from_lost_keeps_its_drain_reason(
     make_service: Callable[..., ControlService], clock: ManualClock
 ) -> None:

@@ -10,6 +10,8 @@ agents, real processes pushing every 0.25 s, must stay in service.
 
 from __future__ import annotations
 
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +49,39 @@ def test_nodes_stay_in_service_while_a_restarted_controller_builds_its_api(
             ctl.wait_in_service(n, scaled(30))  # heard again once the API listens
         assert _lost_events(ctl) == [], log
     finally:
+        for a in agents:
+            a.stop()
+        ctl.stop()
+
+
+PAUSED_S = 3.0  # four times the lost threshold of a 0.25 s push (0.75 s), under the 5 s timeout
+
+
+def test_a_controller_stopped_for_seconds_declares_no_pushing_node_lost(tmp_path: Path) -> None:
+    """The controller process stopped (SIGSTOP: what a starved machine does to it for a while)
+    while its agents keep pushing: their requests wait in its sockets. Resumed, its control
+    loop wakes first and, counting the pause as the nodes' silence, declared every node lost
+    (seen under the suite's load: two pushing agents lost at once after a restart). The pause
+    is deaf time (`gpufleet.control.deafness`): no node goes lost."""
+    data = tmp_path / "ctl"
+    tokens = create_tokens(data, {"admin": ("admin", None), **{n: ("agent", n) for n in NODES}})
+    ctl = ControllerProcess(data, tokens["admin"]).start()
+    agents = [AgentProcess(n, ctl.url, tokens[n], tmp_path / n).start() for n in NODES]
+    try:
+        for n in NODES:
+            ctl.wait_in_service(n, scaled(120))
+        assert ctl.proc is not None
+        for _ in range(3):
+            ctl.proc.send_signal(signal.SIGSTOP)
+            time.sleep(PAUSED_S)
+            ctl.proc.send_signal(signal.SIGCONT)
+            time.sleep(2.0)  # the agents' waiting pushes land; a lost check runs meanwhile
+        for n in NODES:
+            ctl.wait_in_service(n, scaled(30))
+        assert _lost_events(ctl) == []
+    finally:
+        if ctl.proc is not None and ctl.proc.poll() is None:
+            ctl.proc.send_signal(signal.SIGCONT)
         for a in agents:
             a.stop()
         ctl.stop()

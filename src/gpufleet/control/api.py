@@ -23,6 +23,7 @@ from gpufleet import __version__
 from gpufleet.control import api_jobs
 from gpufleet.control.auth import install_log_redaction
 from gpufleet.control.bodylimits import WriteGuard
+from gpufleet.control.deafness import PulseMiddleware
 from gpufleet.control.ingest_http import IngestFastPath, IngestReply, handle_ingest
 from gpufleet.control.lifecycle import TransitionError
 from gpufleet.control.routes import (
@@ -111,6 +112,8 @@ def create_app(service: ControlService) -> FastAPI:
     app.include_router(api)
     app.add_middleware(WriteGuard, store=store)  # token and size before a write's body
     app.add_middleware(IngestFastPath, service=service)  # ingest skips routing (ingest_http)
+    # the loop's own late wakes: deaf time, not the agents' silence (control/deafness.py)
+    app.add_middleware(PulseMiddleware, deaf=store.deaf, clock=store.clock)
     base_openapi = app.openapi
 
     def openapi() -> dict[str, Any]:

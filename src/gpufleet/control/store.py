@@ -35,6 +35,7 @@ from gpufleet.control.cache import (
     info_digest,
 )
 from gpufleet.control.db import session_factory
+from gpufleet.control.deafness import DeafTime
 from gpufleet.control.energy_ledger import EnergyLedger
 from gpufleet.control.lifecycle import LOSABLE, OUT_STATES, NodeState
 from gpufleet.control.models import (
@@ -163,6 +164,9 @@ class ControlStore:
         # no node is declared lost until the API listens (`await_api`, `api_listening`): a
         # loaded machine can take longer to build the app and bind than a node's lost threshold
         self.awaiting_api = False
+        # spans in which this controller's event loop could not hear agents (a starved
+        # machine): not counted as a node's silence (`gpufleet.control.deafness`)
+        self.deaf = DeafTime()
         self.stats = {"batches": 0, "duplicates": 0, "samples": 0}
         self.view: Snapshot = EMPTY_SNAPSHOT
         self._dirty: set[str] = set()
@@ -470,18 +474,15 @@ class ControlStore:
                     limit = self.lost_after_intervals * nc.interval_s
                     if (nc.last_seen_s or 0.0) < self.grace_from_s:  # not heard since it began
                         limit += restart_grace_extra_s(nc.interval_s)
-                    if now - seen > limit and self._heard_elsewhere(s, nc, now - limit):
+                    silent = self.deaf.heard(seen, now)  # not while this controller was deaf
+                    if silent > limit and self._heard_elsewhere(s, nc, now - limit):
                         continue
-                    if now - seen > limit:
-                        self._move(
-                            s,
-                            nc,
-                            S.LOST,
-                            actor="controller",
-                            after=after,
-                            reason=f"no heartbeat for {now - seen:.1f} s "
-                            f"({self.lost_after_intervals} x {nc.interval_s:g} s)",
-                        )
+                    if silent > limit:
+                        deaf = now - seen - silent
+                        why = f"no heartbeat for {now - seen:.1f} s "
+                        why += f"({self.lost_after_intervals} x {nc.interval_s:g} s"
+                        why += f"; {deaf:.1f} s of it deaf here)" if deaf >= 0.05 else ")"
+                        self._move(s, nc, S.LOST, actor="controller", after=after, reason=why)
                         moved.append((nc.name, S.LOST.value))
                         continue
                 if (

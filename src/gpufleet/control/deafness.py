@@ -1,0 +1,100 @@
+"""The controller's own deaf time: spans in which its event loop could not hear agents.
+
+A node is declared lost after ``lost_after_intervals`` heartbeat intervals of silence. When the
+controller itself is starved of CPU (a loaded machine: its event loop runs seconds late, the
+agents' pushes wait unread in their sockets), every node looks silent at once although none
+is: on a 2-core machine running the test suite, a restarted controller declared two pushing
+agents lost together. A pulse on the event loop (`pulse`) wakes every ``PULSE_S``; a wake that
+comes more than ``LATE_S`` late records the span as deaf (`DeafTime`), and the lost rule counts
+only the silence the controller could have heard (`DeafTime.heard`). A real outage of the node
+is still declared after its intervals of the controller's listening time.
+
+`PulseMiddleware` starts the pulse on the loop that serves the app, at its first request (it
+works whether or not the server runs the ASGI lifespan).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import bisect
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+PULSE_S = 0.1  # how often the pulse wakes
+LATE_S = 0.2  # a wake later than this is deaf time (normal jitter is a few milliseconds)
+KEEP_S = 3600.0  # deaf spans older than this are forgotten (longer than any lost limit)
+
+
+class DeafTime:
+    """Spans ``(start, end)`` of the store's clock in which the controller could not hear."""
+
+    def __init__(self) -> None:
+        self._starts: list[float] = []
+        self._ends: list[float] = []
+        self._lock = threading.Lock()
+
+    def add(self, start: float, end: float) -> None:
+        """Record a deaf span; spans that overlap are merged (the event loop's pulse and the
+        control loop may both see the same stall)."""
+        if end <= start:
+            return
+        with self._lock:
+            i = bisect.bisect_left(self._ends, start)  # the first span ending at or after start
+            j = bisect.bisect_right(self._starts, end)  # past the last span starting by end
+            if i < j:  # spans i..j-1 overlap [start, end]: one span covers them all
+                start = min(start, self._starts[i])
+                end = max(end, self._ends[j - 1])
+            self._starts[i:j] = [start]
+            self._ends[i:j] = [end]
+            cut = bisect.bisect_left(self._ends, self._ends[-1] - KEEP_S)
+            if cut:
+                del self._starts[:cut], self._ends[:cut]
+
+    def within(self, a: float, b: float) -> float:
+        """Seconds of deaf time between ``a`` and ``b``."""
+        if b <= a:
+            return 0.0
+        with self._lock:
+            first = bisect.bisect_right(self._ends, a)
+            total = 0.0
+            for start, end in zip(self._starts[first:], self._ends[first:], strict=True):
+                if start >= b:
+                    break
+                total += min(end, b) - max(start, a)
+            return total
+
+    def heard(self, since: float, now: float) -> float:
+        """Of the time from ``since`` to ``now``, the seconds the controller could hear."""
+        return max(0.0, now - since - self.within(since, now))
+
+
+async def pulse(deaf: DeafTime, clock: Callable[[], float], every_s: float = PULSE_S) -> None:
+    """Wake every ``every_s`` on the running loop and record each late wake as deaf time."""
+    while True:
+        before = time.monotonic()
+        await asyncio.sleep(every_s)
+        late = time.monotonic() - before - every_s
+        if late > LATE_S:
+            now = clock()
+            deaf.add(now - late, now)
+
+
+class PulseMiddleware:
+    """ASGI middleware: starts `pulse` on the loop that serves the app, at its first call."""
+
+    def __init__(self, app: Any, deaf: DeafTime, clock: Callable[[], float]) -> None:
+        self.app = app
+        self.deaf = deaf
+        self.clock = clock
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, asyncio.Task[None]] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        loop = asyncio.get_running_loop()
+        if loop not in self._loops:
+            self._loops[loop] = loop.create_task(pulse(self.deaf, self.clock))
+        await self.app(scope, receive, send)
