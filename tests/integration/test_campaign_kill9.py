@@ -21,7 +21,7 @@ NODES = ["k0", "k1", "k2", "k3"]
 KILLS = 20  # seeded kill moments in one campaign (kept under 3 minutes)
 
 # agents must stay in contact through 20 controller restarts: run alone (see Makefile)
-pytestmark = [pytest.mark.serial, pytest.mark.process]
+pytestmark = [pytest.mark.process]
 
 
 def test_kill9_at_random_steps_resumes_without_doing_anything_twice(tmp_path: Path) -> None:

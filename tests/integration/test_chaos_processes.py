@@ -76,11 +76,7 @@ MAX_REQUEUES = 50
 # a job still not ended this long after its fault is a failure, not slowness
 ENDED_S = scaled(120.0)
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.serial,
-    pytest.mark.process,
-]  # judges seconds: run alone (see Makefile)
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 
 @dataclass(frozen=True)

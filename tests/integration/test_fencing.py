@@ -39,8 +39,7 @@ from gpufleet.testing.procs import (
 from gpufleet.testing.testbed import wait_for
 from gpufleet.testing.timescale import scaled
 
-# timing: the outage must really be half the lease, which a loaded machine cannot promise
-pytestmark = [pytest.mark.slow, pytest.mark.serial, pytest.mark.process]
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 # protocol times grow with GPUFLEET_TEST_TIME_SCALE: a slow machine slows the lease, not the verdict
 SHORT_LEASE_S = scaled(4.0)
 # the wrapper's TERM grace, its check step, a loaded machine

@@ -51,11 +51,7 @@ from gpufleet.testing.testbed import wait_for
 from gpufleet.testing.timescale import scaled
 from tests.control.conftest import _reset_pg, pg_url  # noqa: F401  (the PostgreSQL fixture)
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.serial,
-    pytest.mark.process,
-]  # judges seconds: run alone (see Makefile)
+pytestmark = [pytest.mark.slow, pytest.mark.process]
 
 SEEDS = int(os.environ.get("GPUFLEET_HA_SEEDS", "20"))
 # protocol times grow with GPUFLEET_TEST_TIME_SCALE: a slow machine slows the lease, not the verdict

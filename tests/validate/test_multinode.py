@@ -348,7 +348,6 @@ def _gloo_plan(nodes: list[str], rpn: int, hook: str | None) -> MultiNodePlan:
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # loopback bandwidth judged against the peers: needs a quiet machine
 @pytest.mark.process
 def test_gloo_four_nodes_finds_the_slow_node() -> None:
     _torch()
@@ -379,7 +378,6 @@ def test_gloo_four_nodes_finds_the_slow_node() -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.serial  # loopback bandwidth judged against the peers: needs a quiet machine
 @pytest.mark.process
 def test_gloo_two_ranks_per_node_finds_the_slow_link() -> None:
     _torch()
