@@ -54,19 +54,23 @@ def test_nodes_stay_in_service_while_a_restarted_controller_builds_its_api(
         ctl.stop()
 
 
-PAUSED_S = 3.0  # four times the lost threshold of a 0.25 s push (0.75 s), under the 5 s timeout
+PUSH_S = 0.5  # lost after 1.5 s of silence
+PAUSED_S = 4.0  # past that threshold, under the agents' 5 s push timeout
 
 
 def test_a_controller_stopped_for_seconds_declares_no_pushing_node_lost(tmp_path: Path) -> None:
     """The controller process stopped (SIGSTOP: what a starved machine does to it for a while)
-    while its agents keep pushing: their requests wait in its sockets. Resumed, its control
-    loop wakes first and, counting the pause as the nodes' silence, declared every node lost
+    while its agents keep pushing every 0.5 s: their requests wait in its sockets. Resumed, its
+    control loop wakes first and, counting the pause as the nodes' silence, declared every node lost
     (seen under the suite's load: two pushing agents lost at once after a restart). The pause
     is deaf time (`gpufleet.control.deafness`): no node goes lost."""
     data = tmp_path / "ctl"
     tokens = create_tokens(data, {"admin": ("admin", None), **{n: ("agent", n) for n in NODES}})
     ctl = ControllerProcess(data, tokens["admin"]).start()
-    agents = [AgentProcess(n, ctl.url, tokens[n], tmp_path / n).start() for n in NODES]
+    agents = [
+        AgentProcess(n, ctl.url, tokens[n], tmp_path / n, push_interval_s=PUSH_S).start()
+        for n in NODES
+    ]
     try:
         for n in NODES:
             ctl.wait_in_service(n, scaled(120))

@@ -4,10 +4,12 @@ A node is declared lost after ``lost_after_intervals`` heartbeat intervals of si
 controller itself is starved of CPU (a loaded machine: its event loop runs seconds late, the
 agents' pushes wait unread in their sockets), every node looks silent at once although none
 is: on a 2-core machine running the test suite, a restarted controller declared two pushing
-agents lost together. A pulse on the event loop (`pulse`) wakes every ``PULSE_S``; a wake that
-comes more than ``LATE_S`` late records the span as deaf (`DeafTime`), and the lost rule counts
-only the silence the controller could have heard (`DeafTime.heard`). A real outage of the node
-is still declared after its intervals of the controller's listening time.
+agents lost together. A pulse on the event loop (`pulse`) wakes every ``PULSE_S``; however late
+a wake comes (beyond ``JITTER_S``), that lateness is deaf time (`DeafTime`): a loop that runs at
+half speed hears half the time, a stopped one none. The lost rule counts only the silence the
+controller could have heard (`DeafTime.heard`): on a quiet machine that is all of it (a few
+milliseconds a second short), on a starved one a node goes lost later, never falsely. A real
+outage of the node is still declared after its intervals of the controller's listening time.
 
 `PulseMiddleware` starts the pulse on the loop that serves the app, at its first request (it
 works whether or not the server runs the ASGI lifespan).
@@ -24,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 PULSE_S = 0.1  # how often the pulse wakes
-LATE_S = 0.2  # a wake later than this is deaf time (normal jitter is a few milliseconds)
+JITTER_S = 0.01  # a wake later than this counts its lateness as deaf (a quiet loop: ~1 ms)
 KEEP_S = 3600.0  # deaf spans older than this are forgotten (longer than any lost limit)
 
 
@@ -50,7 +52,7 @@ class DeafTime:
             self._starts[i:j] = [start]
             self._ends[i:j] = [end]
             cut = bisect.bisect_left(self._ends, self._ends[-1] - KEEP_S)
-            if cut:
+            if cut > 256:  # forget in bulk: a pulse adds a span for every late wake
                 del self._starts[:cut], self._ends[:cut]
 
     def within(self, a: float, b: float) -> float:
@@ -77,7 +79,7 @@ async def pulse(deaf: DeafTime, clock: Callable[[], float], every_s: float = PUL
         before = time.monotonic()
         await asyncio.sleep(every_s)
         late = time.monotonic() - before - every_s
-        if late > LATE_S:
+        if late > JITTER_S:
             now = clock()
             deaf.add(now - late, now)
 

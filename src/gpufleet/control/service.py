@@ -25,7 +25,7 @@ from pathlib import Path
 
 from gpufleet.control import campaign_ops, campaign_propose, energy_store, power_ops, replica_sync
 from gpufleet.control.db import database_url, make_engine, migrate
-from gpufleet.control.deafness import LATE_S
+from gpufleet.control.deafness import JITTER_S
 from gpufleet.control.ingest import IngestQueue
 from gpufleet.control.leader import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Leadership, StaleLeader
 from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN, NodeQuota
@@ -251,12 +251,12 @@ class ControlService:
             asleep = time.monotonic()
             if self._stop.wait(self.config.tick_s):
                 return
-            # a wake this late means the process was starved or stopped: the agents' pushes
-            # waited unread meanwhile, so that span is no node's silence (control/deafness.py);
+            # a late wake means the process was starved or stopped: the agents' pushes waited
+            # unread meanwhile, so that span is no node's silence (control/deafness.py);
             # recorded before this tick's lost check, which may run before the event loop's
             # own pulse wakes
             late = time.monotonic() - asleep - self.config.tick_s
-            if late > LATE_S:
+            if late > JITTER_S:
                 now = self.store.clock()
                 self.store.deaf.add(now - late, now)
             try:
