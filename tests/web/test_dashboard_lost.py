@@ -100,7 +100,8 @@ def test_lost_node_shows_unknown_health_with_its_data_age(fleet4: LiveFleet, pag
     ghost = page.wait_for_selector(f"#nodes-table tr[data-node='{GHOST}']")
     assert ghost is not None
     text = ghost.inner_text()
-    assert "77" not in text and "1.22 kW" not in text, text
+    figures = re.sub(r"no data for \d+s", "", text)  # its own age may read 77 s one day
+    assert "77" not in figures and "1.22 kW" not in figures, text
     assert re.search(r"no data for \d+s", text), text
     assert "unknown" in text
     alive = page.query_selector("#nodes-table tr[data-node='sim-00']")
