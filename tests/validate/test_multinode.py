@@ -36,7 +36,9 @@ from gpufleet.validate.multinode_run import (
 )
 from gpufleet.validate.pairwise import (
     PairSample,
+    better_pass,
     build_matrix,
+    links_to_recheck,
     parse_slow_send,
     peer_reference_gbps,
     round_robin,
@@ -78,6 +80,36 @@ def test_peer_reference_is_the_median_of_node_medians() -> None:
     # three nodes, c's links slow: medians a (1+10)/2=5.5, b 5.5, c 1 -> reference 5.5
     m = {"a": {"b": 10.0, "c": 1.0}, "b": {"a": 10.0, "c": 1.0}, "c": {"a": 1.0, "b": 1.0}}
     assert peer_reference_gbps(m) == pytest.approx(5.5)
+
+
+def _both_ways(a: str, b: str, seconds: float) -> list[PairSample]:
+    """One rank each way moving 1 GB in ``seconds``: a link of 1/seconds GB/s."""
+    return [PairSample(a, b, 0, 10**9, seconds), PairSample(b, a, 0, 10**9, seconds)]
+
+
+def test_second_look_measures_again_only_links_below_three_quarters_of_the_reference() -> None:
+    nodes = ["a", "b", "c", "d"]
+    # every link 10 GB/s but a-c at 1 (slow) and b-d at 8 (within 75 % of the reference 10)
+    speeds = {("a", "b"): 10, ("a", "c"): 1, ("a", "d"): 10, ("b", "c"): 10, ("b", "d"): 8}
+    speeds[("c", "d")] = 10
+    first = [s for (x, y), v in speeds.items() for s in _both_ways(x, y, 1 / v)]
+    assert links_to_recheck(nodes, first) == [("a", "c")]
+    # a starved first pass: a-b at 2 as well; the reference (median of node medians) is 9
+    first = [s for (x, y), v in {**speeds, ("a", "b"): 2}.items() for s in _both_ways(x, y, 1 / v)]
+    assert links_to_recheck(nodes, first) == [("a", "b"), ("a", "c")]
+
+
+def test_second_look_keeps_the_better_pass_of_each_link() -> None:
+    nodes = ["a", "b", "c"]
+    first = _both_ways("a", "b", 1 / 2) + _both_ways("a", "c", 1 / 1) + _both_ways("b", "c", 0.1)
+    # the second pass: a-b recovered to 10 GB/s, a-c slower still (0.5): a-c keeps its first 1
+    second = _both_ways("a", "b", 0.1) + _both_ways("a", "c", 2.0)
+    m = build_matrix(nodes, better_pass(nodes, first, second))
+    assert m["a"] == {"b": pytest.approx(10.0), "c": pytest.approx(1.0)}
+    assert m["b"]["c"] == pytest.approx(10.0)  # measured once
+    # one direction recovered but the other did not: the link is its slower half, as before
+    second = [PairSample("a", "c", 0, 10**9, 0.1), PairSample("c", "a", 0, 10**9, 1.25)]
+    assert build_matrix(nodes, better_pass(nodes, first, second))["a"]["c"] == pytest.approx(1.0)
 
 
 def test_slow_send_hook_parses_and_rejects_bad_text() -> None:
@@ -395,6 +427,9 @@ def test_gloo_two_ranks_per_node_finds_the_slow_link() -> None:
     links = [r.link for r in report.results if r.link]
     assert "a<->c" in links
     assert not [r for r in report.results if r.message.startswith("every link of")]
+    # measured twice: slow both times (a link starved in the first pass would be fast again)
+    again = next(n for n in report.notes if n.startswith("pairwise: measured twice"))
+    assert "a<->c" in again
 
 
 # ----- a real Slurm allocation (3 slurmd on loopback) -----------------------------------------

@@ -7,7 +7,8 @@ local launchers) this process is the node's starter: it runs R ranks (itself whe
 
 Each rank: ``init_process_group`` (``env://``; NCCL when CUDA is available, else gloo), the
 collectives sweep (all_reduce, all_gather, reduce_scatter, alltoall, broadcast over the sizes),
-then the pairwise rounds (see :mod:`gpufleet.validate.pairwise`), then everything is gathered to
+then the pairwise rounds and a second look at the slow pairs (see
+:mod:`gpufleet.validate.pairwise`), then everything is gathered to
 rank 0, which prints one line ``RESULT_MARK {json}`` on stdout (and writes ``--out`` if given).
 A collective's time is the slowest rank's: the operation is done when every rank is done.
 """
@@ -15,6 +16,7 @@ A collective's time is the slowest rank's: the operation is done when every rank
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import socket
@@ -26,7 +28,15 @@ from datetime import timedelta
 from typing import Any
 
 from gpufleet.validate.launch import RENDEZVOUS_FILE_ENV
-from gpufleet.validate.pairwise import SLOW_SEND_ENV, SlowSend, parse_slow_send, round_robin
+from gpufleet.validate.pairwise import (
+    SLOW_SEND_ENV,
+    PairSample,
+    SlowSend,
+    better_pass,
+    links_to_recheck,
+    parse_slow_send,
+    round_robin,
+)
 
 RESULT_MARK = "@@gpufleet-multinode-result@@"
 SCHEMA = "gpufleet.validate.multinode/v1"
@@ -136,8 +146,15 @@ class Worker:
         return out_rows
 
     # ----- pairwise ------------------------------------------------------------------------
-    def pairwise(self, nodes: list[str], nbytes: int, iters: int) -> list[dict[str, Any]]:
-        """Every local rank i of a node exchanges with local rank i of each peer node."""
+    def pairwise(
+        self,
+        nodes: list[str],
+        nbytes: int,
+        iters: int,
+        only: list[tuple[str, str]] | None = None,
+    ) -> list[dict[str, Any]]:
+        """Every local rank i of a node exchanges with local rank i of each peer node (of the
+        pairs in ``only``, when given: the second look)."""
         torch, dist = self.torch, self.dist
         rank_of: dict[tuple[str, int], int] = {}
         locals_: dict[int, int] = {}
@@ -150,6 +167,8 @@ class Worker:
         ack = torch.zeros(1, dtype=torch.float32, device=self.dev)
         samples: list[dict[str, Any]] = []
         rounds = round_robin(nodes)
+        if only is not None:
+            rounds = [kept for r in rounds if (kept := [p for p in r if p in only])]
         if self.args.pair_serial:  # one pair at a time: no contention between pairs
             rounds = [[p] for r in rounds for p in r]
         for pairs in rounds:
@@ -225,9 +244,8 @@ class Worker:
             if ("collectives" in tests)
             else []
         )
-        pairs = self.pairwise(nodes, a.pair_bytes, a.pair_iters) if "pairwise" in tests else []
         all_coll = self._gather(coll)
-        all_pairs = self._gather(pairs)
+        pairs, again = self._pairs_twice(nodes, a) if "pairwise" in tests else ([], [])
         if self.rank != 0:
             return None
         rows = []
@@ -243,9 +261,30 @@ class Worker:
             "ranks": ranks,
             "torch_version": str(torch.__version__),
             "collectives": rows,
-            "pairs": [s for ps in all_pairs for s in ps],
+            "pairs": pairs,
+            "rechecked": [f"{x}<->{y}" for x, y in again],
             "slow_send_hook": os.environ.get(SLOW_SEND_ENV) or None,
         }
+
+    def _pairs_twice(
+        self, nodes: list[str], a: argparse.Namespace
+    ) -> tuple[list[dict[str, Any]], list[tuple[str, str]]]:
+        """Every pair, then the slow ones again (the second look of
+        :mod:`gpufleet.validate.pairwise`): the samples that count, and the pairs re-measured.
+        Every rank holds the gathered first pass, so all agree on what to measure again."""
+        first = [
+            PairSample(**s)
+            for ps in self._gather(self.pairwise(nodes, a.pair_bytes, a.pair_iters))
+            for s in ps
+        ]
+        again = links_to_recheck(nodes, first)
+        kept = first
+        if again:
+            second = self.pairwise(nodes, a.pair_bytes, a.pair_iters, only=again)
+            kept = better_pass(
+                nodes, first, [PairSample(**s) for ps in self._gather(second) for s in ps]
+            )
+        return [dataclasses.asdict(s) for s in kept], again
 
     def _device_name(self) -> str:
         if self.backend == "nccl":

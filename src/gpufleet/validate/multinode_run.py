@@ -174,6 +174,11 @@ def report_from_result(
                 f"median link {expected:.3f} GB/s (fail below "
                 f"{pthr.limits('pairwise').pass_fraction:.0%} of it)"
             )
+        if doc.get("rechecked"):
+            report.notes.append(
+                f"pairwise: measured twice (slow the first time), the better pass kept: "
+                f"{', '.join(doc['rechecked'])}"
+            )
         for r in judge_pairs(matrix, nodes, expected, pthr):
             r.details.update(details)
             report.results.append(r)

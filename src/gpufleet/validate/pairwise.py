@@ -9,6 +9,12 @@ local rank i of the receiving node, so a node with 8 GPUs and 8 rails loads all 
 direction's bandwidth is the bytes of all its ranks over the slowest rank's time; the matrix
 holds the slower direction (a link is as good as its worse half).
 
+Second look: a link measured below ``RECHECK_FRACTION`` of the peers' reference in the first pass
+is measured once more, and the better of its two passes counts. A link that is really slow is
+slow both times; one that lost the CPU or the fabric to something else for a moment is not (on a
+loaded 2-core machine a single starved pass made a healthy node look like the bad one beside a
+slow link, 2026-12-06).
+
 Test hook (off by default): ``GPUFLEET_TEST_SLOW_SEND="NODE:GBPS"`` (or ``"NODE>PEER:GBPS"``)
 makes NODE's timed pairwise sends (to PEER only, if given) sleep ``bytes / GBPS`` after each
 send, so a slow NIC or link can be rehearsed on loopback. Never set it in production.
@@ -109,6 +115,38 @@ def build_matrix(nodes: list[str], samples: list[PairSample]) -> dict[str, dict[
                 ab, ba = bw.get((a, b)), bw.get((b, a))
                 matrix[a][b] = min(v for v in (ab, ba) if v is not None)
     return matrix
+
+
+# Links below this share of the peers' reference are measured a second time: under the strictest
+# line in use (the catalog's 0.9) with room for the first pass's noise (a choice).
+RECHECK_FRACTION = 0.75
+
+
+def links_to_recheck(nodes: list[str], samples: list[PairSample]) -> list[tuple[str, str]]:
+    """Unordered pairs (in ``nodes`` order) whose first-pass link is below ``RECHECK_FRACTION``
+    of the peers' reference; every rank computes the same list from the gathered samples."""
+    matrix = build_matrix(nodes, samples)
+    line = peer_reference_gbps(matrix) * RECHECK_FRACTION
+    return [
+        (a, b)
+        for i, a in enumerate(nodes)
+        for b in nodes[i + 1 :]
+        if b in matrix[a] and matrix[a][b] < line
+    ]
+
+
+def better_pass(
+    nodes: list[str], first: list[PairSample], second: list[PairSample]
+) -> list[PairSample]:
+    """The samples with each re-measured pair's better pass: the one whose slower direction is
+    faster. Pairs measured once keep their only pass."""
+    m1, m2 = build_matrix(nodes, first), build_matrix(nodes, second)
+
+    def pair(s: PairSample) -> tuple[str, str]:
+        return (s.sender, s.receiver) if s.sender < s.receiver else (s.receiver, s.sender)
+
+    better = {pair(s) for s in second if m2[s.sender][s.receiver] > m1[s.sender].get(s.receiver, 0)}
+    return [s for s in first if pair(s) not in better] + [s for s in second if pair(s) in better]
 
 
 def peer_reference_gbps(matrix: dict[str, dict[str, float]]) -> float:
