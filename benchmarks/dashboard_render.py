@@ -59,9 +59,9 @@ class Controller:
     def __init__(self, nodes: int, root: Path) -> None:
         import uvicorn
 
-        from gpufleet.control.api import create_app
-        from gpufleet.control.remediation import RemediationPolicy
+        from gpufleet.control.api.app import create_app
         from gpufleet.control.service import ControlService, ServiceConfig
+        from gpufleet.control.state.remediation import RemediationPolicy
         from gpufleet.testing import bulkfleet
 
         # hand-built batches, no agent to validate: nodes go in service without the gate

@@ -117,12 +117,14 @@ def controller_overhead(nodes: int = 500, k: int = 15) -> dict[str, float]:
     telemetry rings, then writing the minute rows)."""
     import tempfile
 
-    from gpufleet.control import energy_hook, energy_store, ingest_writes
-    from gpufleet.control.auth import Principal, Role
-    from gpufleet.control.cache import IngestItem
-    from gpufleet.control.ingest import parse_batch, queue_item
-    from gpufleet.control.remediation import RemediationPolicy
+    from gpufleet.control.ingest import energy as energy_hook
+    from gpufleet.control.ingest import writes as ingest_writes
+    from gpufleet.control.ingest.queue import parse_batch, queue_item
     from gpufleet.control.service import ControlService, ServiceConfig
+    from gpufleet.control.state import energy_store
+    from gpufleet.control.state.auth import Principal, Role
+    from gpufleet.control.state.cache import IngestItem
+    from gpufleet.control.state.remediation import RemediationPolicy
 
     t0 = 1_700_000_000.0
     with tempfile.TemporaryDirectory() as tmp:

@@ -459,9 +459,9 @@ def _bulk_register(data_dir: Path, names: list[str], now: float) -> None:
 
     from sqlalchemy import update
 
-    from gpufleet.control.models import Node
-    from gpufleet.control.remediation import RemediationPolicy
+    from gpufleet.control.db.models import Node
     from gpufleet.control.service import ControlService, ServiceConfig
+    from gpufleet.control.state.remediation import RemediationPolicy
     from gpufleet.testing import bulkfleet
 
     logging.getLogger("gpufleet").setLevel(logging.ERROR)

@@ -34,14 +34,14 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpufleet.control import actions
-from gpufleet.control import campaign_ops as ops
-from gpufleet.control import campaigns as cp
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.ingest import parse_batch
-from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.campaigns import engine as cp
+from gpufleet.control.campaigns import ops
+from gpufleet.control.fleet import actions
+from gpufleet.control.ingest.queue import parse_batch
 from gpufleet.control.service import ControlService, ServiceConfig
-from gpufleet.control.store import IngestItem
+from gpufleet.control.state.auth import Principal, Role
+from gpufleet.control.state.remediation import RemediationPolicy
+from gpufleet.control.state.store import IngestItem
 from gpufleet.devices.sim import ManualClock
 from gpufleet.schedulers.base import JobSpec, SchedulerContext
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
@@ -191,7 +191,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     svc.ingest.start()
     played = None
     if backend is not None:
-        from gpufleet.control.scheduling import node_facts
+        from gpufleet.control.jobs.events import node_facts
 
         backend.start(SchedulerContext(svc.engine, clock, lambda node: node_facts(svc.store, node)))
         played = PlayedJobs(backend, clock, args)

@@ -1,7 +1,7 @@
 """Micro-benchmark: parse one agent batch (as the ingest benchmark sends it: 8 GPUs x SAMPLES
 samples, from the simulator through the sim-fleet agents), microseconds per batch, best of
 several rounds: ``parse_batch`` (the ingest path: the accept-only fast path of
-`gpufleet.control.ingest_parse`, the model for anything it leaves, then the arrays for the
+`gpufleet.control.ingest.parse`, the model for anything it leaves, then the arrays for the
 telemetry store) and ``Batch.model_validate_json`` alone, with and without the device records
 (sent on an agent's first batch and when they change).
 
@@ -40,7 +40,7 @@ def main() -> None:
     args = ap.parse_args()
     from benchmarks.ingest import render_pool
 
-    from gpufleet.control.ingest import parse_batch
+    from gpufleet.control.ingest.queue import parse_batch
     from gpufleet.wire import Batch
 
     body = render_pool(1, 8, args.samples)[0][2]

@@ -246,9 +246,9 @@ def loop_ticks(db_url: str, rounds: int = 20) -> dict[str, Any]:
     """Median ms per pass of each background loop, on the loaded database, in this process."""
     import logging
 
-    from gpufleet.control import campaign_ops
-    from gpufleet.control.remediation import RemediationPolicy
+    from gpufleet.control.campaigns import ops as campaign_ops
     from gpufleet.control.service import ControlService, ServiceConfig
+    from gpufleet.control.state.remediation import RemediationPolicy
 
     logging.getLogger("gpufleet").setLevel(logging.ERROR)
     t = time.perf_counter()

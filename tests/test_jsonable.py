@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from pydantic import BaseModel
 
-from gpufleet.control.db import json_serializer
+from gpufleet.control.db.engine import json_serializer
 from gpufleet.jsonable import finite_or_none, to_jsonable
 from gpufleet.validate.results import Metric, Status, TestResult, ValidationReport
 

@@ -94,7 +94,8 @@ class Import:
 
 
 def module_name(path: Path, root: Path = SRC) -> str:
-    """``src/gpufleet/control/api.py`` -> ``control.api``; a package's ``__init__`` -> its name."""
+    """``src/gpufleet/control/api/app.py`` -> ``control.api.app``; a package's ``__init__`` -> its
+    name."""
     parts = list(path.relative_to(root).with_suffix("").parts)
     if parts[-1] == "__init__":
         parts.pop()

@@ -70,7 +70,7 @@ def test_documented_in_python_api_md() -> None:
     [
         (Node, "gpufleet.control.schemas:NodeOut"),
         (Finding, "gpufleet.control.schemas:FindingOut"),
-        (Job, "gpufleet.control.api_jobs:JobOut"),
+        (Job, "gpufleet.control.api.routes.jobs:JobOut"),
     ],
 )
 def test_client_reads_the_models_the_server_answers_with(record: type, schema: str) -> None:

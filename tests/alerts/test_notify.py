@@ -11,11 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpufleet.control.db import make_engine, migrate, session_factory
-from gpufleet.control.models import EventRow, ValidationResultRow
-from gpufleet.control.notify import Notification, Notifier, attach, record_event
-from gpufleet.control.notify_config import EmailConfig, RetryConfig, WebhookConfig, load_notify
-from gpufleet.control.notify_sinks import EmailSink, WebhookSink
+from gpufleet.control.db.engine import make_engine, migrate, session_factory
+from gpufleet.control.db.models import EventRow, ValidationResultRow
+from gpufleet.control.notify.config import EmailConfig, RetryConfig, WebhookConfig, load_notify
+from gpufleet.control.notify.notifier import Notification, Notifier, attach, record_event
+from gpufleet.control.notify.sinks import EmailSink, WebhookSink
 from gpufleet.errors import ConfigError
 from tests.alerts.receivers import SmtpReceiver, WebhookReceiver
 from tests.control.conftest import free_port
@@ -216,7 +216,7 @@ def test_config_errors_name_the_field_and_never_the_secret(tmp_path: Path) -> No
     os.chmod(secret, 0o644)
     cfg = tmp_path / "notify.yaml"
     cfg.write_text(f"webhooks:\n  - url: https://h.example/x\n    secret_file: {secret}\n")
-    from gpufleet.control.notify import build_notifier
+    from gpufleet.control.notify.notifier import build_notifier
 
     with pytest.raises(ConfigError) as err:
         build_notifier(load_notify(cfg), str(cfg))

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 
-from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.devices.sim import ManualClock
 from gpufleet.testing.testbed import free_port as free_port  # re-exported for the suites
 from gpufleet.testing.timescale import scaled
@@ -201,9 +201,9 @@ def fail_finding(node: str, code: str = "XID_79", gpu: int = 0) -> dict[str, Any
 
 def push(svc: ControlService, body: dict[str, Any]) -> Any:
     """Ingest one batch in-process through parse + the writer (the HTTP route's path)."""
-    from gpufleet.control.auth import Principal, Role
-    from gpufleet.control.ingest import parse_batch
-    from gpufleet.control.store import IngestItem
+    from gpufleet.control.ingest.queue import parse_batch
+    from gpufleet.control.state.auth import Principal, Role
+    from gpufleet.control.state.store import IngestItem
 
     parsed = parse_batch(json.dumps(body).encode())
     who = Principal(None, "test", Role.AGENT)

@@ -67,7 +67,7 @@ def main(data_dir: Path, port: int, delay_s: float) -> None:
     import uvicorn
     from fastapi import FastAPI
 
-    from gpufleet.control.api import create_app
+    from gpufleet.control.api.app import create_app
     from gpufleet.control.service import ControlService, ServiceConfig
 
     slow = SlowScheduler(delay_s)

@@ -19,12 +19,12 @@ from sqlalchemy import select
 
 from gpufleet.agent.jobs import AgentJobs
 from gpufleet.agent.runner import Agent, AgentConfig
-from gpufleet.control import actions
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.ingest_http import handle_ingest
-from gpufleet.control.lifecycle import Action
-from gpufleet.control.models import FindingRow
+from gpufleet.control.api.ingest_http import handle_ingest
+from gpufleet.control.db.models import FindingRow
+from gpufleet.control.fleet import actions
 from gpufleet.control.service import ControlService
+from gpufleet.control.state.auth import Principal, Role
+from gpufleet.control.state.lifecycle import Action
 from gpufleet.devices.sim import Fault, FaultKind, ManualClock, SimFleet, parse_fleet_spec
 from gpufleet.health.acks import FileAckStore
 from gpufleet.health.types import Severity

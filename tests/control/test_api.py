@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 from fastapi.testclient import TestClient
 
-from gpufleet.control.api import create_app
+from gpufleet.control.api.app import create_app
 from gpufleet.control.service import ControlService
 from gpufleet.wire import MAX_BATCH_BYTES
 from tests.control.conftest import T0, batch, fail_finding

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 from starlette.testclient import TestClient
 
-from gpufleet.control.api import create_app
+from gpufleet.control.api.app import create_app
 from gpufleet.control.service import ControlService
 
 

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from sqlalchemy import MetaData, select
 
-from gpufleet.control.db import database_url, make_engine
+from gpufleet.control.db.engine import database_url, make_engine
 from gpufleet.testing.procs import ControllerProcess, create_tokens
 from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.control.conftest import _reset_pg

@@ -18,10 +18,10 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpufleet.control.bodylimits import DEFAULT_BODY_CAP
-from gpufleet.control.db import database_url, make_engine, migrate
-from gpufleet.control.ingest_http import MAX_WIRE_BYTES
-from gpufleet.control.store import ControlStore
+from gpufleet.control.api.bodylimits import DEFAULT_BODY_CAP
+from gpufleet.control.api.ingest_http import MAX_WIRE_BYTES
+from gpufleet.control.db.engine import database_url, make_engine, migrate
+from gpufleet.control.state.store import ControlStore
 from tests.control.conftest import free_port, wait_for
 
 pytestmark = pytest.mark.slow

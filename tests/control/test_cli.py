@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
-from gpufleet.control.db import head_revision
+from gpufleet.control.db.engine import head_revision
 from gpufleet.control.service import ControlService
 from gpufleet.errors import UsageError
 from tests.control.conftest import free_port, wait_for

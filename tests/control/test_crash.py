@@ -17,9 +17,9 @@ import httpx
 import pytest
 from sqlalchemy import func, select
 
-from gpufleet.control.db import database_url, make_engine, migrate
-from gpufleet.control.models import IngestedBatch
-from gpufleet.control.store import ControlStore
+from gpufleet.control.db.engine import database_url, make_engine, migrate
+from gpufleet.control.db.models import IngestedBatch
+from gpufleet.control.state.store import ControlStore
 from tests.control.conftest import batch, free_port, wait_for
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]

@@ -1,4 +1,4 @@
-"""The controller's deaf time (`gpufleet.control.deafness`): spans, sums, the loop pulse."""
+"""The controller's deaf time (`gpufleet.control.state.deafness`): spans, sums, the loop pulse."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from gpufleet.control.deafness import KEEP_S, DeafTime, pulse
+from gpufleet.control.state.deafness import KEEP_S, DeafTime, pulse
 
 
 def test_spans_merge_and_sum_within_a_window() -> None:

@@ -22,12 +22,12 @@ import pytest
 from sqlalchemy import select
 
 from gpufleet.agent.runner import Agent, AgentConfig
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.energy_query import parse_since, report
-from gpufleet.control.ingest import parse_batch
-from gpufleet.control.models import EnergyMinute
+from gpufleet.control.db.models import EnergyMinute
+from gpufleet.control.energy.query import parse_since, report
+from gpufleet.control.ingest.queue import parse_batch
 from gpufleet.control.service import ControlService
-from gpufleet.control.store import IngestItem
+from gpufleet.control.state.auth import Principal, Role
+from gpufleet.control.state.store import IngestItem
 from gpufleet.devices.sim import ManualClock, SimFleet, parse_fleet_spec
 from gpufleet.devices.sim.gpu import Load
 from gpufleet.errors import UsageError
@@ -43,7 +43,7 @@ def _push(svc: ControlService, agent: Agent, seq: int) -> None:
 
 
 def _stored_joules(svc: ControlService) -> dict[int, float]:
-    from gpufleet.control.energy_ledger import minute_joules
+    from gpufleet.control.state.energy_ledger import minute_joules
 
     out: dict[int, float] = {}
     with svc.store.sessions() as s:
@@ -136,8 +136,8 @@ def _run_and_check(
 def test_price_and_grid_intensity_make_cost_and_co2(
     make_service: Callable[..., ControlService], clock: ManualClock
 ) -> None:
-    from gpufleet.control.energy_query import Sums, figures
-    from gpufleet.control.remediation import RemediationPolicy
+    from gpufleet.control.energy.query import Sums, figures
+    from gpufleet.control.state.remediation import RemediationPolicy
 
     pol = RemediationPolicy(energy_price_per_kwh=0.2, grid_gco2_per_kwh=400.0)
     f = figures(Sums(joules=7.2e6, counter_j=7.2e6, gpu_s=3600.0), pol)

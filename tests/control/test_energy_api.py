@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 from starlette.testclient import TestClient
 
-from gpufleet.control.api import create_app
-from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.api.app import create_app
 from gpufleet.control.service import ControlService
+from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.devices.sim import ManualClock
 
 from .conftest import batch, push
@@ -83,7 +83,7 @@ def test_tenant_b_reads_none_of_tenant_a(
 def _set_tenant(svc: ControlService, node: str, tenant: str) -> None:
     from sqlalchemy import update
 
-    from gpufleet.control.models import Node
+    from gpufleet.control.db.models import Node
 
     def run() -> None:
         with svc.store.sessions.begin() as s:
@@ -96,7 +96,7 @@ def _set_tenant(svc: ControlService, node: str, tenant: str) -> None:
 def test_energy_minutes_older_than_the_retention_are_deleted(
     make_service: Callable[..., ControlService], clock: ManualClock
 ) -> None:
-    from gpufleet.control.models import EnergyMinute
+    from gpufleet.control.db.models import EnergyMinute
 
     svc = make_service(energy_retention_s=3600.0)
     _fleet(svc, clock, minutes=1)

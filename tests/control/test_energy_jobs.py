@@ -19,9 +19,9 @@ from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
-from gpufleet.control.api import create_app
-from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.api.app import create_app
 from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.devices.sim import ManualClock
 from gpufleet.schedulers.base import JobSpec
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend

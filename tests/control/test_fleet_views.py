@@ -16,9 +16,9 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from gpufleet.control.api import create_app
-from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.api.app import create_app
 from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.testing import bulkfleet
 
 NODES = 100
@@ -121,9 +121,9 @@ def test_rows_read_in_one_pass_match_the_per_node_reads(
 ) -> None:
     """The fleet-wide read (one lock, arrays) gives what reading node by node gives, a GPU
     whose samples stopped (older than its node's newest by more than STALE_GPU_S) included."""
-    from gpufleet.control import queries as qy
-    from gpufleet.control.auth import Principal, Role
-    from gpufleet.control.ingest import parse_batch, queue_item
+    from gpufleet.control.fleet import queries as qy
+    from gpufleet.control.ingest.queue import parse_batch, queue_item
+    from gpufleet.control.state.auth import Principal, Role
 
     # the other GPUs of gpu-00001 report 30 s later than GPU 3's newest sample (the fill's)
     body = bulkfleet.node_batch("gpu-00001", random.Random(1), time.time() + 30, seq=9)
@@ -147,9 +147,9 @@ def test_rows_read_in_one_pass_match_the_per_node_reads(
 def test_empty_selections_and_nodes_without_gpus(
     svc: ControlService, api: tuple[TestClient, dict[str, str]]
 ) -> None:
-    from gpufleet.control import fleet_views as fv
-    from gpufleet.control.auth import Principal, Role
-    from gpufleet.control.ingest import parse_batch, queue_item
+    from gpufleet.control.fleet import views as fv
+    from gpufleet.control.ingest.queue import parse_batch, queue_item
+    from gpufleet.control.state.auth import Principal, Role
 
     none = get(api, "/heatmap", group_by="rack", state="failed")  # no max_cells: always fold
     assert none["groups"] == [] and none["nodes"] == []

@@ -15,12 +15,12 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select, update
 
-from gpufleet.control.actions import node_action
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.ingest_http import ingest_body
-from gpufleet.control.lifecycle import Action
-from gpufleet.control.models import LeaderLease, Transition
+from gpufleet.control.api.ingest_http import ingest_body
+from gpufleet.control.db.models import LeaderLease, Transition
+from gpufleet.control.fleet.actions import node_action
 from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.control.state.auth import Principal, Role
+from gpufleet.control.state.lifecycle import Action
 from gpufleet.devices.sim import ManualClock
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
 from gpufleet.testing.timescale import scaled
@@ -197,8 +197,8 @@ def test_energy_of_an_agent_that_moves_between_replicas_is_counted_once(
     """The agent pushes 10 s to the leader, then fails over and pushes 10 s to the follower:
     the follower's first window starts at the leader's last accounted reading, not at the
     reading it last saw itself (which would count the leader's 10 s a second time)."""
-    from gpufleet.control import energy_store
-    from gpufleet.control.models import EnergyMinute
+    from gpufleet.control.db.models import EnergyMinute
+    from gpufleet.control.state import energy_store
 
     a, b = pair()
     watts = 500.0

@@ -15,10 +15,10 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
-from gpufleet.control.api import create_app
-from gpufleet.control.models import EventRow, Node, Rollup
+from gpufleet.control.api.app import create_app
+from gpufleet.control.db.models import EventRow, Node, Rollup
 from gpufleet.control.service import ControlService
-from gpufleet.control.telemetry_store import FIELD_INDEX, NF
+from gpufleet.control.state.rings import FIELD_INDEX, NF
 from gpufleet.devices.sim import ManualClock
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.slurm.commands import SlurmCommands

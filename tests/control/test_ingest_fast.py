@@ -14,14 +14,14 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from gpufleet.control.api import create_app
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.ingest import IngestRejected, parse_batch
-from gpufleet.control.ingest_http import handle_ingest
-from gpufleet.control.models import IngestedBatch
+from gpufleet.control.api.app import create_app
+from gpufleet.control.api.ingest_http import handle_ingest
+from gpufleet.control.db.models import IngestedBatch
+from gpufleet.control.ingest.queue import IngestRejected, parse_batch
 from gpufleet.control.service import ControlService
-from gpufleet.control.store import IngestItem
-from gpufleet.control.telemetry_store import FIELD_INDEX, NF, TelemetryStore
+from gpufleet.control.state.auth import Principal, Role
+from gpufleet.control.state.rings import FIELD_INDEX, NF, TelemetryStore
+from gpufleet.control.state.store import IngestItem
 from tests.control.conftest import T0, batch
 
 U, P = FIELD_INDEX["gpu_util_pct"], FIELD_INDEX["power_w"]
@@ -156,8 +156,8 @@ def test_fast_path_and_route_send_the_same_acks(
     """An acknowledged sticky finding the agent still reports rides in ``acks`` alike from the
     ASGI fast path, the FastAPI route (reached under a root path, which the fast path leaves
     alone) and `handle_ingest` itself; before the acknowledgement no ``acks`` key at all."""
-    import gpufleet.control.api as api_mod
-    from gpufleet.control.actions import acknowledge_finding
+    import gpufleet.control.api.app as api_mod
+    from gpufleet.control.fleet.actions import acknowledge_finding
     from tests.control.conftest import fail_finding
 
     real = handle_ingest

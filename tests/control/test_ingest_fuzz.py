@@ -16,10 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from sqlalchemy import select
 
-from gpufleet.control.api import create_app
-from gpufleet.control.models import Rollup
+from gpufleet.control.api.app import create_app
+from gpufleet.control.db.models import Rollup
 from gpufleet.control.service import ControlService
-from gpufleet.control.telemetry_store import FIELDS
+from gpufleet.control.state.rings import FIELDS
 from gpufleet.devices.sim import ManualClock
 from gpufleet.wire.limits import MAX_SAMPLES_PER_BLOCK, SAMPLE_AHEAD_S, SAMPLE_RANGES
 from tests.control.conftest import batch

@@ -16,12 +16,12 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from gpufleet.control import ingest_writes
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.ingest import parse_batch, queue_item
-from gpufleet.control.ingest_http import IngestReply, handle_ingest
-from gpufleet.control.models import Gpu, IngestedBatch, Node
+from gpufleet.control.api.ingest_http import IngestReply, handle_ingest
+from gpufleet.control.db.models import Gpu, IngestedBatch, Node
+from gpufleet.control.ingest import writes as ingest_writes
+from gpufleet.control.ingest.queue import parse_batch, queue_item
 from gpufleet.control.service import ControlService
+from gpufleet.control.state.auth import Principal, Role
 from gpufleet.testing.timescale import scaled
 from tests.control.conftest import T0, batch
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import orjson
 
-from gpufleet.control.ingest_http import OFF_LOOP_BYTES, _parse
+from gpufleet.control.api.ingest_http import OFF_LOOP_BYTES, _parse
 from gpufleet.wire.limits import MAX_GPUS_PER_NODE, MAX_SAMPLES_PER_BLOCK
 from tests.control.conftest import batch
 

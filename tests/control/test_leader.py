@@ -1,4 +1,4 @@
-"""Leader election and the fencing token (`gpufleet.control.leader`) on the real databases:
+"""Leader election and the fencing token (`gpufleet.control.ha.leader`) on the real databases:
 one leader at a time, a takeover only after the lease expired, the epoch growing at every
 change of holder, and every transaction of a stale leader refused before it writes."""
 
@@ -12,9 +12,9 @@ from typing import Any
 import pytest
 from sqlalchemy import Engine, insert, select, text
 
-from gpufleet.control.db import database_url, make_engine, migrate
-from gpufleet.control.leader import Leadership, StaleLeader
-from gpufleet.control.models import EventRow, LeaderLease
+from gpufleet.control.db.engine import database_url, make_engine, migrate
+from gpufleet.control.db.models import EventRow, LeaderLease
+from gpufleet.control.ha.leader import Leadership, StaleLeader
 
 from .conftest import _reset_pg
 

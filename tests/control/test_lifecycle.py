@@ -8,12 +8,12 @@ from collections.abc import Callable
 import pytest
 from sqlalchemy import select
 
-from gpufleet.control import actions
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.lifecycle import Action, TransitionError
-from gpufleet.control.models import EventRow, Transition
-from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.db.models import EventRow, Transition
+from gpufleet.control.fleet import actions
 from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.control.state.auth import Principal, Role
+from gpufleet.control.state.lifecycle import Action, TransitionError
+from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.devices.sim import ManualClock
 from gpufleet.schedulers.base import NoScheduler
 from tests.control.conftest import T0, batch, fail_finding, push
@@ -178,7 +178,7 @@ def test_breaker_large_fleet_default(make_service: Callable[..., ControlService]
 
 
 def test_allowed_out_rule() -> None:
-    from gpufleet.control.remediation import allowed_out
+    from gpufleet.control.state.remediation import allowed_out
 
     # max(min_out_nodes, floor(fraction x nodes)), by hand
     assert allowed_out(4, 0.10, 1) == 1
@@ -232,7 +232,7 @@ def test_lost_after_three_intervals(
 def test_the_controllers_own_deaf_time_is_not_a_nodes_silence(
     make_service: Callable[..., ControlService], clock: ManualClock
 ) -> None:
-    """A starved controller (its event loop woke seconds late, `control.deafness`) cannot tell
+    """A starved controller (its event loop woke seconds late, `control.state.deafness`) cannot tell
     a silent node from one whose pushes wait unread: that span does not count toward lost
     (a restarted controller under the suite's load declared two pushing agents lost at once)."""
     svc = make_service()

@@ -18,8 +18,8 @@ import sqlalchemy as sa
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 
-from gpufleet.control.db import head_revision, make_engine, migrate
-from gpufleet.control.models import Base
+from gpufleet.control.db.engine import head_revision, make_engine, migrate
+from gpufleet.control.db.models import Base
 from gpufleet.errors import ConfigError
 from gpufleet.schedulers.embedded.store import metadata as scheduler_metadata
 
@@ -94,7 +94,7 @@ def test_schema_head_is_alembics_head_and_a_current_database_skips_alembic(
     must name the newest migration, or a new migration would never run."""
     import alembic.command
 
-    from gpufleet.control.db import SCHEMA_HEAD
+    from gpufleet.control.db.engine import SCHEMA_HEAD
 
     assert head_revision() == SCHEMA_HEAD
     engine = make_engine(f"sqlite:///{tmp_path / 'fast.db'}")

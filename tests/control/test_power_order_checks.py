@@ -13,8 +13,8 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select
 
-from gpufleet.control.api import create_app
-from gpufleet.control.models import PowerOrder
+from gpufleet.control.api.app import create_app
+from gpufleet.control.db.models import PowerOrder
 from gpufleet.control.service import ControlService
 from tests.control.conftest import batch, push
 

@@ -1,4 +1,4 @@
-"""A power order's body (`gpufleet.control.power_spec`): one form or the other, never a
+"""A power order's body (`gpufleet.control.power.spec`): one form or the other, never a
 whole-fleet order by accident, selectors that all must match, durations, and the CLI's errors
 for bad input (no traceback, the option named)."""
 
@@ -10,7 +10,7 @@ import sys
 import pytest
 from pydantic import ValidationError
 
-from gpufleet.control.power_spec import PowerOrderSpec, matches, parse_duration
+from gpufleet.control.power.spec import PowerOrderSpec, matches, parse_duration
 from gpufleet.errors import UsageError
 
 

@@ -22,7 +22,7 @@ from schemathesis.core.result import Ok
 from schemathesis.generation.modes import GenerationMode
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from gpufleet.control.api import create_app
+from gpufleet.control.api.app import create_app
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.schedulers.registry import SchedulerOptions, make_scheduler
 from tests.control.conftest import batch, push

@@ -17,17 +17,17 @@ import httpx
 import pytest
 from sqlalchemy import select, update
 
-from gpufleet.control import queries as qy
 from gpufleet.control import schemas as sc
-from gpufleet.control.models import Node
-from gpufleet.control.series_forward import (
+from gpufleet.control.db.models import Node
+from gpufleet.control.fleet import queries as qy
+from gpufleet.control.series.forward import (
     FORWARDED,
     PeerAnswered,
     SeriesForwarder,
     check_advertise_url,
 )
 from gpufleet.control.service import ControlService, ServiceConfig
-from gpufleet.control.store import ControlStore
+from gpufleet.control.state.store import ControlStore
 from gpufleet.devices.sim import ManualClock
 from gpufleet.errors import UsageError
 

@@ -14,9 +14,9 @@ import uvicorn
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
-from gpufleet.control.api import create_app
-from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.api.app import create_app
 from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
 from tests.control.conftest import free_port, wait_for
 

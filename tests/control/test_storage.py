@@ -6,8 +6,14 @@ from typing import Any
 
 from sqlalchemy import func, select
 
-from gpufleet.control.db import current_revision, head_revision, make_engine, migrate, table_names
-from gpufleet.control.models import IngestedBatch, Rollup
+from gpufleet.control.db.engine import (
+    current_revision,
+    head_revision,
+    make_engine,
+    migrate,
+    table_names,
+)
+from gpufleet.control.db.models import IngestedBatch, Rollup
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.devices.sim import ManualClock
 from tests.control.conftest import T0, batch, push
@@ -44,7 +50,7 @@ EXPECTED_TABLES = {
 
 
 def test_migrations_from_empty(db_config: dict[str, Any]) -> None:
-    from gpufleet.control.db import database_url
+    from gpufleet.control.db.engine import database_url
 
     engine = make_engine(database_url(db_config.get("data_dir"), db_config.get("db_url")))
     assert current_revision(engine) is None
@@ -88,7 +94,7 @@ def test_migration_0003_keeps_batches_and_keys_them_by_node(db_config: dict[str,
     and afterwards two nodes may use the same (agent_id, seq)."""
     from sqlalchemy import insert
 
-    from gpufleet.control.db import database_url
+    from gpufleet.control.db.engine import database_url
 
     engine = make_engine(database_url(db_config.get("data_dir"), db_config.get("db_url")))
     try:

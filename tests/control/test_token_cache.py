@@ -11,8 +11,8 @@ from typing import Any
 
 from sqlalchemy import event
 
-from gpufleet.control.auth import TokenStore
-from gpufleet.control.db import database_url, make_engine, migrate, session_factory
+from gpufleet.control.db.engine import database_url, make_engine, migrate, session_factory
+from gpufleet.control.state.auth import TokenStore
 
 
 def _store(tmp_path: Path) -> TokenStore:

@@ -12,7 +12,7 @@ from typing import Any
 from starlette.testclient import TestClient
 
 from gpufleet.catalog.loader import load_catalog
-from gpufleet.control.api import create_app
+from gpufleet.control.api.app import create_app
 from gpufleet.control.service import ControlService
 from gpufleet.wire.limits import MAX_GPUS_PER_NODE
 from tests.control.conftest import batch

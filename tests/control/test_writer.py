@@ -11,10 +11,10 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from gpufleet.control import actions
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.lifecycle import Action
+from gpufleet.control.fleet import actions
 from gpufleet.control.service import ControlService
+from gpufleet.control.state.auth import Principal, Role
+from gpufleet.control.state.lifecycle import Action
 from tests.control.conftest import batch, push
 
 OP = Principal(1, "alice", Role.OPERATOR)
@@ -134,7 +134,7 @@ def test_a_command_queued_behind_the_stop_fails_instead_of_hanging(
     """A command that reaches the queue after the stop (the writer still ran when it was
     queued) fails with WriterStopped; its caller does not wait forever. Later calls run
     inline."""
-    from gpufleet.control.writer import WriterStopped
+    from gpufleet.control.state.writer import WriterStopped
 
     writer = make_service().store.writer
     busy, release = threading.Event(), threading.Event()
@@ -165,7 +165,7 @@ def test_a_refused_transition_reloads_only_the_nodes_it_moved(
     """A 409 (the state machine refuses) rebuilds no cache entry it did not touch: the other
     nodes keep their cache and snapshot objects; a node the command had already moved is
     reloaded as the database has it (the move was rolled back)."""
-    from gpufleet.control.lifecycle import NodeState, TransitionError
+    from gpufleet.control.state.lifecycle import NodeState, TransitionError
 
     svc = make_service()
     for name in ("n1", "n2", "n3"):

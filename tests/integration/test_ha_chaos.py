@@ -37,7 +37,7 @@ import httpx
 import pytest
 from sqlalchemy import create_engine, select
 
-from gpufleet.control.models import AuditEntry, LeaderLease, Transition
+from gpufleet.control.db.models import AuditEntry, LeaderLease, Transition
 from gpufleet.testing.procs import (
     AgentProcess,
     ControllerProcess,

@@ -18,7 +18,7 @@ from typing import Any
 import httpx
 import pytest
 
-from gpufleet.control.series_forward import FORWARDED
+from gpufleet.control.series.forward import FORWARDED
 from gpufleet.testing.procs import AgentProcess, ControllerProcess, stop_all
 from gpufleet.testing.testbed import wait_for
 from tests.control.conftest import _reset_pg, pg_url  # noqa: F401  (the PostgreSQL fixture)
@@ -33,8 +33,8 @@ def _tokens(url: str) -> dict[str, str]:
     """Global admin, tenant t1's agent (bound to the node) and viewer, tenant t2's viewer."""
     import time as _time
 
-    from gpufleet.control.auth import TokenStore
-    from gpufleet.control.db import make_engine, migrate, session_factory
+    from gpufleet.control.db.engine import make_engine, migrate, session_factory
+    from gpufleet.control.state.auth import TokenStore
 
     engine = make_engine(url)
     try:

@@ -133,8 +133,8 @@ class Bed:
 
 
 def _tenant_token(data: Path, role: str, tenant: str) -> str:
-    from gpufleet.control.auth import TokenStore
-    from gpufleet.control.db import database_url, make_engine, session_factory
+    from gpufleet.control.db.engine import database_url, make_engine, session_factory
+    from gpufleet.control.state.auth import TokenStore
 
     engine = make_engine(database_url(data, None))
     try:

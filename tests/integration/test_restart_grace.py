@@ -63,7 +63,7 @@ def test_a_controller_stopped_for_seconds_declares_no_pushing_node_lost(tmp_path
     while its agents keep pushing every 0.5 s: their requests wait in its sockets. Resumed, its
     control loop wakes first and, counting the pause as the nodes' silence, declared every node lost
     (seen under the suite's load: two pushing agents lost at once after a restart). The pause
-    is deaf time (`gpufleet.control.deafness`): no node goes lost."""
+    is deaf time (`gpufleet.control.state.deafness`): no node goes lost."""
     data = tmp_path / "ctl"
     tokens = create_tokens(data, {"admin": ("admin", None), **{n: ("agent", n) for n in NODES}})
     ctl = ControllerProcess(data, tokens["admin"]).start()

@@ -184,7 +184,7 @@ def test_campaign_deadline_evacuation_respects_a_pdb(
     plane calls them (`SchedulerEvents`): a pod whose PodDisruptionBudget answers 429 is never
     removed; the evacuation at the deadline retries it and reports it blocked; once the PDB
     allows it, the next evacuation evicts it and the node is idle."""
-    from gpufleet.control.scheduling import SchedulerEvents
+    from gpufleet.control.jobs.events import SchedulerEvents
     from gpufleet.schedulers.base import Evacuation
 
     events = SchedulerEvents(sched)  # not started: calls run inline, as in unit tests

@@ -13,7 +13,7 @@ from typing import Any
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
-from gpufleet.control.remediation import load_policy
+from gpufleet.control.state.remediation import load_policy
 from gpufleet.errors import UsageError
 from tests.kubernetes.test_manifests import KINDS, _round_trip
 

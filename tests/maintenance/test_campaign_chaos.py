@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from gpufleet.control import campaign_ops as ops
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.campaigns import capacity
-from gpufleet.control.models import MaintStep
+from gpufleet.control.campaigns import ops
+from gpufleet.control.campaigns.engine import capacity
+from gpufleet.control.db.models import MaintStep
+from gpufleet.control.state.auth import Principal, Role
 from gpufleet.devices.sim import ManualClock
 from gpufleet.wire import WireUpdateReport
 from tests.hypothesis_budget import seeds

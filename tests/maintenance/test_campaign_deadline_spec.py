@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from pydantic import ValidationError
 
-from gpufleet.control.campaigns import CampaignSpec
+from gpufleet.control.campaigns.engine import CampaignSpec
 
 BASE: dict[str, Any] = {
     "baseline": {"models": {"h100-sxm": {"driver": "550.90.07"}}},

@@ -18,16 +18,16 @@ from typing import Any
 import pytest
 from sqlalchemy import func, select
 
-from gpufleet.control import actions
-from gpufleet.control import campaign_ops as ops
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.campaigns import CampaignSpec, capacity
-from gpufleet.control.ingest import parse_batch
-from gpufleet.control.lifecycle import TransitionError
-from gpufleet.control.models import AuditEntry, EventRow, MaintStep
-from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.campaigns import ops
+from gpufleet.control.campaigns.engine import CampaignSpec, capacity
+from gpufleet.control.db.models import AuditEntry, EventRow, MaintStep
+from gpufleet.control.fleet import actions
+from gpufleet.control.ingest.queue import parse_batch
 from gpufleet.control.service import ControlService, ServiceConfig
-from gpufleet.control.store import IngestItem
+from gpufleet.control.state.auth import Principal, Role
+from gpufleet.control.state.lifecycle import TransitionError
+from gpufleet.control.state.remediation import RemediationPolicy
+from gpufleet.control.state.store import IngestItem
 from gpufleet.devices.sim import ManualClock
 from gpufleet.wire import WireUpdateReport
 

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.control import actions
-from gpufleet.control import campaign_ops as ops
-from gpufleet.control.auth import Principal, Role
+from gpufleet.control.campaigns import ops
+from gpufleet.control.fleet import actions
+from gpufleet.control.state.auth import Principal, Role
 from gpufleet.devices.sim import ManualClock
 from tests.maintenance.test_campaign_engine import OP, POLICY, T0, Fleet, make, run, spec
 

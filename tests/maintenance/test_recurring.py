@@ -17,7 +17,7 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
-from gpufleet.control.remediation import load_policy
+from gpufleet.control.state.remediation import load_policy
 from gpufleet.errors import ConfigError
 from gpufleet.maintenance.recurring import MaintenancePolicy, nth_weekday
 from gpufleet.testing.testbed import Controller

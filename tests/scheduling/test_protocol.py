@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.devices.sim import ManualClock
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.schedulers.base import (
@@ -147,7 +147,7 @@ class _FlakyDrain(NoScheduler):
 def test_a_drain_the_scheduler_refused_never_completes_and_is_sent_again(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import gpufleet.control.scheduling as scheduling
+    import gpufleet.control.jobs.events as scheduling
 
     monkeypatch.setattr(scheduling, "RETRY_DRAIN_S", 0.0)
     flaky = _FlakyDrain()

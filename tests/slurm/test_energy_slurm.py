@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.energy_query import report
-from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.energy.query import report
 from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.control.state.auth import Principal, Role
+from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.devices.sim import ManualClock
 from gpufleet.schedulers.base import JobSpec, JobState
 from gpufleet.schedulers.slurm.backend import SlurmBackend

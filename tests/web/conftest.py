@@ -128,8 +128,8 @@ def start_fleet(tmp: Path, spec: str, *, racks_of: int = 16) -> LiveFleet:
     import uvicorn
 
     from gpufleet.agent.fleet import FleetConfig, FleetDriver
-    from gpufleet.control import actions as act
-    from gpufleet.control.api import create_app
+    from gpufleet.control.api.app import create_app
+    from gpufleet.control.fleet import actions as act
     from gpufleet.control.service import ControlService, ServiceConfig
     from gpufleet.devices.discovery import open_sim
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from fastapi.testclient import TestClient
 
-from gpufleet.control.api import create_app
+from gpufleet.control.api.app import create_app
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.web import static_dir
 

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from gpufleet.control.remediation import BLOCKED_REASON
+from gpufleet.control.state.remediation import BLOCKED_REASON
 from gpufleet.devices.sim import Fault, FaultKind
 from gpufleet.testing.timescale import scaled
 from tests.web.conftest import LiveFleet, artifacts_dir, wait_for

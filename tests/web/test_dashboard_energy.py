@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 from sqlalchemy import select
 
-from gpufleet.control.models import EnergyMinute
+from gpufleet.control.db.models import EnergyMinute
 from tests.web.conftest import LiveFleet, start_fleet, wait_for
 
 pytestmark = pytest.mark.slow

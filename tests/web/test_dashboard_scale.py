@@ -39,9 +39,9 @@ def big(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[dict
     _ = browser
     import uvicorn
 
-    from gpufleet.control.api import create_app
-    from gpufleet.control.remediation import RemediationPolicy
+    from gpufleet.control.api.app import create_app
     from gpufleet.control.service import ControlService, ServiceConfig
+    from gpufleet.control.state.remediation import RemediationPolicy
     from gpufleet.testing import bulkfleet
 
     svc = ControlService(

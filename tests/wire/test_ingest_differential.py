@@ -1,15 +1,14 @@
 """The ingest parser against the `Batch` model: a Hypothesis differential test.
 
 Batches are generated clean (valid by construction) or with a defect or two in one place (wrong
-types, out-of-range and non-finite numbers, integers past float64, too-long arrays, columns of
-the wrong length, missing and extra keys, bad field names, unicode and NUL in strings, bad
-top-level fields). For each, the ingest parser (`control.ingest.parse_batch`, given the batch as
-JSON bytes) accepts exactly what ``Batch.model_validate`` accepts on the Python object, reads the
-same values and hands the telemetry store every time and every real reading; a refusal names the
-model's first problem by its field path. (A NUL anywhere is refused on top of the model.)
-The accept-only fast path in front of the model (`control.ingest_parse`) is checked on its own
-too: it accepts only what the model's JSON validation accepts, with the same values, and takes
-every clean batch.
+types, out-of-range and non-finite numbers, integers past float64, too-long arrays, columns of the
+wrong length, missing and extra keys, bad field names, unicode and NUL in strings, bad top-level
+fields). For each, the ingest parser (`control.ingest.queue.parse_batch`, given the batch as JSON
+bytes) accepts exactly what ``Batch.model_validate`` accepts on the Python object, reads the same
+values and hands the telemetry store every time and every real reading; a refusal names the model's
+first problem by its field path. (A NUL anywhere is refused on top of the model.) The accept-only
+fast path in front of the model (`control.ingest.parse`) is checked on its own too: it accepts only
+what the model's JSON validation accepts, with the same values, and takes every clean batch.
 """
 
 from __future__ import annotations
@@ -24,9 +23,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from gpufleet.control.ingest import IngestRejected, parse_batch
-from gpufleet.control.ingest_parse import parse_fast
-from gpufleet.control.telemetry_store import FIELDS
+from gpufleet.control.ingest.parse import parse_fast
+from gpufleet.control.ingest.queue import IngestRejected, parse_batch
+from gpufleet.control.state.rings import FIELDS
 from gpufleet.wire import Batch, WireSamples
 from gpufleet.wire.limits import (
     MAX_FIELDS_PER_BLOCK,

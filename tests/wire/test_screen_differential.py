@@ -2,7 +2,7 @@
 
 `gpufleet.wire.screen_samples` (plain Python over the model) is the reference for which samples
 and readings a control plane keeps; the ingest path screens its numpy arrays instead
-(`control.sample_screen`, reached through ``parse_batch(raw, now_s)``). For batches whose times
+(`control.ingest.screen`, reached through ``parse_batch(raw, now_s)``). For batches whose times
 and readings are drawn around the window's edges and the fields' ranges (inside, outside, on the
 bound, NaN-free JSON numbers of any size), both keep the same readings at the same times of the
 same GPUs and count the same drops by field; a batch is "unusable" exactly when something was
@@ -20,8 +20,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpufleet.control.ingest import parse_batch, sample_arrays
-from gpufleet.control.telemetry_store import FIELDS, SampleGroup
+from gpufleet.control.ingest.queue import parse_batch, sample_arrays
+from gpufleet.control.state.rings import FIELDS, SampleGroup
 from gpufleet.wire import Batch
 from gpufleet.wire.limits import SAMPLE_AHEAD_S, SAMPLE_BEHIND_S, SAMPLE_RANGES
 from gpufleet.wire.telemetry import screen_samples

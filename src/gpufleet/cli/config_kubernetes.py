@@ -65,7 +65,7 @@ def _job_key(path: Path | None) -> str:
 def _policy_yaml(path: Path | None) -> str:
     """The policy file's text once it validates (the controller would refuse it at start),
     else the defaults written out."""
-    from gpufleet.control.remediation import RemediationPolicy, load_policy
+    from gpufleet.control.state.remediation import RemediationPolicy, load_policy
 
     if path is None:
         return yaml.safe_dump(RemediationPolicy().model_dump(mode="json"), sort_keys=False)

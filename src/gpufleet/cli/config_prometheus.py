@@ -14,7 +14,7 @@ import yaml
 
 from gpufleet.cli.common import JsonOption, TokenFileOption, host_port, http_url, read_token
 from gpufleet.cli.output import emit_json, err_console
-from gpufleet.control.prometheus_sd import DEFAULT_AGENT_PORT, META
+from gpufleet.control.fleet.prometheus_sd import DEFAULT_AGENT_PORT, META
 from gpufleet.errors import ConfigError, UsageError
 
 # Alert rules over the agents' metrics. Thresholds: XID codes and actions come from the catalog

@@ -12,7 +12,7 @@ import typer
 from gpufleet.cli.common import JsonOption, SeedOption, TokenFileOption, read_token
 from gpufleet.cli.output import console, emit_json
 from gpufleet.cli.process import CaOption, TlsCertOption, TlsKeyOption
-from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN
+from gpufleet.control.state.limits import DEFAULT_MAX_NODES_PER_TOKEN
 from gpufleet.errors import UsageError
 
 if TYPE_CHECKING:
@@ -149,7 +149,7 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOption,
     ) -> None:
         """Create or upgrade the database schema to the newest revision."""
-        from gpufleet.control.db import database_url, make_engine, migrate
+        from gpufleet.control.db.engine import database_url, make_engine, migrate
 
         parent = ctx.parent.obj if ctx.parent and ctx.parent.obj else {}
         url = database_url(
@@ -293,11 +293,11 @@ def _serve(
     energy_days: float = 400.0,
 ) -> None:
     from gpufleet.cli.process import private_state
-    from gpufleet.control.notify import attach, build_notifier, database_id
-    from gpufleet.control.notify_config import load_notify
-    from gpufleet.control.remediation import load_policy
-    from gpufleet.control.series_forward import check_advertise_url
-    from gpufleet.control.series_source import check_url
+    from gpufleet.control.notify.config import load_notify
+    from gpufleet.control.notify.notifier import attach, build_notifier, database_id
+    from gpufleet.control.series.forward import check_advertise_url
+    from gpufleet.control.series.source import check_url
+    from gpufleet.control.state.remediation import load_policy
     from gpufleet.control.up import build_service, serve
 
     if not lease[1] < lease[0]:

@@ -23,7 +23,7 @@ def register_backup(ctl: typer.Typer) -> None:
     def _url_and_dir(
         ctx: typer.Context, data_dir: Path | None, db_url: str | None
     ) -> tuple[str, Path | None]:
-        from gpufleet.control.db import database_url
+        from gpufleet.control.db.engine import database_url
 
         parent = ctx.parent.obj if ctx.parent and ctx.parent.obj else {}
         url_opt = _db_url(db_url or parent.get("db_url"))
@@ -41,8 +41,8 @@ def register_backup(ctl: typer.Typer) -> None:
         json_out: bool = JsonOption,
     ) -> None:
         """Back up the database and key files, safely while the controller runs."""
-        from gpufleet.control.backup import backup
-        from gpufleet.control.db import current_revision, make_engine
+        from gpufleet.control.db.backup import backup
+        from gpufleet.control.db.engine import current_revision, make_engine
 
         url, ddir = _url_and_dir(ctx, data_dir, db_url)
         engine = make_engine(url)
@@ -72,8 +72,8 @@ def register_backup(ctl: typer.Typer) -> None:
         json_out: bool = JsonOption,
     ) -> None:
         """Restore a backup (the controller must be stopped), then migrate to this version."""
-        from gpufleet.control.backup import restore
-        from gpufleet.control.db import make_engine, migrate
+        from gpufleet.control.db.backup import restore
+        from gpufleet.control.db.engine import make_engine, migrate
 
         url, ddir = _url_and_dir(ctx, data_dir, db_url)
         manifest = restore(source, url, ddir, force=force)

@@ -10,11 +10,11 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN
+from gpufleet.control.state.limits import DEFAULT_MAX_NODES_PER_TOKEN
 
 if TYPE_CHECKING:
-    from gpufleet.control.auth import Principal
-    from gpufleet.control.store import ControlStore
+    from gpufleet.control.state.auth import Principal
+    from gpufleet.control.state.store import ControlStore
     from gpufleet.schedulers.base import SchedulerBackend
     from gpufleet.tls import TlsFiles
 
@@ -106,8 +106,8 @@ PeerCaOption = typer.Option(
 
 def _open_store(data_dir: Path | None, db_url: str | None) -> ControlStore:
     from gpufleet.cli.process import private_state
-    from gpufleet.control.db import database_url, make_engine, migrate
-    from gpufleet.control.store import ControlStore
+    from gpufleet.control.db.engine import database_url, make_engine, migrate
+    from gpufleet.control.state.store import ControlStore
 
     private_state()  # the database (and its WAL) this may create are private
     engine = make_engine(database_url(_data_dir(data_dir), _db_url(db_url)))
@@ -121,7 +121,7 @@ def _controller_lock(data_dir: Path | None, db_url: str | None) -> contextlib.Ex
     """One controller per SQLite database: hold the data directory's lock until closed (a
     second controller, or a restore, on the same directory then stops with a clear error).
     PostgreSQL needs none here (several replicas are the HA issue's design)."""
-    from gpufleet.control.backup import controller_lock
+    from gpufleet.control.db.backup import controller_lock
 
     stack = contextlib.ExitStack()
     if not _db_url(db_url):
@@ -130,7 +130,7 @@ def _controller_lock(data_dir: Path | None, db_url: str | None) -> contextlib.Ex
 
 
 def _local_admin() -> Principal:
-    from gpufleet.control.auth import Principal, Role
+    from gpufleet.control.state.auth import Principal, Role
 
     return Principal(None, f"local-cli:{os.environ.get('USER', 'unknown')}", Role.ADMIN)
 

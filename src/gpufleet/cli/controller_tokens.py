@@ -42,7 +42,7 @@ def register_tokens(tok: typer.Typer) -> None:
         json_out: bool = JsonOption,
     ) -> None:
         """Create a token and print it once (only its hash is stored), or write it to --out."""
-        from gpufleet.control import actions
+        from gpufleet.control.fleet import actions
         from gpufleet.control.up import write_secret
 
         if node is not None and role not in (None, "agent"):
@@ -118,8 +118,8 @@ def register_tokens(tok: typer.Typer) -> None:
         json_out: bool = JsonOption,
     ) -> None:
         """Revoke a token (every running controller refuses it within a second)."""
-        from gpufleet.control import actions
-        from gpufleet.control.store import NotFound
+        from gpufleet.control.fleet import actions
+        from gpufleet.control.state.store import NotFound
 
         store = _open_store(data_dir, db_url)
         try:

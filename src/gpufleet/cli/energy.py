@@ -14,7 +14,7 @@ from gpufleet.cli.common import JsonOption, TokenFileOption, read_token
 from gpufleet.cli.jobs import ControllerOption, TokenOption, _client
 from gpufleet.cli.output import console, emit_json
 from gpufleet.cli.process import CaOption
-from gpufleet.control.energy_query import BY, parse_since
+from gpufleet.control.energy.query import BY, parse_since
 from gpufleet.errors import UsageError
 
 energy_app = typer.Typer(help="Fleet energy accounting: kWh, cost, CO2, idle waste.")

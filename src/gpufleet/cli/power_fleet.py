@@ -58,7 +58,7 @@ def order_body(
     dry_run: bool,
 ) -> dict[str, Any]:
     """The ``POST /power/orders`` body of `power apply --controller`."""
-    from gpufleet.control.power_spec import parse_duration
+    from gpufleet.control.power.spec import parse_duration
 
     body: dict[str, Any] = {
         "limit_w": watts,
@@ -207,7 +207,7 @@ def budget_cmd(
 ) -> None:
     """Propose per-GPU limits keeping a rack's GPUs under a power budget with the least
     throughput lost (and apply them with --accept)."""
-    from gpufleet.control.power_spec import parse_duration
+    from gpufleet.control.power.spec import parse_duration
     from gpufleet.energy.budget import propose
 
     revert_s = parse_duration(revert_after) if revert_after else None

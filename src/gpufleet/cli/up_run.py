@@ -39,7 +39,7 @@ def run_up(
         sim_reloader,
     )
     from gpufleet.cli.process import check_gpu_limit, private_state
-    from gpufleet.control.remediation import load_policy
+    from gpufleet.control.state.remediation import load_policy
     from gpufleet.control.up import (
         ADMIN_TOKEN_FILE,
         DEFAULT_SIM,
@@ -54,8 +54,8 @@ def run_up(
 
     notifier = None
     if notify is not None:  # a clear error naming the file before anything is opened
-        from gpufleet.control.notify import attach, build_notifier, database_id
-        from gpufleet.control.notify_config import load_notify
+        from gpufleet.control.notify.config import load_notify
+        from gpufleet.control.notify.notifier import attach, build_notifier, database_id
 
         notifier = build_notifier(load_notify(notify), str(notify))
     private_state(_data_dir(data_dir))

@@ -7,7 +7,7 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from gpufleet.control.remediation import RemediationPolicy
+from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.wire import Ack
 from gpufleet.wire.validation import ValidationPost
 from gpufleet.wire.views import FindingOut as FindingOut
@@ -190,7 +190,7 @@ class Series(_Out):
     # where the samples came from: "memory" (the answering replica's rings, or for minutes the
     # shared rollup table), "peer" (forwarded to the replica holding the node's rings, named
     # in ``served_by``) or "prometheus"; ``partial``: recent raw samples held by another
-    # replica could not be read, ``note`` says why (gpufleet.control.series_forward)
+    # replica could not be read, ``note`` says why (gpufleet.control.series.forward)
     source: str | None = None
     served_by: str | None = None
     partial: bool = False

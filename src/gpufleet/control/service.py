@@ -3,10 +3,10 @@ the background loop (lost detection, drain completion, rollups, retention), with
 clock. The loop only sends commands to the writer; it never writes itself.
 
 With several replicas on one PostgreSQL (issue 18) every replica serves the API and ingests,
-and only the leader (`gpufleet.control.leader`) runs the loop's lifecycle work, campaigns and
+and only the leader (`gpufleet.control.ha.leader`) runs the loop's lifecycle work, campaigns and
 retention and the embedded scheduler's placement, each write checked against its fencing
 token; every replica re-reads what the others wrote every ``refresh_s``
-(`gpufleet.control.replica_sync`). On SQLite the one controller is always the leader.
+(`gpufleet.control.ha.replica_sync`). On SQLite the one controller is always the leader.
 
 The loop watches its own pulse: when two of its ticks are further apart than ``stall_s`` (the
 process was stopped, the machine suspended, the loop starved), the controller was down, not
@@ -23,17 +23,21 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpufleet.control import campaign_ops, campaign_propose, energy_store, power_ops, replica_sync
-from gpufleet.control.db import database_url, make_engine, migrate
-from gpufleet.control.deafness import JITTER_S
-from gpufleet.control.ingest import IngestQueue
-from gpufleet.control.leader import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Leadership, StaleLeader
-from gpufleet.control.limits import DEFAULT_MAX_NODES_PER_TOKEN, NodeQuota
-from gpufleet.control.remediation import RemediationPolicy
-from gpufleet.control.scheduling import SchedulerEvents, fail_drain, node_facts
-from gpufleet.control.series_forward import check_advertise_url
-from gpufleet.control.store import ControlStore
-from gpufleet.control.telemetry_store import DEFAULT_CAPACITY, TelemetryStore
+from gpufleet.control.campaigns import ops as campaign_ops
+from gpufleet.control.campaigns import propose as campaign_propose
+from gpufleet.control.db.engine import database_url, make_engine, migrate
+from gpufleet.control.ha import replica_sync
+from gpufleet.control.ha.leader import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Leadership, StaleLeader
+from gpufleet.control.ingest.queue import IngestQueue
+from gpufleet.control.jobs.events import SchedulerEvents, fail_drain, node_facts
+from gpufleet.control.power import ops as power_ops
+from gpufleet.control.series.forward import check_advertise_url
+from gpufleet.control.state import energy_store
+from gpufleet.control.state.deafness import JITTER_S
+from gpufleet.control.state.limits import DEFAULT_MAX_NODES_PER_TOKEN, NodeQuota
+from gpufleet.control.state.remediation import RemediationPolicy
+from gpufleet.control.state.rings import DEFAULT_CAPACITY, TelemetryStore
+from gpufleet.control.state.store import ControlStore
 from gpufleet.schedulers.base import NoScheduler, SchedulerBackend, SchedulerContext
 
 log = logging.getLogger("gpufleet.control")
@@ -64,10 +68,10 @@ class ServiceConfig:
     # a revocation takes effect within about this long on every controller
     token_poll_s: float = 0.1
     max_nodes_per_token: int = DEFAULT_MAX_NODES_PER_TOKEN  # unbound agent tokens; 0: no limit
-    # series API reads from this Prometheus (gpufleet.control.series_source); None: memory
+    # series API reads from this Prometheus (gpufleet.control.series.source); None: memory
     prometheus_url: str | None = None
     # this replica's base URL as the others reach it: recorded with the heartbeats of the nodes
-    # it ingests, so they forward raw series reads here (gpufleet.control.series_forward)
+    # it ingests, so they forward raw series reads here (gpufleet.control.series.forward)
     advertise_url: str | None = None
     # a PEM bundle to verify the other replicas' https advertise URLs with (--peer-ca); None:
     # the system trust store
@@ -252,7 +256,7 @@ class ControlService:
             if self._stop.wait(self.config.tick_s):
                 return
             # a late wake means the process was starved or stopped: the agents' pushes waited
-            # unread meanwhile, so that span is no node's silence (control/deafness.py);
+            # unread meanwhile, so that span is no node's silence (control/state/deafness.py);
             # recorded before this tick's lost check, which may run before the event loop's
             # own pulse wakes
             late = time.monotonic() - asleep - self.config.tick_s

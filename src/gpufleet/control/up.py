@@ -96,7 +96,7 @@ def serve(
     """Run uvicorn on the app until SIGINT or SIGTERM; ``on_ready`` runs once the socket is
     listening, ``before_exit`` (on its own thread) when a stop signal comes, while the server
     still answers (`gpufleet up` lets its agents push their last samples there)."""
-    from gpufleet.control.api import create_app
+    from gpufleet.control.api.app import create_app
 
     delay = os.environ.get(API_DELAY_ENV)
     if delay:  # test hook only: an app that takes this long to build, as on a loaded machine

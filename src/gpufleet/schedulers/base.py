@@ -213,7 +213,7 @@ class SchedulerContext:
     # what it stores (the embedded scheduler's job specs); None: no directory (a database URL)
     secrets_dir: Path | None = None
     # with several controller replicas (issue 18): does this one lead now, and the guard of
-    # a leader's transactions (its fencing token, `gpufleet.control.leader`); a scheduler with
+    # a leader's transactions (its fencing token, `gpufleet.control.ha.leader`); a scheduler with
     # periodic work of its own (the embedded one's placement) does it only while leading
     leading: Callable[[], bool] = lambda: True
     fenced: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext

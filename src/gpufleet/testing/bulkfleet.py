@@ -17,10 +17,10 @@ from typing import Any
 
 from sqlalchemy import insert, select, update
 
-from gpufleet.control.auth import Principal, Role
-from gpufleet.control.ingest import parse_batch, queue_item
-from gpufleet.control.models import Gpu, Node, Rack
-from gpufleet.control.store import ControlStore
+from gpufleet.control.db.models import Gpu, Node, Rack
+from gpufleet.control.ingest.queue import parse_batch, queue_item
+from gpufleet.control.state.auth import Principal, Role
+from gpufleet.control.state.store import ControlStore
 
 GPUS = 8
 # H100 SXM board power limit 700 W (NVIDIA H100 Tensor Core GPU datasheet)

@@ -62,8 +62,8 @@ def create_tokens(
 ) -> dict[str, str]:
     """Tokens straight into the controller's database (migrated here if new): ``{label: (role,
     node)}`` to ``{label: token}``; one process instead of one CLI call per token."""
-    from gpufleet.control.auth import TokenStore
-    from gpufleet.control.db import database_url, make_engine, migrate, session_factory
+    from gpufleet.control.db.engine import database_url, make_engine, migrate, session_factory
+    from gpufleet.control.state.auth import TokenStore
 
     engine = make_engine(database_url(data_dir, db_url))
     try:

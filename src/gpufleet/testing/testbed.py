@@ -23,8 +23,8 @@ from typing import Any
 
 import httpx
 
-from gpufleet.control.remediation import RemediationPolicy
 from gpufleet.control.service import ControlService, ServiceConfig
+from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.devices.sim import Fault, FaultKind, SimFleet
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.base import SchedulerBackend
@@ -174,7 +174,7 @@ class Controller:
     def start(self) -> Controller:
         import uvicorn
 
-        from gpufleet.control.api import create_app
+        from gpufleet.control.api.app import create_app
         from gpufleet.schedulers.registry import SchedulerOptions, make_scheduler
 
         cfg = ServiceConfig(

@@ -91,7 +91,7 @@ SAMPLE_AHEAD_S = 300.0
 SAMPLE_BEHIND_S = 7 * 86400.0
 
 # Readings outside these ranges are dropped (one by one, counted by field in the Ack), for every
-# metric the control plane keeps (control.telemetry_store.FIELDS; the names and units of
+# metric the control plane keeps (control.state.rings.FIELDS; the names and units of
 # gpufleet.devices.types.Sample).
 SAMPLE_RANGES: dict[str, tuple[float, float]] = {
     # NVML utilisation rates are percentages of a sample period

@@ -109,7 +109,7 @@ def screen_samples(
     a sample whose time is outside ``now_s - SAMPLE_BEHIND_S .. now_s + SAMPLE_AHEAD_S``
     (under ``"t"``, its readings uncounted), a reading outside its field's `SAMPLE_RANGES`
     (the rest of its sample stays). The reference for the ingest path's array version
-    (`gpufleet.control.sample_screen`), which must agree with it."""
+    (`gpufleet.control.ingest.screen`), which must agree with it."""
     lo, hi = now_s - SAMPLE_BEHIND_S, now_s + SAMPLE_AHEAD_S
     dropped: dict[str, int] = {}
     out = []

@@ -1,5 +1,5 @@
 """Generated Kubernetes objects for the control plane itself: a Deployment of the controller
-(two replicas by default, on PostgreSQL: they elect a leader, `gpufleet.control.leader`, and
+(two replicas by default, on PostgreSQL: they elect a leader, `gpufleet.control.ha.leader`, and
 both serve the API), its Service, a PodDisruptionBudget, a Secret holding the database
 URL and the key that seals stored job specs (the same for every replica and restart), and a
 ConfigMap holding the remediation policy.

@@ -39,7 +39,7 @@ from gpufleet.schedulers.base import SchedNodeState
 from gpufleet.schedulers.slurm.commands import SlurmCommands, reason_text
 
 HEALTH_PREFIX = "gpufleet: health: "
-# The controller's default policy (gpufleet.control.remediation.RemediationPolicy): at most
+# The controller's default policy (gpufleet.control.state.remediation.RemediationPolicy): at most
 # max(1, floor(10 % of the nodes)) out, so a check without a controller follows the same floor.
 DEFAULT_MAX_DRAINED = "10%"
 HEALTHY = "healthy, in service"

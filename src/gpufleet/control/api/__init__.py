@@ -1,0 +1,1 @@
+"""HTTP only: the FastAPI app, its routers per area, the ASGI ingest fast path and body limits."""

@@ -1,0 +1,1 @@
+"""The database: engine and URL, SQLAlchemy models, Alembic migrations, backup and restore."""

@@ -1,0 +1,1 @@
+"""Energy accounting reads: reports by job, tenant, node, model and day."""

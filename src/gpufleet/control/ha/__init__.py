@@ -1,0 +1,1 @@
+"""Several replicas on one PostgreSQL: the leader lease with its fencing token, and replica sync."""

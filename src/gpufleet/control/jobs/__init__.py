@@ -1,0 +1,1 @@
+"""Jobs and the scheduler: lifecycle events to the scheduler backend, job slots."""

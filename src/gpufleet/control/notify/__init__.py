@@ -1,0 +1,1 @@
+"""Notifications: the notifier, its configuration and its sinks (webhooks, Slack, email)."""

@@ -1,0 +1,2 @@
+"""Time series: raw series reads (memory or Prometheus), forwarding to the replica holding them,
+rollups."""
