@@ -44,8 +44,8 @@ NODES = ("gpu1", "gpu2", "gpu3")
 def _inventory(names: tuple[str, ...], memory_extra_mb: int = 0) -> dict[str, object]:
     """An inventory as `gpufleet inventory --json` writes it on a GPU node: simulated GPUs,
     this machine's real CPU topology and memory."""
-    from gpufleet.cli.inventory import collect, inventory_document
-    from gpufleet.devices.discovery import open_fleet
+    from gpufleet.cli.inventory import inventory_document
+    from gpufleet.devices.discovery import collect, open_fleet
 
     fleet = open_fleet(sim=f"{len(names)}x2xh100", seed=7)
     try:

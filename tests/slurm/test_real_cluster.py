@@ -183,8 +183,8 @@ def test_generated_config_starts_real_slurm(tmp_path: Path) -> None:
 
 
 def _sim_inventory() -> dict[str, object]:
-    from gpufleet.cli.inventory import collect, inventory_document
-    from gpufleet.devices.discovery import open_fleet
+    from gpufleet.cli.inventory import inventory_document
+    from gpufleet.devices.discovery import collect, open_fleet
 
     fleet = open_fleet(sim="2x4xh100", seed=7)
     try:

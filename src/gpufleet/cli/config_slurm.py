@@ -17,9 +17,9 @@ from gpufleet.errors import ConfigError, UsageError
 
 
 def _inventory_doc(sim: str | None, seed: int) -> dict[str, Any]:
-    from gpufleet.cli.inventory import collect, inventory_document
+    from gpufleet.cli.inventory import inventory_document
     from gpufleet.cli.output import to_jsonable
-    from gpufleet.devices.discovery import open_fleet
+    from gpufleet.devices.discovery import collect, open_fleet
 
     fleet = open_fleet(sim=sim, seed=seed).bounded()
     try:

@@ -19,23 +19,11 @@ from gpufleet.cli.common import (
     read_token,
 )
 from gpufleet.cli.output import console, emit_json, fit, fmt, to_jsonable
-from gpufleet.devices.discovery import Fleet, node_inventory, open_fleet
+from gpufleet.devices.discovery import collect, open_fleet
 from gpufleet.devices.drift import DriftItem, find_drift
 from gpufleet.devices.smi.importer import ImportResult
 from gpufleet.devices.smi.report_view import attention, import_details
 from gpufleet.devices.types import NodeInventory, decode_clock_reasons
-
-
-def collect(fleet: Fleet) -> tuple[list[NodeInventory], list[str]]:
-    """Inventories of every node of a fleet, with notes on GPUs that could not be read."""
-    nodes: list[NodeInventory] = []
-    notes: list[str] = []
-    for backend in fleet.backends:
-        inv, n = node_inventory(backend)
-        nodes.append(inv)
-        notes.extend(n)
-    nodes.extend(inv for inv, _ in fleet.imported)
-    return nodes, notes
 
 
 def inventory_document(

@@ -55,8 +55,7 @@ def local_status(
     sim: str | None, imports: list[Path], seed: int, baseline: BaselineFile
 ) -> list[NodeBaseline]:
     """Every node of a simulated fleet, imported reports, or this host."""
-    from gpufleet.cli.inventory import collect
-    from gpufleet.devices.discovery import open_fleet
+    from gpufleet.devices.discovery import collect, open_fleet
 
     fleet = open_fleet(sim=sim, imports=imports, seed=seed).bounded()
     try:

@@ -43,8 +43,7 @@ def _fleet(
     sim: str | None, imports: list[Path], seed: int
 ) -> tuple[list[NodeInventory], dict[str, str]]:
     """The inventories and each node's rack where the source knows it."""
-    from gpufleet.cli.inventory import collect
-    from gpufleet.devices.discovery import open_fleet
+    from gpufleet.devices.discovery import collect, open_fleet
 
     fleet = open_fleet(sim=sim, imports=imports, seed=seed).bounded()
     try:

@@ -143,3 +143,15 @@ def node_inventory(backend: GpuBackend) -> tuple[NodeInventory, list[str]]:
         ),
         notes,
     )
+
+
+def collect(fleet: Fleet) -> tuple[list[NodeInventory], list[str]]:
+    """Inventories of every node of a fleet, with notes on GPUs that could not be read."""
+    nodes: list[NodeInventory] = []
+    notes: list[str] = []
+    for backend in fleet.backends:
+        inv, n = node_inventory(backend)
+        nodes.append(inv)
+        notes.extend(n)
+    nodes.extend(inv for inv, _ in fleet.imported)
+    return nodes, notes

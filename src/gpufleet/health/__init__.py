@@ -48,7 +48,8 @@ from gpufleet.health.context import (
     NodeContext,
     NodeHealthInput,
 )
-from gpufleet.health.registry import RULES, Rule, RuleParams, all_rules, register_rule
+from gpufleet.health.registry import RULES, Rule, RuleParams, register_rule
+from gpufleet.health.rules import all_rules
 from gpufleet.health.tracker import HealthReport, HealthTracker
 from gpufleet.health.types import Finding, Severity
 

@@ -18,7 +18,8 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from gpufleet.errors import ConfigError, UnknownNameError
-from gpufleet.health.registry import Rule, RuleParams, all_rules
+from gpufleet.health.registry import Rule, RuleParams
+from gpufleet.health.rules import all_rules
 from gpufleet.yamldoc import read_text_file, read_yaml
 
 

@@ -3,7 +3,9 @@ thresholds model, pure function).
 
 A rule is a pure function ``fn(ctx, params) -> Iterable[Finding]``: ``ctx`` is a `GpuContext`
 (scope ``gpu``) or a `NodeContext` (scope ``node``); ``params`` is an instance of the rule's
-`RuleParams` subclass, filled from the ``health.rules.<name>`` section of the config.
+`RuleParams` subclass, filled from the ``health.rules.<name>`` section of the config. The rule
+modules register themselves here when imported; `gpufleet.health.rules.all_rules` imports them
+all (so this module imports none of them).
 """
 
 from __future__ import annotations
@@ -63,13 +65,6 @@ def register_rule(
         return fn
 
     return deco
-
-
-def all_rules() -> dict[str, Rule]:
-    """Every registered rule (importing the rule modules registers them)."""
-    from gpufleet.health import rules_gpu, rules_memory, rules_node, rules_nvlink  # noqa: F401
-
-    return RULES
 
 
 def gpu_finding(

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.base import JobSpec
+from gpufleet.schedulers.slurm.errors import translate
 from gpufleet.wire.limits import NODE_NAME_RULE, is_node_name
 
 
@@ -160,12 +161,10 @@ class SlurmCommands:
     ) -> CommandResult:
         """Run one argument list; a non-zero exit becomes a clear gpufleet error.
         ``job_env``: a submission, run with `job_env` instead of this process's environment."""
-        from gpufleet.schedulers.slurm.errors import raise_for
-
         env = self.job_env(job_env) if job_env is not None else self.env(extra_env)
         res = self.runner(argv, env, self.timeout_s)
         if res.returncode != 0:
-            raise_for(res)
+            raise translate(res.argv, res.returncode, res.stderr, res.stdout)
         return res
 
     # --- argument lists -------------------------------------------------------------------

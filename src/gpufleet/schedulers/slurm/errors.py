@@ -108,11 +108,3 @@ def translate(
     return SlurmError(
         f"{prog} failed: {detail}", argv=argv, stderr=text, hint=f"command: {shlex.join(argv)}"
     )
-
-
-def raise_for(res: object) -> None:
-    """Raise the translated error for a failed :class:`CommandResult`."""
-    from gpufleet.schedulers.slurm.commands import CommandResult
-
-    assert isinstance(res, CommandResult)
-    raise translate(res.argv, res.returncode, res.stderr, res.stdout)
