@@ -11,11 +11,17 @@ from pathlib import Path
 import httpx
 import pytest
 
-from gpufleet.control.db.engine import make_engine, migrate, session_factory
+from gpufleet.control.db.engine import make_engine, migrate
 from gpufleet.control.db.models import EventRow, ValidationResultRow
 from gpufleet.control.notify.config import EmailConfig, RetryConfig, WebhookConfig, load_notify
-from gpufleet.control.notify.notifier import Notification, Notifier, attach, record_event
+from gpufleet.control.notify.notifier import (
+    Notification,
+    Notifier,
+    SessionNotifier,
+    record_event,
+)
 from gpufleet.control.notify.sinks import EmailSink, WebhookSink
+from gpufleet.control.state.store import ControlStore
 from gpufleet.errors import ConfigError
 from tests.alerts.receivers import SmtpReceiver, WebhookReceiver
 from tests.control.conftest import free_port
@@ -155,7 +161,8 @@ def test_email_through_a_local_smtp_server() -> None:
 def test_only_committed_rows_notify_once(tmp_path: Path) -> None:
     engine = make_engine(f"sqlite:///{tmp_path / 'db.sqlite'}")
     migrate(engine)
-    sessions = session_factory(engine)
+    store = ControlStore(engine, clock=lambda: 5.0)
+    sessions = store.sessions
     got: list[Notification] = []
 
     class Collect:
@@ -168,7 +175,7 @@ def test_only_committed_rows_notify_once(tmp_path: Path) -> None:
             got.append(n)
 
     notifier = Notifier([Collect()]).start()
-    attach(sessions, notifier, "db1")
+    store.tell(SessionNotifier(notifier, "db1"))
     try:
         with sessions.begin() as s:
             record_event(

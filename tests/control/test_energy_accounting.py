@@ -107,12 +107,12 @@ def _run_and_check(
             seq += 1
             _push(svc, agent, seq)
         if sec % 15 == 0 and not 240 < sec < 330:  # the controller's periodic flush
-            svc.store.flush_rollups()
+            svc.flush_rollups()
         if sec == 330:  # killed without a final flush; a new controller on the same database
             svc.ingest.stop()
             svc.engine.dispose()
             svc = make_service()
-    svc.store.flush_rollups()
+    svc.flush_rollups()
     got = _stored_joules(svc)
     for k in (0, 1):
         assert got[k] == pytest.approx(truth[k], rel=0.01), (k, got[k], truth[k])
@@ -193,5 +193,5 @@ def test_an_implausible_counter_jump_is_not_trusted(
     }
     parsed = parse_batch(json.dumps(body).encode())
     svc.ingest.submit_sync(IngestItem(parsed.batch, AGENT, t0, parsed.arrays))
-    svc.store.flush_rollups()
+    svc.flush_rollups()
     assert _stored_joules(svc)[0] == pytest.approx(400.0 * 60, rel=1e-6)

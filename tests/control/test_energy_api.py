@@ -33,9 +33,9 @@ def _fleet(svc: ControlService, clock: ManualClock, minutes: int = 3) -> float:
     for n in WATTS:
         for m in range(minutes):
             push(svc, _body(n, m + 1, t0 + 60 * m, 60))
-            svc.store.flush_rollups()  # the controller's periodic flush (every 15 s)
+            svc.flush_rollups()  # the controller's periodic flush (every 15 s)
     clock.advance(60 * minutes)
-    svc.store.flush_rollups()
+    svc.flush_rollups()
     return 60 * minutes - 1  # seconds integrated: samples at t0 .. t0 + 60*minutes - 1
 
 

@@ -94,11 +94,11 @@ def test_a_job_is_charged_its_gpus_energy_while_it_held_them(
     gpu = backend.job(jid).gpus[0]
     for m in range(1, 5):
         push(service, _power(m + 1, T0 + 60 * m))
-        service.store.flush_rollups()  # the controller's periodic flush (every 15 s)
+        service.flush_rollups()  # the controller's periodic flush (every 15 s)
     clock.advance(150)
     backend.cancel(jid)  # ends at T0 + 180
     clock.advance(120)
-    service.store.flush_rollups()
+    service.flush_rollups()
     want_kwh = WATTS[gpu] * 150 / 3.6e6
     c = TestClient(create_app(service))
     tok = service.store.tokens.create("viewer")[0]

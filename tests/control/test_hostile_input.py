@@ -105,7 +105,7 @@ def test_a_bad_sample_of_one_node_never_touches_another(env: Env, clock: ManualC
     poisoned["samples"][0]["t"][0] = -1e30
     assert _push(env, poisoned).json()["dropped"] == {"t": 1}
     clock.advance(600)
-    svc.store.flush_rollups()
+    svc.flush_rollups()
     with svc.store.sessions() as s:
         rows = {(r.node, r.gpu_index) for r in s.scalars(select(Rollup))}
     # batch(): 2 GPUs x 2 samples a node; the bad node keeps its good sample of GPU 0
@@ -123,7 +123,7 @@ def test_rollup_flush_survives_a_value_that_cannot_be_stored(
     svc.store.telemetry.add_blocks("poisoned", [0], np.array([[-1e30]]), mat.copy())
     svc.store.telemetry.add_blocks("fine", [0], np.array([[T0]]), mat.copy())
     svc.store.telemetry.add_blocks("fine", [1], np.array([[T0]]), mat.copy())
-    assert svc.store.flush_rollups(everything=True) == 2
+    assert svc.flush_rollups(everything=True) == 2
     with svc.store.sessions() as s:
         rows = [(r.node, r.gpu_index, r.minute_s) for r in s.scalars(select(Rollup))]
     minute = int(T0 // 60 * 60)

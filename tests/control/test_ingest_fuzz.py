@@ -108,7 +108,7 @@ def test_fuzzed_ingest_never_fails_and_never_touches_another_node(
     attack()
     assert 200 in answers and 422 in answers  # the fuzz reached both sides
     clock.advance(600)
-    svc.store.flush_rollups()
+    svc.flush_rollups()
     with svc.store.sessions() as s:
         nodes = {r.node for r in s.scalars(select(Rollup))}
     assert "good" in nodes

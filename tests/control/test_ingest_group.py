@@ -103,10 +103,10 @@ def test_a_failing_batch_fails_alone(make_service: Any, monkeypatch: pytest.Monk
     token = svc.store.tokens.create("agent")[0]
     real = ingest_writes._apply_one
 
-    def flaky(store: Any, s: Any, item: Any, *a: Any) -> None:
+    def flaky(uow: Any, item: Any, *a: Any) -> None:
         if item.batch.node == "bad":
             raise RuntimeError("injected write failure")
-        real(store, s, item, *a)
+        real(uow, item, *a)
 
     monkeypatch.setattr(ingest_writes, "_apply_one", flaky)
     nodes = ["a", "bad", "b"]

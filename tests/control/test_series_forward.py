@@ -19,7 +19,7 @@ from sqlalchemy import select, update
 
 from gpufleet.control import schemas as sc
 from gpufleet.control.db.models import Node
-from gpufleet.control.fleet import queries as qy
+from gpufleet.control.series import memory
 from gpufleet.control.series.forward import (
     FORWARDED,
     PeerAnswered,
@@ -148,16 +148,20 @@ def test_minutes_are_shared_through_the_database(
     every replica reads."""
     a, b = pair
     push(a, batch("n1", 1, t=T0, k=30))
-    a.store.flush_rollups(everything=True)
+    a.flush_rollups(everything=True)
     b.tick()
     names = ["power_w", "gpu_util_pct"]
     got = [
-        qy.series(s.store, s.store.view.nodes["n1"], 0, names, resolution="minute", since_s=None)
+        memory.series(
+            s.store, s.store.view.nodes["n1"], 0, names, resolution="minute", since_s=None
+        )
         for s in (a, b)
     ]
     assert got[0].t and got[0].t == got[1].t
     assert got[0].fields == got[1].fields and got[0].max == got[1].max
-    raw_b = qy.series(b.store, b.store.view.nodes["n1"], 0, names, resolution="raw", since_s=None)
+    raw_b = memory.series(
+        b.store, b.store.view.nodes["n1"], 0, names, resolution="raw", since_s=None
+    )
     assert raw_b.t == []  # raw samples: only in a's memory
 
 

@@ -78,7 +78,7 @@ def test_ingest_idempotent_and_rollups(db_config: dict[str, Any]) -> None:
         assert t == [T0 + i for i in range(6)]
         assert cols["gpu_util_pct"] == [10.0, 11.0, 12.0, 10.0, 11.0, 12.0]
         clock.advance(300)
-        assert svc.store.flush_rollups() > 0
+        assert svc.flush_rollups() > 0
         with svc.store.sessions() as s:
             rows = list(s.scalars(select(Rollup).where(Rollup.node == "n1", Rollup.gpu_index == 1)))
         # T0 = 1_700_000_000 is 20 s into its minute: samples T0..T0+5 share one minute

@@ -175,12 +175,10 @@ def test_a_refused_transition_reloads_only_the_nodes_it_moved(
     state_n1 = store.nodes["n1"].state
 
     def move_then_refuse() -> None:
-        with store.sessions.begin() as s:
-            store._move(s, store.nodes["n3"], NodeState.DRAINING, actor="t", reason="t", after=[])
+        with store.unit_of_work() as uow:
+            uow.move(store.nodes["n3"], NodeState.DRAINING, actor="t", reason="t")
             assert store.nodes["n3"].state == NodeState.DRAINING  # moved in the cache
-            store._move(
-                s, store.nodes["n1"], NodeState.REGISTERING, actor="t", reason="t", after=[]
-            )
+            uow.move(store.nodes["n1"], NodeState.REGISTERING, actor="t", reason="t")
 
     with pytest.raises(TransitionError):
         store.writer.call(move_then_refuse)

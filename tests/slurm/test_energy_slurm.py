@@ -54,7 +54,7 @@ def test_a_slurm_job_is_charged_its_gres_gpu(slurm_cluster: DevCluster, tmp_path
             for g, s in enumerate(body["samples"]):
                 s["fields"]["power_w"] = [WATTS[g]] * 120
             push(svc, body)
-            svc.store.flush_rollups()
+            svc.flush_rollups()
             who = Principal(None, "admin", Role.ADMIN)
             rep = report(svc.store, who, "job", 86400.0, clock(), b)
             row = next(r for r in rep["rows"] if r["key"] == jid)

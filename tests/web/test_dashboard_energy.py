@@ -45,12 +45,12 @@ def test_idle_waste_panel_shows_the_stored_idle_energy(small: LiveFleet, browser
     )
     # some idle time in service, then a flush; the controller's own tick flushes every 15 s,
     # so the figures are read between flushes and retried when one came in between
-    assert wait_for(lambda: store.flush_rollups() >= 0 and _stored(small)[1] > 0, 60)
+    assert wait_for(lambda: small.service.flush_rollups() >= 0 and _stored(small)[1] > 0, 60)
     ctx = browser.new_context(viewport={"width": 1280, "height": 800})
     errors: list[str] = []
     try:
         for _ in range(5):
-            store.flush_rollups()
+            small.service.flush_rollups()
             before = _stored(small)
             page = ctx.new_page()
             page.on("pageerror", lambda e: errors.append(str(e)))

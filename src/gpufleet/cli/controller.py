@@ -294,7 +294,7 @@ def _serve(
 ) -> None:
     from gpufleet.cli.process import private_state
     from gpufleet.control.notify.config import load_notify
-    from gpufleet.control.notify.notifier import attach, build_notifier, database_id
+    from gpufleet.control.notify.notifier import SessionNotifier, build_notifier, database_id
     from gpufleet.control.series.forward import check_advertise_url
     from gpufleet.control.series.source import check_url
     from gpufleet.control.state.remediation import load_policy
@@ -325,7 +325,7 @@ def _serve(
         advertise_url=advertise_url,
     )
     if notifier is not None:  # issue 18: webhooks and email on node and breaker events
-        attach(service.store.sessions, notifier.start(), database_id(service.url))
+        service.store.tell(SessionNotifier(notifier.start(), database_id(service.url)))
     service.config.prometheus_url = prometheus_url  # read when the API is built (serve)
     service.config.peer_ca = peer_ca
     service.config.energy_retention_s = energy_days * 86400.0  # read by the leader's tick

@@ -55,7 +55,7 @@ def run_up(
     notifier = None
     if notify is not None:  # a clear error naming the file before anything is opened
         from gpufleet.control.notify.config import load_notify
-        from gpufleet.control.notify.notifier import attach, build_notifier, database_id
+        from gpufleet.control.notify.notifier import SessionNotifier, build_notifier, database_id
 
         notifier = build_notifier(load_notify(notify), str(notify))
     private_state(_data_dir(data_dir))
@@ -64,7 +64,7 @@ def run_up(
         _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
     )
     if notifier is not None:  # as `gpufleet controller --notify` (docs/alerts.md)
-        attach(service.store.sessions, notifier.start(), database_id(service.url))
+        service.store.tell(SessionNotifier(notifier.start(), database_id(service.url)))
     service.start(api=True)
     token = admin_token(service, _data_dir(data_dir))
     source, backends, simfleet = open_backends(sim, seed, DEFAULT_SIM)

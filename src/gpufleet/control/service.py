@@ -28,9 +28,11 @@ from gpufleet.control.campaigns import propose as campaign_propose
 from gpufleet.control.db.engine import database_url, make_engine, migrate
 from gpufleet.control.ha import replica_sync
 from gpufleet.control.ha.leader import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Leadership, StaleLeader
+from gpufleet.control.ingest import writes as ingest_writes
 from gpufleet.control.ingest.queue import IngestQueue
 from gpufleet.control.jobs.events import SchedulerEvents, fail_drain, node_facts
 from gpufleet.control.power import ops as power_ops
+from gpufleet.control.series import rollups
 from gpufleet.control.series.forward import check_advertise_url
 from gpufleet.control.state import energy_store
 from gpufleet.control.state.deafness import JITTER_S
@@ -121,6 +123,7 @@ class ControlService:
             clock=clock,
             policy=config.policy,
             hook=self.events,
+            batches=ingest_writes.apply_batches,
             telemetry=TelemetryStore(config.ring_capacity),
             lost_after_intervals=config.lost_after_intervals,
             min_drain_s=config.min_drain_s,
@@ -171,7 +174,7 @@ class ControlService:
         if self._thread is not None:
             self._thread.join(timeout=10)
         try:
-            self.store.flush_rollups(everything=True)
+            self.flush_rollups(everything=True)
         except Exception as exc:
             log.warning("final rollup flush failed: %s", exc)
         self.ingest.stop()  # the writer finishes what is queued, then ends
@@ -215,7 +218,9 @@ class ControlService:
         if self.replicated and now - self._last_refresh >= self.config.refresh_s:
             self._last_refresh = now
             self._synced = self.store.writer.call(
-                lambda: replica_sync.refresh(self.store, self._synced)
+                lambda: replica_sync.refresh(
+                    self.store, self._synced, lambda: campaign_ops.refresh_orders(self.store)
+                )
             )
         moved: list[tuple[str, str]] = []
         leading = self.leading
@@ -237,9 +242,9 @@ class ControlService:
             self.store.writer.call(self._refresh_orders)
         if now - self._last_slow >= 15.0:
             self._last_slow = now
-            self.store.flush_rollups()  # this replica's own minutes (and energy)
+            self.flush_rollups()  # this replica's own minutes (and energy)
             if leading:
-                self.store.apply_retention(
+                self.apply_retention(
                     rollups_s=self.config.rollup_retention_s,
                     batches_s=self.config.batch_retention_s,
                     events_s=self.config.event_retention_s,
@@ -249,6 +254,26 @@ class ControlService:
                     self.store.lead(lambda: energy_store.retain(self.store, cutoff))
                 )
         return moved
+
+    def flush_rollups(self, *, everything: bool = False) -> int:
+        """Persist closed minutes (all of them when ``everything``, at shutdown) and the energy
+        ledger's minutes, on the writer; returns the rollup rows written."""
+        store = self.store
+
+        def both() -> int:
+            n = rollups.flush_rollups(store, everything=everything)
+            energy_store.flush_energy(store)
+            return n
+
+        return store.writer.call(both)
+
+    def apply_retention(self, *, rollups_s: float, batches_s: float, events_s: float) -> None:
+        """Delete rollups, batch keys and events older than their retention: one writer command
+        per table, so ingest commits interleave with the deletes."""
+        for step in rollups.retention_steps(
+            self.store, rollups_s=rollups_s, batches_s=batches_s, events_s=events_s
+        ):
+            self.store.writer.call(step)
 
     def _loop(self) -> None:
         while True:

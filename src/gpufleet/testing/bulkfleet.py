@@ -3,9 +3,9 @@ test: synthetic wire batches (schema v1, 8 x H100 SXM per node) committed throug
 ingest path (`parse_batch`, `queue_item`, the writer's group commit), many batches per
 transaction, and racks set for every node in one transaction.
 
-Going through `ControlStore.apply_batches` in groups is what the writer does with concurrent
-pushes; one batch per request (the HTTP path) would take minutes for 10,000 registrations on a
-small machine, which is the benchmark's subject, not its setup.
+Going through `gpufleet.control.ingest.writes.apply_batches` in groups is what the writer does with
+concurrent pushes; one batch per request (the HTTP path) would take minutes for 10,000 registrations
+on a small machine, which is the benchmark's subject, not its setup.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from sqlalchemy import insert, select, update
 
 from gpufleet.control.db.models import Gpu, Node, Rack
 from gpufleet.control.ingest.queue import parse_batch, queue_item
+from gpufleet.control.ingest.writes import apply_batches
 from gpufleet.control.state.auth import Principal, Role
 from gpufleet.control.state.store import ControlStore
 
@@ -126,7 +127,7 @@ def fill(
         items.append(queue_item(parsed, agent, now))
     for k in range(0, len(items), group):
         chunk = items[k : k + group]
-        store.writer.call(lambda chunk=chunk: store.apply_batches(chunk))  # type: ignore[misc]
+        store.writer.call(lambda chunk=chunk: apply_batches(store, chunk))  # type: ignore[misc]
 
 
 def set_racks(store: ControlStore, racks: dict[str, str]) -> None:
@@ -149,7 +150,7 @@ def set_racks(store: ControlStore, racks: dict[str, str]) -> None:
         for node, rack in racks.items():
             store.nodes[node].rack = rack
             store.dirty(node)
-        store.generation += 1
+        store.bump()
 
     store.writer.call(write)
 
@@ -209,6 +210,6 @@ def register(store: ControlStore, names: Sequence[str], now: float, racks_of: in
                 ],
             )
         store.load()
-        store.generation += 1
+        store.bump()
 
     store.writer.call(write)

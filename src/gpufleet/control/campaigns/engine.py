@@ -78,6 +78,7 @@ from gpufleet.control.db.models import (
     Transition,
 )
 from gpufleet.control.state import lifecycle as lc
+from gpufleet.control.state import transitions as tr
 from gpufleet.control.state.lifecycle import OUT_STATES, NodeState
 from gpufleet.control.state.remediation import allowed_out
 from gpufleet.maintenance.windows import parse_schedule
@@ -173,7 +174,7 @@ def _move(
     after: lc.PostCommit,
 ) -> None:
     if nc.state != to.value:
-        store._move(s, nc, to, actor=f"campaign:{c.id}", reason=reason, after=after)
+        tr.move(store, s, nc, to, actor=f"campaign:{c.id}", reason=reason, after=after)
 
 
 def _set_cordon(
@@ -292,7 +293,7 @@ def tick(store: ControlStore) -> list[StepChange]:
     for cid in ids:
         _tick_campaign(store, cid, changes)
     if changes:
-        store._bump()
+        store.bump()
     return changes
 
 
@@ -357,7 +358,7 @@ def _one(store: ControlStore, cid: int, name: str, changes: list[StepChange]) ->
         assert c is not None and mn is not None
         nc = store.nodes.get(name)
         _advance(store, s, c, mn, nc, changes, after)
-    store._run_after(after)
+    store.run_after(after)
 
 
 def _advance(
@@ -635,7 +636,7 @@ def _start_nodes(store: ControlStore, cid: int, changes: list[StepChange]) -> No
             _set_cordon(store, s, nc, True, after, c.id)
             _take(store, s, c, mn, CORDONED, "cordoned: no new work", changes)
             flight.append(mn)
-    store._run_after(after)
+    store.run_after(after)
 
 
 def in_flight_nodes(s: Session) -> set[str]:

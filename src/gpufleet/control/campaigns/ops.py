@@ -29,8 +29,6 @@ S = NodeState
 _orders: weakref.WeakKeyDictionary[ControlStore, dict[str, WireUpdateOrder]] = (
     weakref.WeakKeyDictionary()
 )
-# node -> the validation level a campaign asks of it now (only levels above 1)
-_levels: weakref.WeakKeyDictionary[ControlStore, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
 def orders(store: ControlStore) -> dict[str, WireUpdateOrder]:
@@ -40,7 +38,7 @@ def orders(store: ControlStore) -> dict[str, WireUpdateOrder]:
 
 def validation_level(store: ControlStore, node: str) -> int | None:
     """The level a campaign asks ``node`` to validate at now (None: the ordinary level 1)."""
-    return _levels.get(store, {}).get(node)
+    return store.asked_levels.get(node)
 
 
 def refresh_orders(store: ControlStore) -> None:
@@ -71,7 +69,7 @@ def refresh_orders(store: ControlStore) -> None:
                 timeout_s=spec.update_timeout_s,
             )
     _orders[store] = out
-    _levels[store] = levels
+    store.asked_levels = levels
 
 
 def run_pass(store: ControlStore) -> list[cp.StepChange]:
@@ -238,7 +236,7 @@ def _control(store: ControlStore, cid: int, action: str, who: Principal) -> None
         c.state, c.updated_s = target, store.clock()
         c.reason = f"{action} by {who.actor}"
         store.audit(s, who, f"maintenance.{action}", f"campaign:{cid}")
-    store._bump()
+    store.bump()
 
 
 def _drop_compliant(store: ControlStore, s: Session, c: MaintCampaign) -> None:

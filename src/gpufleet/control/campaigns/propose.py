@@ -75,7 +75,7 @@ def propose(store: ControlStore, *, force: bool = False) -> int | None:
     if not members:
         return None
     cid = _start(store, spec, None, state=cp.PROPOSED, created_by=key)
-    store._bump()
+    store.bump()
     return cid
 
 

@@ -18,7 +18,6 @@ from gpufleet.control.db.models import (
     Rack,
     ValidationResultRow,
 )
-from gpufleet.control.state import lifecycle as lc
 from gpufleet.control.state.auth import Principal, Role
 from gpufleet.control.state.cache import agent_ack
 from gpufleet.control.state.lifecycle import ACTION_TARGET, Action, NodeState
@@ -61,8 +60,8 @@ def _node_action(
     given = reason.strip()
     reason = given or f"{action.value} by {who.actor}"
     nc = _node(store, name)
-    after: lc.PostCommit = []
-    with store.sessions.begin() as s:
+    with store.unit_of_work() as uow:
+        s = uow.s
         if action in (Action.CORDON, Action.UNCORDON):
             flag = action is Action.CORDON
             s.execute(update(Node).where(Node.id == nc.id).values(cordoned=flag))
@@ -77,19 +76,17 @@ def _node_action(
                 )
             )
             if flag:
-                after.append(lambda: store.hook.drain(name, reason))
+                uow.later(lambda: store.hook.drain(name, reason))
             elif nc.state == S.IN_SERVICE:
-                after.append(lambda: store.hook.resume(name))
+                uow.later(lambda: store.hook.resume(name))
         elif action is Action.ACKNOWLEDGE:
             for fc in list(nc.findings.values()):
                 _ack(store, s, nc, fc.id, who, given)
         else:
-            store._move(s, nc, ACTION_TARGET[action], actor=who.actor, reason=reason, after=after)
+            uow.move(nc, ACTION_TARGET[action], actor=who.actor, reason=reason)
             if action is Action.VALIDATE:
-                store._maybe_in_service(s, nc, who.actor, after)
-        store.audit(s, who, f"node.{action.value}", name, detail={"reason": reason})
-    store._run_after(after)
-    store._bump()
+                uow.maybe_in_service(nc, who.actor)
+        uow.audit(who, f"node.{action.value}", name, detail={"reason": reason})
 
 
 def _ack(
@@ -131,14 +128,13 @@ def acknowledge_finding(store: ControlStore, finding_id: int, who: Principal) ->
 
 
 def _acknowledge_finding(store: ControlStore, finding_id: int, who: Principal) -> None:
-    with store.sessions.begin() as s:
-        row = s.get(FindingRow, finding_id)
+    with store.unit_of_work() as uow:
+        row = uow.s.get(FindingRow, finding_id)
         if row is None:
             raise NotFound(f"finding {finding_id} not found")
         nc = _node(store, row.node)
-        _ack(store, s, nc, finding_id, who)
-        store.audit(s, who, "finding.acknowledge", str(finding_id), detail={"node": row.node})
-    store._bump()
+        _ack(store, uow.s, nc, finding_id, who)
+        uow.audit(who, "finding.acknowledge", str(finding_id), detail={"node": row.node})
 
 
 def post_validation(store: ControlStore, payload: dict[str, Any], who: Principal) -> NodeView:
@@ -166,22 +162,20 @@ def _level(payload: dict[str, Any]) -> int:
 
 
 def _asked_level(store: ControlStore, node: str) -> int:
-    from gpufleet.control.campaigns.ops import validation_level
-
-    return validation_level(store, node) or 1
+    """The level the node must pass at now (a maintenance campaign may ask above 1)."""
+    return store.asked_levels.get(node) or 1
 
 
 def _post_validation(
     store: ControlStore, node: str, verdict: str, payload: dict[str, Any], who: Principal
 ) -> None:
     nc = _node(store, node)
-    after: lc.PostCommit = []
     reason = f"validation result: {verdict}"
     summary = payload.get("summary")
     if isinstance(summary, str) and summary:
         reason += f" ({summary[:200]})"
-    with store.sessions.begin() as s:
-        s.add(
+    with store.unit_of_work() as uow:
+        uow.s.add(
             ValidationResultRow(
                 node=node,
                 verdict=verdict,
@@ -191,20 +185,18 @@ def _post_validation(
             )
         )
         if nc.state in (S.REPAIR, S.REGISTERING, S.LOST):
-            store._move(s, nc, S.VALIDATING, actor=who.actor, reason=reason, after=after)
+            uow.move(nc, S.VALIDATING, actor=who.actor, reason=reason)
         asked = _asked_level(store, node)
         if nc.state == S.VALIDATING and verdict != "fail" and _level(payload) < asked:
             # a maintenance campaign asks a higher level: this result does not pass the node
             reason += f"; level {_level(payload)} does not pass: level {asked} asked"
-            store.audit(s, who, "validation.low_level", node, detail={"asked": asked})
+            uow.audit(who, "validation.low_level", node, detail={"asked": asked})
         elif nc.state == S.VALIDATING:
             to = S.REPAIR if verdict == "fail" else S.IN_SERVICE
-            store._move(s, nc, to, actor=who.actor, reason=reason, after=after)
+            uow.move(nc, to, actor=who.actor, reason=reason)
         elif nc.state == S.IN_SERVICE and verdict == "fail":
-            store._move(s, nc, S.DRAINING, actor=who.actor, reason=reason, after=after)
-        store.audit(s, who, "validation.post", node, detail={"verdict": verdict})
-    store._run_after(after)
-    store._bump()
+            uow.move(nc, S.DRAINING, actor=who.actor, reason=reason)
+        uow.audit(who, "validation.post", node, detail={"verdict": verdict})
 
 
 def update_node(
@@ -230,7 +222,8 @@ def _update_node(
     labels: dict[str, str] | None,
 ) -> None:
     nc = _node(store, name)
-    with store.sessions.begin() as s:
+    with store.unit_of_work() as uow:
+        s = uow.s
         row = s.get(Node, nc.id)
         assert row is not None
         if rack is not None:
@@ -246,14 +239,9 @@ def _update_node(
             nc.tenant = row.tenant
         if labels is not None:
             row.labels = dict(labels)
-        store.audit(
-            s,
-            who,
-            "node.update",
-            name,
-            detail={"rack": rack, "tenant": tenant, "labels": labels},
+        uow.audit(
+            who, "node.update", name, detail={"rack": rack, "tenant": tenant, "labels": labels}
         )
-    store._bump()
 
 
 def set_policy(store: ControlStore, policy: RemediationPolicy, who: Principal) -> None:
@@ -261,16 +249,15 @@ def set_policy(store: ControlStore, policy: RemediationPolicy, who: Principal) -
 
 
 def _set_policy(store: ControlStore, policy: RemediationPolicy, who: Principal) -> None:
-    with store.sessions.begin() as s:
-        row = s.get(ControllerState, "policy")
+    with store.unit_of_work() as uow:
+        row = uow.s.get(ControllerState, "policy")
         if row is None:
-            s.add(ControllerState(key="policy", value=policy.model_dump()))
+            uow.s.add(ControllerState(key="policy", value=policy.model_dump()))
         else:
             row.value = policy.model_dump()
         store.policy = policy
-        store._update_breaker(s)
-        store.audit(s, who, "policy.update", "remediation", detail=policy.model_dump())
-    store._bump()
+        uow.update_breaker()
+        uow.audit(who, "policy.update", "remediation", detail=policy.model_dump())
 
 
 def create_token(
@@ -292,10 +279,9 @@ def _create_token(
     tenant: str | None,
     node: str | None,
 ) -> tuple[str, int]:
-    with store.sessions.begin() as s:
-        token, row = store.tokens.create(role, name=name, tenant=tenant, node=node, session=s)
-        store.audit(
-            s,
+    with store.unit_of_work(bump=False) as uow:
+        token, row = store.tokens.create(role, name=name, tenant=tenant, node=node, session=uow.s)
+        uow.audit(
             who,
             "token.create",
             row.name,
@@ -309,8 +295,8 @@ def revoke_token(store: ControlStore, who: Principal, token_id: int) -> None:
 
 
 def _revoke_token(store: ControlStore, who: Principal, token_id: int) -> None:
-    with store.sessions.begin() as s:
-        if not store.tokens.revoke(token_id, session=s):
+    with store.unit_of_work(bump=False) as uow:
+        if not store.tokens.revoke(token_id, session=uow.s):
             raise NotFound(f"token {token_id} not found or already revoked")
-        store.audit(s, who, "token.revoke", str(token_id))
+        uow.audit(who, "token.revoke", str(token_id))
     store.tokens.forget()  # again after the commit: a resolve in between may have cached it

@@ -10,13 +10,15 @@ action, attribute change and finding change moves one of those; the event log, w
 agent event grows, does not take part). When it moved, the whole cache is read again
 (`ControlStore.load`); otherwise only the nodes' ``last_seen_s`` are merged (the newest
 wins), which is what the leader's lost detection needs of nodes that push to another
-replica. The update orders of maintenance campaigns are read again too. A write made from a
-stale cache is refused anyway (`ControlStore._move` checks the node's row under a row lock),
-so this bounds how stale a read is, not what is written.
+replica. After a whole read, ``reloaded`` (given by the composition root: the maintenance
+campaigns' update orders) reads what it keeps of the database again too. A write made from a
+stale cache is refused anyway (`gpufleet.control.state.transitions.move` checks the node's row
+under a row lock), so this bounds how stale a read is, not what is written.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from sqlalchemy import func, select
@@ -47,15 +49,15 @@ def fingerprint(store: ControlStore) -> Fingerprint:
     return tuple(row)
 
 
-def refresh(store: ControlStore, last: Fingerprint | None) -> Fingerprint:
+def refresh(
+    store: ControlStore, last: Fingerprint | None, reloaded: Callable[[], None] = lambda: None
+) -> Fingerprint:
     """One refresh (on the writer); returns the fingerprint to compare with next time."""
-    from gpufleet.control.campaigns import ops as campaign_ops
-
     seen = {name: nc.last_seen_s for name, nc in store.nodes.items()}
     now_fp = fingerprint(store)
     if now_fp != last:
         store.load()
-        campaign_ops.refresh_orders(store)
+        reloaded()
     else:
         with store.sessions() as s:
             for name, at in s.execute(select(Node.name, Node.last_seen_s)):
@@ -68,5 +70,5 @@ def refresh(store: ControlStore, last: Fingerprint | None) -> Fingerprint:
         if nc is not None and at is not None and at > (nc.last_seen_s or 0.0):
             nc.last_seen_s = at
             store.dirty(name)
-    store._bump()
+    store.bump()
     return now_fp

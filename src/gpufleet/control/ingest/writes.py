@@ -27,6 +27,7 @@ from gpufleet.wire import Ack, WireAck, WireFinding
 
 if TYPE_CHECKING:
     from gpufleet.control.state.store import ControlStore
+    from gpufleet.control.state.uow import UnitOfWork
 
 log = logging.getLogger("gpufleet.control")
 S = NodeState
@@ -66,11 +67,11 @@ def node_acks(nc: NodeCache | None) -> list[WireAck]:
 def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
     """Store a group of batches in one transaction (on the writer thread); returns one `Ack`
     per item, in order."""
-    after: lc.PostCommit = []
     acks: list[Ack] = []
     fresh: list[IngestItem] = []
     try:
-        with store.sessions.begin() as s:
+        with store.unit_of_work() as uow:
+            s = uow.s
             keys = list({(i.batch.node, i.batch.agent_id, i.batch.seq) for i in items})
             known: set[tuple[str, str, int]] = set()
             for chunk in range(0, len(keys), KEY_CHUNK):
@@ -103,7 +104,7 @@ def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
                         "token_id": item.principal.token_id,
                     }
                 )
-                _apply_one(store, s, item, node_updates, events, after)
+                _apply_one(uow, item, node_updates, events)
                 acks.append(_ack(b.agent_id, b.seq, False, node_acks(store.nodes[b.node])))
                 fresh.append(item)
             if rows:
@@ -128,19 +129,16 @@ def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
     store.stats["samples"] += n
     store.stats["batches"] += len(fresh)
     store.stats["duplicates"] += len(items) - len(fresh)
-    store._run_after(after)
-    store._bump()
     return acks
 
 
 def _apply_one(
-    store: ControlStore,
-    s: Session,
+    uow: UnitOfWork,
     item: IngestItem,
     node_updates: dict[int, dict[str, Any]],
     events: list[dict[str, Any]],
-    after: lc.PostCommit,
 ) -> None:
+    store, s = uow.store, uow.s
     b = item.batch
     now = store.clock()
     actor = f"agent:{b.agent_id}"
@@ -231,18 +229,11 @@ def _apply_one(
         if back is not S.VALIDATING:  # still out for the reason it went out: keep saying so
             why = _reason_into(s, nc.name, back)
             reason = f"{why}; {reason}" if why else reason
-        store._move(s, nc, back, actor=actor, after=after, reason=reason)
+        uow.move(nc, back, actor=actor, reason=reason)
     if nc.state == S.REGISTERING:
-        store._move(
-            s,
-            nc,
-            S.VALIDATING,
-            actor=actor,
-            after=after,
-            reason=f"agent reported {len(nc.gpus)} GPU(s)",
-        )
-    _apply_findings(store, s, nc, b.findings, now, after)
-    store._maybe_in_service(s, nc, actor, after)
+        uow.move(nc, S.VALIDATING, actor=actor, reason=f"agent reported {len(nc.gpus)} GPU(s)")
+    _apply_findings(uow, nc, b.findings, now)
+    uow.maybe_in_service(nc, actor)
 
 
 def _reason_into(s: Session, node: str, state: S) -> str | None:
@@ -300,13 +291,9 @@ def _upsert_gpu(
 
 
 def _apply_findings(
-    store: ControlStore,
-    s: Session,
-    nc: NodeCache,
-    snapshot: list[WireFinding],
-    now: float,
-    after: lc.PostCommit,
+    uow: UnitOfWork, nc: NodeCache, snapshot: list[WireFinding], now: float
 ) -> None:
+    s = uow.s
     current = {(f.code, f.component): f for f in snapshot}
     for key, fc in list(nc.findings.items()):
         if key in current:
@@ -342,7 +329,7 @@ def _apply_findings(
             escalated = wf.severity >= 2 > cur.severity
             cur.severity = wf.severity
             if escalated:
-                _remediate(store, s, nc, wf, after)
+                _remediate(uow, nc, wf)
             continue
         row = FindingRow(
             node=nc.name,
@@ -373,19 +360,18 @@ def _apply_findings(
             )
         )
         if wf.severity >= 2:
-            _remediate(store, s, nc, wf, after)
+            _remediate(uow, nc, wf)
 
 
-def _remediate(
-    store: ControlStore, s: Session, nc: NodeCache, wf: WireFinding, after: lc.PostCommit
-) -> None:
+def _remediate(uow: UnitOfWork, nc: NodeCache, wf: WireFinding) -> None:
     if nc.state not in (S.IN_SERVICE, S.VALIDATING):
         return
-    store._update_breaker(s)
+    store, s = uow.store, uow.s
+    uow.update_breaker()
     d = decide(store.policy, store.breaker, code=wf.code, severity=wf.severity, message=wf.message)
     now = store.clock()
     if d.outcome == "drain":
-        store._move(s, nc, S.DRAINING, actor="remediation", reason=d.reason, after=after)
+        uow.move(nc, S.DRAINING, actor="remediation", reason=d.reason)
     elif d.outcome in ("blocked", "dry_run"):
         if d.outcome == "blocked":
             log.warning("node %s: %s", nc.name, d.reason)

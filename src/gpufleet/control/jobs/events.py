@@ -29,6 +29,7 @@ from gpufleet.control.state.lifecycle import NodeState
 from gpufleet.control.state.remediation import BLOCKED_REASON, blocked_drain
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.base import Evacuation, Feature, NodeFacts, SchedulerBackend
+from gpufleet.wire import Batch, WireCommand
 
 if TYPE_CHECKING:
     from gpufleet.control.state.store import ControlStore
@@ -72,7 +73,8 @@ def node_facts(store: ControlStore, node: str) -> NodeFacts | None:
 
 
 class SchedulerEvents:
-    """The lifecycle's calls into the backend, applied in order on one thread."""
+    """The lifecycle's calls into the backend, applied in order on one thread (the kernel's
+    `gpufleet.control.state.ports.SchedulerHook`)."""
 
     def __init__(
         self, backend: SchedulerBackend, is_fail: Callable[[str], bool] = lambda node: False
@@ -175,6 +177,15 @@ class SchedulerEvents:
         except GpufleetError as exc:
             log.warning("scheduler %s: is_idle(%s): %s", self.backend.name, node, exc)
             return False
+
+    @property
+    def runs_agent_jobs(self) -> bool:
+        """Do agents run the backend's jobs (asked of the backend at each report)?"""
+        return self.backend.capabilities().supports(Feature.AGENT_JOBS)
+
+    def exchange(self, batch: Batch, now_s: float) -> list[WireCommand]:
+        """An agent batch's jobs report to the backend; the commands it has for the node."""
+        return self.backend.exchange(batch, now_s)
 
     # ----- the thread ----------------------------------------------------------------------------
     def _put(self, event: str, node: str, fn: Callable[[], None]) -> None:

@@ -2,10 +2,12 @@
 opening (and closing), failed validations and failed maintenance steps, delivered to webhooks
 and email (`gpufleet.control.notify.sinks`) with retries and exponential backoff.
 
-Where they come from: `attach` listens on the controller's session factory. Every
-``EventRow`` of a notifying kind (``transition``, ``circuit_breaker_open``/``_closed``,
-``maintenance_step_failed``) and every failed ``ValidationResultRow`` written in a transaction
-is handed over after that transaction commits, never before and never for a rollback. So any
+Where they come from: `SessionNotifier` is the kernel's notifier port
+(`gpufleet.control.state.ports.Notifier`), handed to the store with ``store.tell``. The store
+gives it every ``EventRow`` and ``ValidationResultRow`` a transaction writes, inside that
+transaction; those of a notifying kind (``transition``, ``circuit_breaker_open``/``_closed``,
+``maintenance_step_failed``) and every failed validation are handed over after the transaction
+commits, never before and never for a rollback. So any
 code that records such an event notifies, without a call of its own; code with no event row
 to write calls `record_event` (e.g. a maintenance campaign's step failed), or
 `Notifier.publish` directly.
@@ -37,8 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
-from sqlalchemy import event
-from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.orm import Session
 
 from gpufleet.control.db.models import EventRow, ValidationResultRow
 from gpufleet.control.notify.config import NotifyConfig, RetryConfig, read_secret
@@ -273,32 +274,26 @@ def from_validation(row: ValidationResultRow, db: str) -> Notification | None:
     )
 
 
-def attach(sessions: sessionmaker[Session], notifier: Notifier, db: str) -> None:
-    """Publish the notifying rows of every transaction of ``sessions`` once it commits."""
+class SessionNotifier:
+    """The kernel's notifier port over a `Notifier`: the notifying rows of a transaction
+    (``db``: the database's identity, `database_id`, in each notification's id) wait in the
+    session until it commits, then go to ``notifier``; a rollback drops them."""
 
-    def collect(session: Session, _ctx: object) -> None:
-        found: list[Notification] = []
-        for obj in session.new:
-            n: Notification | None = None
-            if isinstance(obj, EventRow):
-                n = from_event(obj, db)
-            elif isinstance(obj, ValidationResultRow):
-                n = from_validation(obj, db)
-            if n is not None:
-                found.append(n)
-        if found:
-            session.info.setdefault(_PENDING, []).extend(found)
+    def __init__(self, notifier: Notifier, db: str) -> None:
+        self.notifier = notifier
+        self.db = db
 
-    def committed(session: Session) -> None:
+    def enqueue(self, session: Session, row: EventRow | ValidationResultRow) -> None:
+        n = from_event(row, self.db) if isinstance(row, EventRow) else from_validation(row, self.db)
+        if n is not None:
+            session.info.setdefault(_PENDING, []).append(n)
+
+    def committed(self, session: Session) -> None:
         for n in session.info.pop(_PENDING, []):
-            notifier.publish(n)
+            self.notifier.publish(n)
 
-    def rolled_back(session: Session) -> None:
+    def rolled_back(self, session: Session) -> None:
         session.info.pop(_PENDING, None)
-
-    event.listen(sessions, "after_flush", collect)
-    event.listen(sessions, "after_commit", committed)
-    event.listen(sessions, "after_rollback", rolled_back)
 
 
 def record_event(

@@ -30,7 +30,8 @@ from urllib.parse import urlsplit
 import httpx
 
 from gpufleet.control import schemas as sc
-from gpufleet.control.fleet import queries as qy
+from gpufleet.control.series import memory
+from gpufleet.control.state.rings import FIELD_INDEX
 from gpufleet.control.state.store import ControlStore, NodeView
 from gpufleet.devices.types import CLOCK_REASON_WORDS
 from gpufleet.errors import UsageError
@@ -63,7 +64,7 @@ class PromField:
 def _prom_fields() -> dict[str, PromField]:
     out: dict[str, PromField] = {}
     for m in M.DCGM_METRICS:
-        if m.column in qy.FIELD_INDEX and m.column not in out:
+        if m.column in FIELD_INDEX and m.column not in out:
             out[m.column] = PromField(m.column, m.name, 1.0 / m.scale, m.mig)
     return out
 
@@ -105,7 +106,7 @@ class MemorySeries:
         resolution: str,
         since_s: float | None,
     ) -> sc.Series:
-        return qy.series(store, nc, gpu, names, resolution=resolution, since_s=since_s)
+        return memory.series(store, nc, gpu, names, resolution=resolution, since_s=since_s)
 
 
 def check_url(url: str) -> str:
@@ -188,7 +189,7 @@ class PrometheusSeries:
         resolution: str,
         since_s: float | None,
     ) -> sc.Series:
-        return qy.build_series(
+        return memory.build_series(
             nc,
             gpu,
             resolution,

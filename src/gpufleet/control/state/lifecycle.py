@@ -1,6 +1,6 @@
 """Node lifecycle: states, the transitions allowed between them, operator actions, and the
-calls through which drains, resumes and losses reach the scheduler backend after the commit
-(`gpufleet.control.jobs.events.SchedulerEvents`).
+calls through which drains, resumes and losses reach the scheduler after the commit (the
+kernel's `gpufleet.control.state.ports.SchedulerHook`).
 
 ::
 
@@ -23,7 +23,7 @@ from gpufleet.control.db.models import EventRow, Node, Transition
 from gpufleet.errors import UsageError
 
 if TYPE_CHECKING:
-    from gpufleet.control.jobs.events import SchedulerEvents
+    from gpufleet.control.state.ports import SchedulerHook
 
 
 class NodeState(StrEnum):
@@ -95,7 +95,7 @@ def transition(
     actor: str,
     reason: str,
     now_s: float,
-    hook: SchedulerEvents,
+    hook: SchedulerHook,
     after: PostCommit,
 ) -> Transition:
     """Move ``node`` to ``to`` (checked against ALLOWED), record it, queue the hook call."""
@@ -134,7 +134,7 @@ def _record(
     actor: str,
     reason: str,
     now_s: float,
-    hook: SchedulerEvents,
+    hook: SchedulerHook,
     after: PostCommit,
 ) -> Transition:
     if to is S.LOST:

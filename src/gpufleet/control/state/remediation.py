@@ -13,7 +13,8 @@ be drained (its jobs fail over) and blocks the third; on 30 nodes the default al
 A drain the breaker blocked is not forgotten: the node stays in service with its fail finding,
 its reason reads ``drain blocked by circuit breaker`` (``blocked_drain``), schedulers place no
 work there (``gpufleet.control.jobs.events.node_facts``), and once the breaker closes the
-controller's loop drains it (``ControlStore.check_nodes``).
+controller's loop drains it (``ControlStore.check_nodes``,
+`gpufleet.control.state.transitions.retry_blocked_drains`).
 """
 
 from __future__ import annotations
@@ -24,19 +25,12 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from gpufleet.errors import ConfigError
 from gpufleet.maintenance.recurring import MaintenancePolicy
-
-if TYPE_CHECKING:
-    from sqlalchemy.orm import Session
-
-    from gpufleet.control.state.lifecycle import PostCommit
-    from gpufleet.control.state.store import ControlStore
 
 log = logging.getLogger("gpufleet.control.remediation")
 BLOCKED_REASON = "drain blocked by circuit breaker"
@@ -228,38 +222,3 @@ def blocked_drain(
         and state == "in_service"
         and bool(drain_codes(policy, findings))
     )
-
-
-def retry_blocked_drains(store: ControlStore, s: Session, after: PostCommit) -> list[str]:
-    """Drain the in-service nodes whose drain the breaker blocked, now that it is closed, as
-    long as it stays closed (each drain counts against it). A node an operator put back in
-    service after the block (its state is newer than the block's event) is left alone.
-    Runs on the writer (``ControlStore.check_nodes``); returns the nodes drained."""
-    from sqlalchemy import select
-
-    from gpufleet.control.db.models import EventRow
-    from gpufleet.control.state.lifecycle import NodeState
-
-    drained: list[str] = []
-    for nc in list(store.nodes.values()):
-        if nc.state != NodeState.IN_SERVICE.value or store.policy.dry_run:
-            continue
-        codes = drain_codes(store.policy, ((k[0], f.severity) for k, f in nc.findings.items()))
-        if not codes:
-            continue
-        store._update_breaker(s)
-        if store.breaker.open:
-            break
-        blocked = s.execute(
-            select(EventRow.id)
-            .where(EventRow.node == nc.name)
-            .where(EventRow.kind == "remediation_blocked")
-            .where(EventRow.at_s >= nc.state_since_s)
-            .limit(1)
-        ).first()
-        if blocked is None:
-            continue
-        reason = f"finding {codes[0]}: drained once the circuit breaker closed ({BLOCKED_REASON})"
-        store._move(s, nc, NodeState.DRAINING, actor="remediation", reason=reason, after=after)
-        drained.append(nc.name)
-    return drained

@@ -2,9 +2,9 @@
 own: never on the event loop, never on the writer, never under a lock.
 
 The lifecycle's drain/resume/lost calls go, after the snapshot that holds the transition is
-published, to `SchedulerEvents`, whose own thread runs them against the backend in commit
-order. Two more lanes, one daemon thread each, so a slow answer on one does not hold up the
-others:
+published, to the store's `gpufleet.control.state.ports.SchedulerHook` (the scheduler's events,
+whose own thread runs them against the backend in commit order). Two more lanes, one daemon thread
+each, so a slow answer on one does not hold up the others:
 
 - ``ask``: ``is_idle`` for draining nodes whose drain the backend confirmed; the answer
   returns to the writer as a command;
@@ -25,8 +25,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
-from gpufleet.control.jobs.events import SchedulerEvents
-from gpufleet.schedulers.base import Feature
+from gpufleet.control.state.ports import SchedulerHook
 from gpufleet.wire import Batch, WireCommand
 
 log = logging.getLogger("gpufleet.control.scheduler")
@@ -65,10 +64,10 @@ class _Lane:
 
 
 class SchedulerCalls:
-    """The control plane's calls into the scheduler; ``events()`` gives the lifecycle dispatcher
-    (and through it the backend)."""
+    """The control plane's calls into the scheduler; ``events()`` gives the store's scheduler
+    port."""
 
-    def __init__(self, events: Callable[[], SchedulerEvents], submit: Submit) -> None:
+    def __init__(self, events: Callable[[], SchedulerHook], submit: Submit) -> None:
         self._events = events
         self._submit = submit
         self._ask = _Lane("gpufleet-sched-ask")
@@ -84,7 +83,7 @@ class SchedulerCalls:
     # -- lifecycle ------------------------------------------------------------------------------
     def notify(self, calls: list[Callable[[], None]]) -> None:
         """Run the post-commit calls of a transaction, in order; a failure is logged. They only
-        queue work on `SchedulerEvents`' thread (inline before it starts), so they run here."""
+        queue work on the scheduler events' thread (inline before it starts), so they run here."""
         for fn in calls:
             _logged(fn)()
 
@@ -127,13 +126,13 @@ class SchedulerCalls:
     def exchange(self, batch: Batch, now_s: float) -> list[WireCommand]:
         """Hand the batch's job report to the scheduler and return the commands waiting for
         this node (from its earlier reports); nothing when the backend runs no agent jobs."""
-        backend = self._events().backend
-        if not backend.capabilities().supports(Feature.AGENT_JOBS):
+        events = self._events()
+        if not events.runs_agent_jobs:
             return []
         node = batch.node
 
         def run() -> None:
-            cmds = backend.exchange(batch, now_s)
+            cmds = events.exchange(batch, now_s)
             if cmds:
                 with self._lock:
                     self._outbox.setdefault(node, []).extend(cmds)

@@ -5,18 +5,24 @@ nodes for the hot paths and an immutable snapshot of it for readers (`ControlSto
 The database is the source of truth; the cache (`gpufleet.control.state.cache`) is rebuilt from it
 at start and after any failed transaction. Only the writer thread touches the cache; every public
 write method here hands its work to the writer (and runs in place when called on it). Scheduler
-calls go through `gpufleet.control.state.sched_calls`, never from here directly. Ingest writes live
-in `gpufleet.control.ingest.writes`, rollups and retention in `gpufleet.control.series.rollups`.
+calls go through `gpufleet.control.state.sched_calls`, never from here directly.
+
+The store reaches what lies outside the kernel only through its ports
+(`gpufleet.control.state.ports`): the scheduler (``hook``), the writer of agent batches
+(``batches``: `gpufleet.control.ingest.writes`) and a notifier (`tell`); the composition root
+(`gpufleet.control.service`) hands them in. Writes from outside the kernel go through a unit of
+work (`unit_of_work`) or one of the public methods here.
 """
 
 from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Collection
+from contextlib import AbstractContextManager
 from types import MappingProxyType
 from typing import Any
 
-from sqlalchemy import Engine, select
+from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session
 
 from gpufleet.control.db.engine import session_factory
@@ -28,12 +34,12 @@ from gpufleet.control.db.models import (
     Gpu,
     Node,
     Rack,
+    ValidationResultRow,
 )
-from gpufleet.control.ingest import writes as ingest_writes
-from gpufleet.control.jobs.events import SchedulerEvents
-from gpufleet.control.series import rollups
 from gpufleet.control.state import energy_store
 from gpufleet.control.state import lifecycle as lc
+from gpufleet.control.state import transitions as tr
+from gpufleet.control.state import uow as units
 from gpufleet.control.state.auth import Principal, TokenStore
 from gpufleet.control.state.cache import (
     EMPTY_SNAPSHOT,
@@ -50,17 +56,17 @@ from gpufleet.control.state.cache import (
 from gpufleet.control.state.deafness import DeafTime
 from gpufleet.control.state.energy_ledger import EnergyLedger
 from gpufleet.control.state.lifecycle import LOSABLE, OUT_STATES, NodeState
-from gpufleet.control.state.remediation import (
-    CircuitBreaker,
-    RemediationPolicy,
-    allowed_out,
-    breaker_severity,
-    retry_blocked_drains,
+from gpufleet.control.state.ports import (
+    NO_SCHEDULER,
+    BatchWriter,
+    NoBatchWriter,
+    Notifier,
+    SchedulerHook,
 )
+from gpufleet.control.state.remediation import CircuitBreaker, RemediationPolicy
 from gpufleet.control.state.rings import TelemetryStore
 from gpufleet.control.state.sched_calls import SchedulerCalls
 from gpufleet.control.state.writer import Writer
-from gpufleet.schedulers.base import NoScheduler
 from gpufleet.wire import AGENT_MAX_BACKOFF_S, AGENT_PUSH_TIMEOUT_S, Ack
 
 log = logging.getLogger("gpufleet.control")
@@ -75,7 +81,9 @@ __all__ = [
     "NodeView",
     "NotFound",
     "Snapshot",
+    "StaleCache",
 ]
+StaleCache = tr.StaleCache
 
 
 def restart_grace_extra_s(interval_s: float) -> float:
@@ -84,11 +92,6 @@ def restart_grace_extra_s(interval_s: float) -> float:
     than its heartbeat interval) plus one push interval, so agents that backed off while it was
     down are heard again in time."""
     return AGENT_PUSH_TIMEOUT_S + min(AGENT_MAX_BACKOFF_S, interval_s) + interval_s
-
-
-class StaleCache(RuntimeError):
-    """The cache disagreed with the database (another replica wrote): the transaction rolls
-    back and the cache is reloaded."""
 
 
 class NotFound(LookupError):
@@ -139,7 +142,8 @@ class ControlStore:
         *,
         clock: Clock,
         policy: RemediationPolicy | None = None,
-        hook: SchedulerEvents | None = None,
+        hook: SchedulerHook | None = None,
+        batches: BatchWriter | None = None,
         telemetry: TelemetryStore | None = None,
         lost_after_intervals: int = 3,
         min_drain_s: float = 10.0,
@@ -149,7 +153,8 @@ class ControlStore:
         self.sessions = session_factory(engine)
         self.clock = clock
         self.policy = policy or RemediationPolicy()
-        self.hook: SchedulerEvents = hook or SchedulerEvents(NoScheduler())
+        self.hook: SchedulerHook = hook or NO_SCHEDULER
+        self.batches = batches
         self.telemetry = telemetry or TelemetryStore()
         self.tokens = TokenStore(self.sessions, clock)
         self.lost_after_intervals = lost_after_intervals
@@ -159,7 +164,11 @@ class ControlStore:
         # (nodes.rings_url; `gpufleet.control.series.forward`); None: not advertised
         self.advertise_url: str | None = None
         self.breaker = CircuitBreaker()
-        self._breaker_told = 0  # the severity of the last breaker event (0: closed)
+        self.breaker_told = 0  # the severity of the last breaker event (0: closed)
+        # node -> the validation level it must pass at now, where above 1 (a maintenance
+        # campaign's `validate_level`: set by the campaigns wing after each pass, read when a
+        # validation result arrives)
+        self.asked_levels: dict[str, int] = {}
         self.nodes: dict[str, NodeCache] = {}
         self.generation = 0
         self.grace_from_s = clock()  # a fresh controller gives every node a grace period
@@ -253,7 +262,7 @@ class ControlStore:
                 else:
                     self.nodes.pop(name, None)
                 self.dirty(name)
-        self._update_breaker(None)
+        tr.update_breaker(self, None)
 
     # -- snapshot -------------------------------------------------------------------------------
     def dirty(self, name: str) -> None:
@@ -314,89 +323,27 @@ class ControlStore:
         nodes = list(self.nodes.values())
         return sum(1 for n in nodes if n.state in OUT_STATES), len(nodes)
 
-    def _update_breaker(self, s: Session | None) -> None:
-        out, total = self.out_count()
-        changed = self.breaker.update(
-            out,
-            total,
-            self.policy.max_out_fraction,
-            self.clock(),
-            self.policy.min_out_nodes,
-        )
-        if changed is None and not self.breaker.open:
-            return
-        allowed = allowed_out(total, self.policy.max_out_fraction, self.policy.min_out_nodes)
-        severity = breaker_severity(out, total, allowed) if self.breaker.open else 0
-        if s is None:  # loading: the state as found, told by no event
-            self._breaker_told = severity
-            return
-        # open, closed, or open and worse than it was told (a warning that turns critical
-        # as more nodes go: told again, louder)
-        if changed is not None or severity > self._breaker_told:
-            self._breaker_told = severity
-            s.add(
-                EventRow(
-                    at_s=self.clock(),
-                    kind="circuit_breaker_open" if self.breaker.open else "circuit_breaker_closed",
-                    severity=severity,
-                    message=self.breaker.message,
-                    data={
-                        "out": out,
-                        "total": total,
-                        "allowed": allowed,
-                        "limit": self.policy.max_out_fraction,
-                        "min_out_nodes": self.policy.min_out_nodes,
-                    },
-                )
-            )
-
-    def _bump(self) -> None:
+    def bump(self) -> None:
+        """A write changed what readers see: the next snapshot has a new generation."""
         self.generation += 1
 
-    # -- transitions ----------------------------------------------------------------------------
-    def _move(
-        self,
-        s: Session,
-        nc: NodeCache,
-        to: NodeState,
-        *,
-        actor: str,
-        reason: str,
-        after: lc.PostCommit,
-    ) -> None:
-        # locked, and checked against the cache: another replica may have moved the node since
-        # this cache last read it (`gpufleet.control.ha.replica_sync`); then nothing is written
-        row = s.get(Node, nc.id, with_for_update=True, populate_existing=True)
-        if row is None or row.state != nc.state:
-            raise StaleCache(
-                f"node {nc.name}: {row.state if row else 'gone'} in the database, "
-                f"{nc.state} in this replica's cache"
-            )
-        now = self.clock()
-        lc.transition(
-            s, row, to, actor=actor, reason=reason, now_s=now, hook=self.hook, after=after
-        )
-        nc.state, nc.state_since_s, nc.state_reason = to.value, now, reason
-        self.dirty(nc.name)
-        if to is S.IN_SERVICE:
-            row.cordoned = nc.cordoned = False
-        self._update_breaker(s)
+    def unit_of_work(self, *, bump: bool = True) -> AbstractContextManager[units.UnitOfWork]:
+        """One transaction on the writer (`gpufleet.control.state.uow`): its transitions'
+        scheduler calls are made after the commit, and the generation moves on."""
+        return units.unit_of_work(self, bump=bump)
 
-    def _maybe_in_service(
-        self, s: Session, nc: NodeCache, actor: str, after: lc.PostCommit
-    ) -> None:
-        if nc.state != S.VALIDATING or self.policy.require_validation:
-            return
-        if nc.health >= 2 or any(f.severity >= 2 for f in nc.findings.values()):
-            return
-        self._move(
-            s,
-            nc,
-            S.IN_SERVICE,
-            actor=actor,
-            after=after,
-            reason="validation not required by policy and the agent reports no fail finding",
-        )
+    def tell(self, notifier: Notifier) -> None:
+        """Hand every event row and validation result a transaction of this store writes to
+        ``notifier``, inside that transaction, and the transaction's end."""
+
+        def collect(session: Session, _ctx: object) -> None:
+            for obj in session.new:
+                if isinstance(obj, EventRow | ValidationResultRow):
+                    notifier.enqueue(session, obj)
+
+        event.listen(self.sessions, "after_flush", collect)
+        event.listen(self.sessions, "after_commit", notifier.committed)
+        event.listen(self.sessions, "after_rollback", notifier.rolled_back)
 
     # -- ingest -------------------------------------------------------------------------------
     def touch(self, node: str, now_s: float) -> None:
@@ -407,11 +354,13 @@ class ControlStore:
             self.dirty(node)
 
     def apply_batches(self, items: list[IngestItem]) -> list[Ack]:
-        """Store a group of batches in one transaction; duplicates are acknowledged, not stored
-        (`gpufleet.control.ingest.writes`)."""
-        return ingest_writes.apply_batches(self, items)
+        """Store a group of batches in one transaction (the writer's group commit), through the
+        store's `BatchWriter`; duplicates are acknowledged, not stored."""
+        if self.batches is None:
+            raise NoBatchWriter("this store takes no agent batches (built without a writer)")
+        return self.batches(self, items)
 
-    def _run_after(self, after: lc.PostCommit) -> None:
+    def run_after(self, after: lc.PostCommit) -> None:
         """Scheduler calls of a committed transaction: made after the next snapshot is out."""
         self._notify.extend(after)
 
@@ -456,7 +405,7 @@ class ControlStore:
                     data={"gap_s": gap_s},
                 )
             )
-            self._bump()
+            self.bump()
 
     def check_nodes(self) -> list[tuple[str, str]]:
         """Declare lost nodes, complete drains; returns (node, new state) pairs. Whether a
@@ -484,7 +433,7 @@ class ControlStore:
                         why = f"no heartbeat for {now - seen:.1f} s "
                         why += f"({self.lost_after_intervals} x {nc.interval_s:g} s"
                         why += f"; {deaf:.1f} s of it deaf here)" if deaf >= 0.05 else ")"
-                        self._move(s, nc, S.LOST, actor="controller", after=after, reason=why)
+                        tr.move(self, s, nc, S.LOST, actor="controller", after=after, reason=why)
                         moved.append((nc.name, S.LOST.value))
                         continue
                 if (
@@ -495,10 +444,10 @@ class ControlStore:
                     self._complete_drain(s, nc, after)
                     moved.append((nc.name, S.DRAINED.value))
             if not self.breaker.open:  # drains it blocked while it was open (issue 12)
-                moved += [(n, S.DRAINING.value) for n in retry_blocked_drains(self, s, after)]
-        self._run_after(after)
+                moved += [(n, S.DRAINING.value) for n in tr.retry_blocked_drains(self, s, after)]
+        self.run_after(after)
         if moved:
-            self._bump()
+            self.bump()
         return moved
 
     def _heard_elsewhere(self, s: Session, nc: NodeCache, after_s: float) -> bool:
@@ -512,7 +461,8 @@ class ControlStore:
         return True
 
     def _complete_drain(self, s: Session, nc: NodeCache, after: lc.PostCommit) -> None:
-        self._move(
+        tr.move(
+            self,
             s,
             nc,
             S.DRAINED,
@@ -530,27 +480,8 @@ class ControlStore:
         after: lc.PostCommit = []
         with self.sessions.begin() as s:
             self._complete_drain(s, nc, after)
-        self._run_after(after)
-        self._bump()
-
-    def flush_rollups(self, *, everything: bool = False) -> int:
-        """Persist closed minutes (all of them when ``everything``, at shutdown), and the
-        energy ledger's minutes."""
-
-        def both() -> int:
-            n = rollups.flush_rollups(self, everything=everything)
-            energy_store.flush_energy(self)
-            return n
-
-        return self.writer.call(both)
-
-    def apply_retention(self, *, rollups_s: float, batches_s: float, events_s: float) -> None:
-        """Delete rollups, batch keys and events older than their retention: one writer command
-        per table, so ingest commits interleave with the deletes."""
-        for step in rollups.retention_steps(
-            self, rollups_s=rollups_s, batches_s=batches_s, events_s=events_s
-        ):
-            self.writer.call(step)
+        self.run_after(after)
+        self.bump()
 
     # -- audit --------------------------------------------------------------------------------
     def audit(
