@@ -4,6 +4,7 @@ in its database beforehand; a bad value is refused naming the option."""
 
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 import subprocess
@@ -86,3 +87,26 @@ def test_a_bad_retention_is_refused_naming_the_option(value: str, tmp_path: Path
     )
     out = r.stdout + r.stderr
     assert r.returncode == 2 and "--energy-retention-days" in out and "Traceback" not in out
+
+
+def test_controller_serve_takes_the_option_too(tmp_path: Path) -> None:
+    """``gpufleet controller serve`` is the same command as ``gpufleet controller`` (both build
+    one `ServiceConfig` from the same options): the retention it runs with is the option's."""
+    from gpufleet.testing.testbed import free_port
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPUFLEET_")}
+    args = [sys.executable, "-m", "gpufleet", "controller", "serve"]
+    args += ["--data-dir", str(tmp_path / "d"), "--port", str(free_port()), "--json"]
+    args += ["--scheduler", "none", "--energy-retention-days", "2"]
+    proc = subprocess.Popen(
+        args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
+    try:
+        assert proc.stdout is not None
+        lines = [proc.stdout.readline()]  # the ready document, indented JSON
+        while lines[-1] not in ("}\n", ""):
+            lines.append(proc.stdout.readline())
+    finally:
+        proc.terminate()
+        proc.communicate(timeout=60)
+    assert json.loads("".join(lines))["energy_retention_days"] == 2.0, lines

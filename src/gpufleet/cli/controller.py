@@ -4,6 +4,7 @@ tokens, backups and `up` live in their own modules)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -12,10 +13,10 @@ import typer
 from gpufleet.cli.common import JsonOption, SeedOption, TokenFileOption, read_token
 from gpufleet.cli.output import console, emit_json
 from gpufleet.cli.process import CaOption, TlsCertOption, TlsKeyOption
-from gpufleet.control.state.limits import DEFAULT_MAX_NODES_PER_TOKEN
 from gpufleet.errors import UsageError
 
 if TYPE_CHECKING:
+    from gpufleet.control.service import ServiceConfig
     from gpufleet.schedulers.base import SchedulerBackend
     from gpufleet.tls import TlsFiles
 
@@ -78,25 +79,12 @@ def register(app: typer.Typer) -> None:
         """Serve the control plane (the default when no subcommand is given)."""
         ctx.obj = {"data_dir": data_dir, "db_url": db_url}
         if ctx.invoked_subcommand is None:
-            tls = _tls(tls_cert, tls_key)
-            backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-            _serve(
-                data_dir,
-                db_url,
-                host,
-                port,
-                policy,
-                json_out,
-                backend,
-                tls,
-                max_nodes,
-                notify,
-                prometheus_url,
-                (lease_s, renew_s),
-                advertise_url,
-                peer_ca,
-                energy_days,
-            )
+            config = service_config(
+                data_dir, db_url, policy, max_nodes, prometheus_url, advertise_url, peer_ca,
+                energy_days, lease_s, renew_s,
+            )  # fmt: skip
+            listen = Listen(host, port, _tls(tls_cert, tls_key), json_out)
+            _serve(config, listen, _scheduler(scheduler, slurm_conf, kubeconfig), notify)
 
     @ctl.command("serve")
     def serve_cmd(
@@ -121,25 +109,12 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane."""
-        tls = _tls(tls_cert, tls_key)
-        backend = _scheduler(scheduler, slurm_conf, kubeconfig)
-        _serve(
-            data_dir,
-            db_url,
-            host,
-            port,
-            policy,
-            json_out,
-            backend,
-            tls,
-            max_nodes,
-            notify,
-            prometheus_url,
-            (lease_s, renew_s),
-            advertise_url,
-            peer_ca,
-            energy_days,
-        )
+        config = service_config(
+            data_dir, db_url, policy, max_nodes, prometheus_url, advertise_url, peer_ca,
+            energy_days, lease_s, renew_s,
+        )  # fmt: skip
+        listen = Listen(host, port, _tls(tls_cert, tls_key), json_out)
+        _serve(config, listen, _scheduler(scheduler, slurm_conf, kubeconfig), notify)
 
     @ctl.command("migrate")
     def migrate_cmd(
@@ -275,61 +250,74 @@ def register(app: typer.Typer) -> None:
         )
 
 
-def _serve(
+@dataclass(frozen=True)
+class Listen:
+    """Where and how the controller's API is served, and how it says so."""
+
+    host: str
+    port: int
+    tls: TlsFiles | None
+    json_out: bool
+
+
+def service_config(
     data_dir: Path | None,
     db_url: str | None,
-    host: str,
-    port: int,
     policy: Path | None,
-    json_out: bool,
-    scheduler: SchedulerBackend,
-    tls: TlsFiles | None = None,
-    max_nodes: int = DEFAULT_MAX_NODES_PER_TOKEN,
-    notify: Path | None = None,
-    prometheus_url: str | None = None,
-    lease: tuple[float, float] = (6.0, 2.0),
-    advertise_url: str | None = None,
-    peer_ca: Path | None = None,
-    energy_days: float = 400.0,
+    max_nodes: int,
+    prometheus_url: str | None,
+    advertise_url: str | None,
+    peer_ca: Path | None,
+    energy_days: float,
+    lease_s: float,
+    renew_s: float,
+) -> ServiceConfig:
+    """The controller's options as one `ServiceConfig`, every one checked before anything is
+    opened (a clear error naming the option)."""
+    from gpufleet.control.series.forward import check_advertise_url
+    from gpufleet.control.series.source import check_url
+    from gpufleet.control.service import ServiceConfig
+    from gpufleet.control.state.remediation import load_policy
+
+    if not renew_s < lease_s:
+        raise UsageError(
+            f"--renew-seconds {renew_s:g} must be less than --lease-seconds {lease_s:g}"
+        )
+    if peer_ca is not None:
+        from gpufleet.tls import client_verify
+
+        client_verify(peer_ca, "--peer-ca")
+    return ServiceConfig(
+        data_dir=_data_dir(data_dir),
+        db_url=_db_url(db_url),
+        policy=load_policy(policy),
+        max_nodes_per_token=max_nodes,
+        prometheus_url=check_url(prometheus_url) if prometheus_url else None,
+        advertise_url=check_advertise_url(advertise_url) if advertise_url else None,
+        peer_ca=peer_ca,
+        energy_retention_s=energy_days * 86400.0,
+        lease_s=lease_s,
+        renew_s=renew_s,
+    )
+
+
+def _serve(
+    config: ServiceConfig, listen: Listen, scheduler: SchedulerBackend, notify: Path | None
 ) -> None:
     from gpufleet.cli.process import private_state
     from gpufleet.control.notify.config import load_notify
     from gpufleet.control.notify.notifier import SessionNotifier, build_notifier, database_id
-    from gpufleet.control.series.forward import check_advertise_url
-    from gpufleet.control.series.source import check_url
-    from gpufleet.control.state.remediation import load_policy
-    from gpufleet.control.up import build_service, serve
+    from gpufleet.control.service import ControlService
+    from gpufleet.control.up import serve
 
-    if not lease[1] < lease[0]:
-        raise UsageError(
-            f"--renew-seconds {lease[1]:g} must be less than --lease-seconds {lease[0]:g}"
-        )
     notifier = build_notifier(load_notify(notify), str(notify)) if notify else None
-    prometheus_url = check_url(prometheus_url) if prometheus_url else None
-    advertise_url = check_advertise_url(advertise_url) if advertise_url else None
-    if peer_ca is not None:  # a clear error naming --peer-ca before anything is opened
-        from gpufleet.tls import client_verify
-
-        client_verify(peer_ca, "--peer-ca")
-
+    data_dir, db_url = config.data_dir, config.db_url
     private_state(None if _db_url(db_url) else _data_dir(data_dir))
     lock = _controller_lock(data_dir, db_url)
-    service = build_service(
-        _data_dir(data_dir),
-        _db_url(db_url),
-        scheduler=scheduler,
-        policy=load_policy(policy),
-        max_nodes_per_token=max_nodes,
-        lease_s=lease[0],
-        renew_s=lease[1],
-        advertise_url=advertise_url,
-    )
+    service = ControlService(config, scheduler=scheduler)
     if notifier is not None:  # issue 18: webhooks and email on node and breaker events
         service.store.tell(SessionNotifier(notifier.start(), database_id(service.url)))
-    service.config.prometheus_url = prometheus_url  # read when the API is built (serve)
-    service.config.peer_ca = peer_ca
-    service.config.energy_retention_s = energy_days * 86400.0  # read by the leader's tick
-    if service.replicated and not prometheus_url and not advertise_url:
+    if service.replicated and not config.prometheus_url and not config.advertise_url:
         import logging
 
         logging.getLogger("gpufleet.control").warning(
@@ -337,18 +325,19 @@ def _serve(
             "the nodes pushing here from their own memory, marked partial"
         )
     service.start(api=True)
+    host, port, tls = listen.host, listen.port, listen.tls
     url = f"{'https' if tls else 'http'}://{host}:{port}"
 
     def ready() -> None:
-        if json_out:
+        if listen.json_out:
             emit_json(
                 {
                     "url": url,
                     "api": f"{url}/api/v1",
                     "database": service.url.split("@")[-1],
-                    "series": "prometheus" if prometheus_url else "memory",
-                    "advertise_url": advertise_url,
-                    "energy_retention_days": energy_days,
+                    "series": "prometheus" if config.prometheus_url else "memory",
+                    "advertise_url": config.advertise_url,
+                    "energy_retention_days": config.energy_retention_s / 86400.0,
                     "leader": service.leading,
                     "replicated": service.replicated,
                 }

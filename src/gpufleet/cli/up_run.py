@@ -39,13 +39,13 @@ def run_up(
         sim_reloader,
     )
     from gpufleet.cli.process import check_gpu_limit, private_state
+    from gpufleet.control.service import ControlService, ServiceConfig
     from gpufleet.control.state.remediation import load_policy
     from gpufleet.control.up import (
         ADMIN_TOKEN_FILE,
         DEFAULT_SIM,
         StateWatcher,
         admin_token,
-        build_service,
         node_agent_tokens,
         serve,
     )
@@ -60,9 +60,10 @@ def run_up(
         notifier = build_notifier(load_notify(notify), str(notify))
     private_state(_data_dir(data_dir))
     lock = _controller_lock(data_dir, db_url)
-    service = build_service(
-        _data_dir(data_dir), _db_url(db_url), scheduler=scheduler, policy=load_policy(policy)
+    config = ServiceConfig(
+        data_dir=_data_dir(data_dir), db_url=_db_url(db_url), policy=load_policy(policy)
     )
+    service = ControlService(config, scheduler=scheduler)
     if notifier is not None:  # as `gpufleet controller --notify` (docs/alerts.md)
         service.store.tell(SessionNotifier(notifier.start(), database_id(service.url)))
     service.start(api=True)

@@ -18,8 +18,7 @@ from types import FrameType
 
 import uvicorn
 
-from gpufleet.control.service import ControlService, ServiceConfig
-from gpufleet.schedulers.base import SchedulerBackend
+from gpufleet.control.service import ControlService
 from gpufleet.tls import TlsFiles
 
 log = logging.getLogger("gpufleet.up")
@@ -163,18 +162,6 @@ class _Server(uvicorn.Server):
                 super(_Server, self).handle_exit(sig, frame)
 
         threading.Thread(target=run, name="gpufleet-before-exit", daemon=True).start()
-
-
-def build_service(
-    data_dir: Path | None,
-    db_url: str | None,
-    *,
-    scheduler: SchedulerBackend | None = None,
-    **kw: object,
-) -> ControlService:
-    """The controller with ``scheduler`` (from `gpufleet.schedulers.registry`) plugged in."""
-    cfg = ServiceConfig(data_dir=data_dir, db_url=db_url, **kw)  # type: ignore[arg-type]
-    return ControlService(cfg, scheduler=scheduler)
 
 
 GROUP_NAMES = 6  # a transition shared by more nodes than this prints as a count
