@@ -112,7 +112,7 @@ ROOM_RULES: dict[str, RoomRule] = {
     "wing": RoomRule(
         "a wing builds on the kernel and the database, never on another wing, on HTTP or on "
         "the composition root",
-        only=frozenset({"state", "db", "schemas"}),
+        only=frozenset({"state", "db"}),
     ),
     "api": RoomRule(
         "HTTP only: it calls wings and the kernel; `gpufleet up` sits above it",

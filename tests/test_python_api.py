@@ -68,9 +68,9 @@ def test_documented_in_python_api_md() -> None:
 @pytest.mark.parametrize(
     ("record", "schema"),
     [
-        (Node, "gpufleet.control.schemas:NodeOut"),
-        (Finding, "gpufleet.control.schemas:FindingOut"),
-        (Job, "gpufleet.control.api.routes.jobs:JobOut"),
+        (Node, "gpufleet.wire.views:NodeOut"),
+        (Finding, "gpufleet.wire.views:FindingOut"),
+        (Job, "gpufleet.wire.views:JobOut"),
     ],
 )
 def test_client_reads_the_models_the_server_answers_with(record: type, schema: str) -> None:
@@ -184,7 +184,9 @@ def test_client_keeps_names_inside_their_path_segment() -> None:
         return httpx.Response(200, json={"text": ""})
 
     with Client("http://ctl:8080", "gf_x", transport=httpx.MockTransport(answer)) as ctl:
-        ctl.node("a/../../tokens?x=1")
+        # the mock's {"text": ""} is no NodeDetail: a clear error naming the call, not a dict
+        with pytest.raises(gpufleet.MalformedAnswer, match=r"GET /nodes/.*not a NodeDetail"):
+            ctl.node("a/../../tokens?x=1")
         ctl.logs("../tokens")
         with pytest.raises(gpufleet.UsageError, match="not a node name"):
             ctl.node("..")
@@ -198,3 +200,30 @@ def test_an_http_error_from_the_controller_exits_2() -> None:
     from gpufleet.client import ApiError
 
     assert ApiError("GET", "/x", 404, "no").exit_code == 2
+
+
+def test_every_client_call_answers_with_a_model() -> None:
+    """Typed answers (issue 26): every call of `Client` but the raw ``request`` returns one of
+    the API's models from `gpufleet.wire.views` (or a list of them; ``logs``: the text)."""
+    import inspect
+    import typing
+
+    from pydantic import BaseModel
+
+    from gpufleet.wire import views
+
+    skip = {"request", "close", "url"}
+    calls = [
+        n
+        for n, f in inspect.getmembers(Client, inspect.isfunction)
+        if not n.startswith("_") and n not in skip
+    ]
+    assert {"job", "node", "summary", "whoami", "health", "energy", "nodes"} <= set(calls)
+    for name in calls:
+        ret = typing.get_type_hints(getattr(Client, name))["return"]
+        if name == "logs":
+            assert ret is str
+            continue
+        inner = typing.get_args(ret)[0] if typing.get_origin(ret) is list else ret
+        assert isinstance(inner, type) and issubclass(inner, BaseModel), (name, ret)
+        assert getattr(views, inner.__name__) is inner, (name, inner)  # one definition

@@ -43,6 +43,7 @@ _EXPORTS: dict[str, str] = {
     "Client": "gpufleet.client",
     "ApiError": "gpufleet.client",
     "ControllerUnreachable": "gpufleet.client",
+    "MalformedAnswer": "gpufleet.client",
     "Node": "gpufleet.client",
     "Finding": "gpufleet.client",
     "Job": "gpufleet.client",
@@ -69,6 +70,7 @@ __all__ = [
     "GpufleetError",
     "HealthReport",
     "Job",
+    "MalformedAnswer",
     "MigPlan",
     "NoDeviceError",
     "Node",
@@ -93,6 +95,7 @@ if TYPE_CHECKING:
         ControllerUnreachable,
         Finding,
         Job,
+        MalformedAnswer,
         Node,
     )
     from gpufleet.devices.discovery import Fleet

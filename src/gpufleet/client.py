@@ -3,8 +3,10 @@
 ``Client(url, token)`` covers what the CLI asks a controller: nodes, findings, lifecycle actions
 (cordon, drain, resume, ...), node attributes, and jobs (submit, list, show, cancel, logs). Every
 call sends the bearer token; an HTTP error becomes ``ApiError`` with the status and the server's
-``detail``; a connection failure becomes ``ControllerUnreachable``. Answers are the API's own
-models (``Node``, ``Finding``, ``Job`` from `gpufleet.wire.views`), validated on arrival.
+``detail``; a connection failure becomes ``ControllerUnreachable``. Every answer is one of the
+API's own models (`gpufleet.wire.views`: ``Node``, ``Finding``, ``Job``, ``JobDetail``,
+``NodeDetail``, ``FleetSummary``, ...), validated on arrival; ``.model_dump(mode="json",
+exclude_unset=True)`` gives the JSON document back as the controller sent it.
 
 Neither the agent nor the control plane imports this module: it sits beside the CLI, above them.
 """
@@ -16,15 +18,26 @@ import ssl
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
-from typing import Any, Self
+from typing import Any, Self, TypeVar
 from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel, RootModel, ValidationError
 
 from gpufleet.errors import GpufleetError, UsageError
 from gpufleet.replicas import UNAVAILABLE, Replicas
 from gpufleet.tls import client_verify
-from gpufleet.wire.views import FindingOut, JobOut, NodeOut
+from gpufleet.wire.views import (
+    EnergyReport,
+    FindingOut,
+    FleetSummary,
+    Health,
+    JobDetail,
+    JobOut,
+    NodeDetail,
+    NodeOut,
+    WhoAmI,
+)
 
 #: Lifecycle actions ``POST /nodes/{name}/actions/{action}`` accepts.
 NODE_ACTIONS = (
@@ -62,6 +75,42 @@ def _seg(value: str) -> str:
 
 class ControllerUnreachable(GpufleetError):
     """No answer from the controller (connection refused, timeout, bad URL)."""
+
+
+class MalformedAnswer(GpufleetError):
+    """The controller answered 2xx with a document that is not the API's model (a proxy's
+    page, another service on the port, a controller of another version)."""
+
+
+M = TypeVar("M", bound=BaseModel)
+
+
+class _NodePage(BaseModel):
+    """``GET /nodes``: one page of nodes (without their GPUs)."""
+
+    nodes: list[NodeOut]
+
+
+class _JobPage(BaseModel):
+    """``GET /jobs``."""
+
+    jobs: list[JobOut]
+
+
+class _Findings(RootModel[list[FindingOut]]):
+    """``GET /findings``."""
+
+
+def _parse(model: type[M], doc: Any, what: str) -> M:
+    """``doc`` as ``model``, or `MalformedAnswer` naming the call and the first bad field."""
+    try:
+        return model.model_validate(doc)
+    except ValidationError as exc:
+        first = exc.errors()[0] if exc.errors() else {"loc": (), "msg": str(exc)}
+        field = ".".join(str(x) for x in first.get("loc", ())) or "the document"
+        raise MalformedAnswer(
+            f"{what}: the controller's answer is not a {model.__name__} ({field}: {first['msg']})"
+        ) from None
 
 
 #: A node (lifecycle ``state``, ``health`` 0 ok .. 3 unknown, counts), as the API answers it.
@@ -180,17 +229,17 @@ class Client:
         raise ControllerUnreachable(f"control plane {urls}: {failure}") from failure
 
     # -- fleet ----------------------------------------------------------------------------------
-    def health(self) -> dict[str, str]:
-        """The controller's liveness answer (``{"status": "ok", "version": ...}``)."""
-        return dict(self.request("GET", "/health"))
+    def health(self) -> Health:
+        """The controller's liveness answer: status, version, leader or follower."""
+        return _parse(Health, self.request("GET", "/health"), "GET /health")
 
-    def whoami(self) -> dict[str, Any]:
-        """The token's name, role and tenant."""
-        return dict(self.request("GET", "/whoami"))
+    def whoami(self) -> WhoAmI:
+        """The token's name, role, tenant and node."""
+        return _parse(WhoAmI, self.request("GET", "/whoami"), "GET /whoami")
 
-    def summary(self) -> dict[str, Any]:
+    def summary(self) -> FleetSummary:
         """Fleet counts by state, health and model, breaker and ingest figures."""
-        return dict(self.request("GET", "/summary"))
+        return _parse(FleetSummary, self.request("GET", "/summary"), "GET /summary")
 
     def nodes(
         self,
@@ -211,11 +260,12 @@ class Client:
             "offset": offset,
         }
         doc = self.request("GET", "/nodes", params=params)
-        return [Node.model_validate(n) for n in doc["nodes"]]
+        return _parse(_NodePage, doc, "GET /nodes").nodes
 
-    def node(self, name: str) -> dict[str, Any]:
-        """One node in detail: GPUs, active findings, last validation (the JSON document)."""
-        return dict(self.request("GET", f"/nodes/{_seg(name)}"))
+    def node(self, name: str) -> NodeDetail:
+        """One node in detail: its GPUs with their newest samples, devices, active findings,
+        transitions and validations."""
+        return _parse(NodeDetail, self.request("GET", f"/nodes/{_seg(name)}"), f"GET /nodes/{name}")
 
     def findings(
         self,
@@ -229,7 +279,9 @@ class Client:
         params = {"node": node, "severity": severity, "limit": limit}
         if active is not None:
             params["active"] = "true" if active else "false"
-        return [Finding.model_validate(f) for f in self.request("GET", "/findings", params=params)]
+        return _parse(
+            _Findings, self.request("GET", "/findings", params=params), "GET /findings"
+        ).root
 
     # -- lifecycle ------------------------------------------------------------------------------
     def node_action(self, name: str, action: str, reason: str = "") -> Node:
@@ -237,9 +289,8 @@ class Client:
         if action not in NODE_ACTIONS:
             raise UsageError(f"action {action!r}: expected one of {', '.join(NODE_ACTIONS)}")
         body = {"reason": reason} if reason else None
-        return Node.model_validate(
-            self.request("POST", f"/nodes/{_seg(name)}/actions/{action}", json=body)
-        )
+        doc = self.request("POST", f"/nodes/{_seg(name)}/actions/{action}", json=body)
+        return _parse(Node, doc, f"POST /nodes/{name}/actions/{action}")
 
     def cordon(self, name: str, reason: str = "") -> Node:
         """Stop new work landing on the node; running work stays."""
@@ -268,7 +319,11 @@ class Client:
         """Set a node's rack, tenant or labels (only the ones given)."""
         body = {"rack": rack, "tenant": tenant, "labels": labels}
         payload = {k: v for k, v in body.items() if v is not None}
-        return Node.model_validate(self.request("PATCH", f"/nodes/{_seg(name)}", json=payload))
+        return _parse(
+            Node,
+            self.request("PATCH", f"/nodes/{_seg(name)}", json=payload),
+            f"PATCH /nodes/{name}",
+        )
 
     # -- jobs -----------------------------------------------------------------------------------
     def submit(self, name: str, command: list[str], **options: Any) -> Job:
@@ -277,24 +332,29 @@ class Client:
         Unknown fields are refused by the controller with the field's name."""
         body = {"name": name, "command": list(command)}
         body.update({k: v for k, v in options.items() if v is not None})
-        return Job.model_validate(self.request("POST", "/jobs", json=body))
+        return _parse(Job, self.request("POST", "/jobs", json=body), "POST /jobs")
 
     def jobs(self, *, state: str | None = None, tenant: str | None = None) -> list[Job]:
         """Jobs, oldest first (a tenant token sees its tenant's only)."""
         doc = self.request("GET", "/jobs", params={"state": state, "tenant": tenant})
-        return [Job.model_validate(j) for j in doc["jobs"]]
+        return _parse(_JobPage, doc, "GET /jobs").jobs
 
-    def energy(self, by: str = "tenant", since: str = "30d") -> dict[str, Any]:
+    def energy(self, by: str = "tenant", since: str = "30d") -> EnergyReport:
         """The energy report (``GET /energy``): rows per job, tenant, node, model or day."""
-        return dict(self.request("GET", "/energy", params={"by": by, "since": since}))
+        doc = self.request("GET", "/energy", params={"by": by, "since": since})
+        return _parse(EnergyReport, doc, "GET /energy")
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        """One job with its spec and every attempt (the JSON document)."""
-        return dict(self.request("GET", f"/jobs/{_seg(job_id)}"))
+    def job(self, job_id: str) -> JobDetail:
+        """One job with its spec, every attempt and its energy."""
+        return _parse(
+            JobDetail, self.request("GET", f"/jobs/{_seg(job_id)}"), f"GET /jobs/{job_id}"
+        )
 
     def cancel(self, job_id: str) -> Job:
         """Cancel a job (its running copies are killed)."""
-        return Job.model_validate(self.request("POST", f"/jobs/{_seg(job_id)}/cancel"))
+        return _parse(
+            Job, self.request("POST", f"/jobs/{_seg(job_id)}/cancel"), f"POST /jobs/{job_id}/cancel"
+        )
 
     def logs(self, job_id: str, *, tail: int = 0) -> str:
         """The output of the job's newest copy (``tail``: only the last N lines)."""

@@ -53,7 +53,7 @@ def test_cli_client_reads_from_the_next_replica(tmp_path: Path) -> None:
     ctl = Controller(tmp_path / "data").start()
     try:
         with Client(f"{dead_url()},{ctl.url}", ctl.admin, timeout_s=5) as c:
-            assert c.summary()["nodes"] == 0
+            assert c.summary().nodes == 0
             assert c.url == ctl.url
         with (
             Client(f"{dead_url()},{dead_url()}", ctl.admin, timeout_s=5) as c,

@@ -17,7 +17,6 @@ import httpx
 import pytest
 from sqlalchemy import select, update
 
-from gpufleet.control import schemas as sc
 from gpufleet.control.db.models import Node
 from gpufleet.control.series import memory
 from gpufleet.control.series.forward import (
@@ -30,6 +29,7 @@ from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.control.state.store import ControlStore
 from gpufleet.devices.sim import ManualClock
 from gpufleet.errors import UsageError
+from gpufleet.wire import views as sc
 
 from .conftest import T0, _reset_pg, batch, push, ungated
 

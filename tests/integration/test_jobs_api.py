@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
 from gpufleet.testing.testbed import Agents, Controller, wait_for
+from gpufleet.wire.views import JobDetail
 from tests.integration.conftest import embedded
 
 pytestmark = pytest.mark.process
@@ -121,6 +122,7 @@ def test_cli_talks_to_the_controller(bed: Bed) -> None:
     assert [j["state"] for j in json.loads(r.output)["jobs"] if j["id"] == jid] == ["succeeded"]
     r = runner.invoke(app, ["jobs", "show", jid, *remote])
     assert r.exit_code == 0 and json.loads(r.output)["attempts"][0]["outcome"] == "exit 0"
+    assert set(json.loads(r.output)) == set(JobDetail.model_fields)  # as local show prints it
     r = runner.invoke(app, ["jobs", "logs", jid, *remote])
     assert r.exit_code == 0 and json.loads(r.output)["job"] == jid
     r = runner.invoke(app, ["jobs", "cancel", "999999", *remote])

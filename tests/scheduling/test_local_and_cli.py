@@ -21,6 +21,7 @@ from gpufleet.schedulers.embedded import (
 from gpufleet.schedulers.embedded.drill import run_drill
 from gpufleet.schedulers.embedded.placement import GpuSlot
 from gpufleet.testing.timescale import scaled
+from gpufleet.wire.views import JobDetail
 
 PRINT_ENV = (
     "import os; print('cvd=' + os.environ['CUDA_VISIBLE_DEVICES']); "
@@ -169,7 +170,10 @@ def test_cli_submit_list_show_logs_cancel(tmp_path: Path) -> None:
     assert res.output == "0,1\n"
     res = runner.invoke(app, ["jobs", "show", job["id"], *sd, "--json"])
     shown = json.loads(res.output)
-    assert shown["job"]["exit_code"] == 0 and len(shown["attempts"]) == 1
+    # the document GET /api/v1/jobs/{id} answers, read from the local state (one shape)
+    assert set(shown) == set(JobDetail.model_fields)
+    assert shown["exit_code"] == 0 and len(shown["attempts"]) == 1
+    assert shown["attempts"][0]["outcome"] == "exit 0" and shown["log"]
     res = runner.invoke(
         app, ["jobs", "submit", *sd, "--", sys.executable, "-c", "import time; time.sleep(30)"]
     )

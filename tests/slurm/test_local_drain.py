@@ -142,7 +142,7 @@ def test_health_asks_the_controller_before_draining_in_slurm(
     try:
         admin.drain("gpu1", "maintenance")
         _policy(admin, max_out_fraction=0.0)
-        wait_for(lambda: admin.summary()["remediation"]["circuit_open"], 10, "breaker open")
+        wait_for(lambda: admin.summary().remediation.circuit_open, 10, "breaker open")
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2, res.output  # the verdict: fail
         action = json.loads(res.stdout)["slurm"]["actions"][0]
@@ -150,7 +150,7 @@ def test_health_asks_the_controller_before_draining_in_slurm(
         assert "drain" not in _state(b, "gpu2").state
 
         _policy(admin)  # 100 %: the breaker closes
-        wait_for(lambda: not admin.summary()["remediation"]["circuit_open"], 10, "breaker closed")
+        wait_for(lambda: not admin.summary().remediation.circuit_open, 10, "breaker closed")
         res = CliRunner().invoke(app, args)
         assert res.exit_code == 2, res.output
         assert json.loads(res.stdout)["slurm"]["actions"][0]["action"] == "drained"

@@ -82,7 +82,7 @@ def _controller_inventory(url: str, token_file: Path | None) -> dict[str, Any]:
             if len(page) < PAGE:
                 break
         for n in listed:
-            detail = client.node(n.name)
+            detail = client.node(n.name).model_dump(mode="json", exclude_unset=True)
             gpus = [
                 {
                     "model": d.get("model"),

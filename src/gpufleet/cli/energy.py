@@ -53,7 +53,7 @@ def report(
     if not controller:
         raise UsageError("energy report needs --controller URL (and --token-file)")
     with _client(controller, read_token(token, token_file), ca) as client:
-        d = client.energy(by, since)
+        d = client.energy(by, since).model_dump(mode="json", exclude_unset=True)
     if as_json:
         emit_json(d)
         return

@@ -25,7 +25,7 @@ from gpufleet.cli.common import JsonOption, SeedOption, TokenFileOption, read_to
 from gpufleet.cli.output import console, emit_json, fmt
 from gpufleet.cli.process import CaOption
 from gpufleet.errors import NoDeviceError, UsageError
-from gpufleet.schedulers.base import JobSpec
+from gpufleet.schedulers.base import JobAttempt, JobSpec
 from gpufleet.wire.jobs import JOB_SPEC
 
 if TYPE_CHECKING:
@@ -300,55 +300,48 @@ def show(
     ca: Path | None = CaOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """A job's spec, state and every attempt (where and how each copy ran)."""
+    """A job's spec, state and every attempt (where and how each copy ran); ``--json``: the
+    same document as ``GET /api/v1/jobs/{id}``, with or without ``--controller``."""
+    from gpufleet.schedulers.views import job_detail
+
     if controller:
         with _client(controller, read_token(token, token_file), ca) as client:
             d = client.job(job_id)
-        if as_json:
-            emit_json(d)
-            return
-        console.print(f"[bold]job {d['id']}[/] {d['name']} (tenant {d['tenant']}): {d['state']}")
-        console.print(f"  command: {shlex.join(d['command']) or fmt(d['image'])}")
-        console.print(f"  nodes: {','.join(d['nodes']) or '-'}")
-        console.print(
-            f"  restarts: {d['restarts']}/{d['max_restarts']} (own exits); "
-            f"requeues: {d['requeues']}/{d['max_requeues']} (infrastructure)"
-        )
-        console.print(f"  exit {fmt(d['exit_code'])}; reason: {d['reason'] or '-'}")
-        for a in d["attempts"]:
-            console.print(
-                f"  attempt gen {a['generation']} on {','.join(a['nodes'])}: {a['outcome']}"
-            )
-        e = d.get("energy")
-        if e:
-            cost = f", {e['cost']:.2f} {e['currency']}" if e.get("cost") is not None else ""
-            co2 = f", {e['co2_kg']:.2f} kg CO2" if e.get("co2_kg") is not None else ""
-            console.print(
-                f"  energy: {e['kwh']:.3f} kWh{cost}{co2} over {e['gpu_hours']:.2f} GPU-hours "
-                f"({e['method']})"
-            )
-        return
-    with local_scheduler(state_dir, discover=False) as eng:
-        status = eng.job(job_id).status()
-        attempts = eng.attempts(job_id)
-        log = eng.log_path(job_id)
+    else:
+        with local_scheduler(state_dir, discover=False) as eng:
+            status = eng.job(job_id).status()
+            attempts = [
+                JobAttempt(a.generation, tuple(a.nodes), a.started_at, a.ended_at, a.outcome)
+                for a in eng.attempts(job_id)
+            ]
+            log = eng.log_path(job_id)
+        d = job_detail(status, attempts, log=str(log) if log else None)
     if as_json:
-        emit_json({"job": status, "attempts": attempts, "log": str(log) if log else None})
+        emit_json(d.model_dump(mode="json"))
         return
-    s = status.spec
-    console.print(f"[bold]job {status.id}[/] {s.name} (tenant {s.tenant}): {status.state.value}")
-    console.print(f"  command: {shlex.join(s.command) or fmt(s.image)}")
-    console.print(f"  gpus: {s.gpus} x {s.nodes} node(s); priority {s.priority}")
+    console.print(f"[bold]job {d.id}[/] {d.name} (tenant {d.tenant}): {d.state}")
+    console.print(f"  command: {shlex.join(d.command) or fmt(d.image)}")
+    console.print(f"  gpus: {d.gpus_per_node} x {d.node_count} node(s); priority {d.priority}")
+    console.print(f"  nodes: {','.join(d.nodes) or '-'}")
     console.print(
-        f"  restarts: {status.restarts}/{s.max_restarts} (own exits); "
-        f"requeues: {status.requeues}/{s.max_requeues} (infrastructure); "
-        f"exit {fmt(status.exit_code)}"
+        f"  restarts: {d.restarts}/{d.max_restarts} (own exits); "
+        f"requeues: {d.requeues}/{d.max_requeues} (infrastructure)"
     )
-    console.print(f"  reason: {status.reason or '-'}; log: {fmt(log)}")
-    for a in attempts:
+    console.print(f"  exit {fmt(d.exit_code)}; reason: {d.reason or '-'}")
+    if d.log is not None:
+        console.print(f"  log: {d.log}")
+    for at in d.attempts:
         console.print(
-            f"  attempt gen {a.generation} on {','.join(a.nodes)}: "
-            f"{fmt(a.started_at, digits=1)} -> {fmt(a.ended_at, digits=1)} {a.outcome}"
+            f"  attempt gen {at.generation} on {','.join(at.nodes)}: "
+            f"{fmt(at.started_at_s, digits=1)} -> {fmt(at.ended_at_s, digits=1)} {at.outcome}"
+        )
+    e = d.energy
+    if e:
+        cost = f", {e['cost']:.2f} {e['currency']}" if e.get("cost") is not None else ""
+        co2 = f", {e['co2_kg']:.2f} kg CO2" if e.get("co2_kg") is not None else ""
+        console.print(
+            f"  energy: {e['kwh']:.3f} kWh{cost}{co2} over {e['gpu_hours']:.2f} GPU-hours "
+            f"({e['method']})"
         )
 
 

@@ -119,11 +119,11 @@ def node_tokens(url: str, token: str, names: list[str]) -> tuple[dict[str, str],
         except ControllerUnreachable as exc:  # the agents spool until it answers
             err_console.print(f"warning: {exc}; the nodes offer no job slots this run")
             return {}, []
-        if me.get("role") != "admin":
-            if me.get("node") is None or len(names) > 1:
+        if me.role != "admin":
+            if me.node is None or len(names) > 1:
                 err_console.print(
                     "warning: jobs are sent only to agents with a node-bound token; with this "
-                    f"{me.get('role')} token the nodes offer no job slots (give an admin token "
+                    f"{me.role} token the nodes offer no job slots (give an admin token "
                     "and sim-fleet makes one per node)",
                     highlight=False,
                     soft_wrap=True,

@@ -1,12 +1,31 @@
-"""What the control plane's REST API answers about nodes, findings and jobs, as the CLI, the
-Python client and the dashboard read them (the one definition each; the API's OpenAPI document
-is generated from these)."""
+"""Every body of the control plane's REST API (`/api/v1`), requests and responses, as pydantic
+models: what the OpenAPI document describes (it is generated from these), what the dashboard
+reads, and what the CLI and the Python client (`gpufleet.client.Client`) parse, the one
+definition each.
+
+The one body defined elsewhere is the remediation policy (``GET``/``PUT /policy``): it is also
+the controller's ``--policy`` file and holds the maintenance policy, so it lives with them
+(`gpufleet.control.state.remediation.RemediationPolicy`); the jobs API takes the submission as
+the agents' wire carries it (`gpufleet.wire.jobs.JobSubmit`).
+"""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
+
+from gpufleet.wire.batch import Ack
+from gpufleet.wire.power import MAX_POWER_W
+from gpufleet.wire.validation import ValidationPost
 
 
 class _View(BaseModel):
@@ -73,3 +92,419 @@ class JobOut(_View):
     started_at_s: float | None
     ended_at_s: float | None
     requeues: int = 0  # infrastructure requeues: node lost, fail finding, fencing
+
+
+class JobList(BaseModel):
+    jobs: list[JobOut]
+
+
+class AttemptOut(BaseModel):
+    """One placement of the job: where, when, how it ended."""
+
+    generation: int
+    nodes: list[str]
+    started_at_s: float | None
+    ended_at_s: float | None
+    outcome: str
+
+
+class JobDetail(JobOut):
+    """A job with its spec and attempts."""
+
+    command: list[str]
+    image: str | None
+    gpus_per_node: int
+    node_count: int
+    gpu_indexes: list[int]
+    gpu_model: str | None
+    max_restarts: int
+    max_requeues: int
+    checkpoint_dir: str | None
+    attempts: list[AttemptOut]
+    # kWh, cost, CO2 of its GPUs while it held them (`gpufleet.control.energy.query`); None
+    # while nothing is known
+    energy: dict[str, Any] | None = None
+    # the newest copy's log file, read from a local scheduler state directory (``gpufleet jobs
+    # show`` without ``--controller``); None from a controller (``GET /jobs/{id}/logs``)
+    log: str | None = None
+
+
+class LogsOut(BaseModel):
+    job: str
+    text: str
+
+
+def _no_nul(v: str) -> str:
+    if "\x00" in v:
+        raise ValueError("must not contain NUL characters")
+    return v
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+
+
+class GpuLatest(_View):
+    """A GPU with its newest sample (``metrics`` maps field name to value or null)."""
+
+    index: int
+    uuid: str
+    model: str | None
+    power_limit_w: float | None
+    health: int
+    t: float | None
+    metrics: dict[str, float | None]
+
+
+class NodeWithGpus(NodeOut):
+    gpu_latest: list[GpuLatest]
+
+
+class NodeList(_View):
+    total: int
+    nodes: list[NodeWithGpus]
+
+
+class GpuOut(_View):
+    node: str
+    index: int
+    uuid: str
+    name: str
+    model: str | None
+    info: dict[str, Any]
+
+
+class EventOut(_View):
+    id: int
+    at_s: float
+    node: str | None
+    kind: str
+    severity: int
+    message: str
+    data: dict[str, Any]
+
+
+class TransitionOut(_View):
+    id: int
+    node: str
+    from_state: str | None
+    to_state: str
+    actor: str
+    reason: str
+    at_s: float
+
+
+class AuditOut(_View):
+    id: int
+    at_s: float
+    actor: str
+    role: str
+    action: str
+    target: str
+    outcome: str
+    detail: dict[str, Any]
+
+
+class ValidationOut(_View):
+    id: int
+    node: str
+    verdict: str
+    received_s: float
+    actor: str
+
+
+class NodeDetail(_View):
+    node: NodeWithGpus
+    devices: list[GpuOut]
+    findings: list[FindingOut]
+    transitions: list[TransitionOut]
+    validations: list[ValidationOut]
+    host: dict[str, Any] | None = None  # CPUs and memory as the agent reported them
+
+
+class RemediationState(_View):
+    circuit_open: bool
+    circuit_message: str
+    circuit_since_s: float | None
+    dry_run: bool
+    max_out_fraction: float
+    min_out_nodes: int = 1
+    out: int
+    total: int
+
+
+class IngestStats(_View):
+    batches: int
+    duplicates: int
+    samples: int
+    pending: int
+
+
+class FleetSummary(_View):
+    """Everything the overview needs, from memory: cheap enough to poll every 2 s."""
+
+    generation: int
+    now_s: float
+    version: str
+    nodes: int
+    gpus: int
+    by_state: dict[str, int]
+    by_health: dict[str, int]
+    by_model: dict[str, int]
+    racks: list[str]
+    findings_active: int
+    remediation: RemediationState
+    ingest: IngestStats
+
+
+class HeatmapGroup(_View):
+    """The nodes of one rack or model folded into one heatmap tile: counts by lifecycle state
+    and health (a lost node counts as unknown), and the metric over its GPUs with data."""
+
+    key: str | None  # the rack or model; None: nodes without one
+    nodes: int
+    gpus: int
+    by_state: dict[str, int]
+    by_health: dict[str, int]
+    worst_health: int  # fail, else unknown, else warn, else ok (as health codes 2, 3, 1, 0)
+    out: int  # nodes out of service (draining, drained, repair, lost, failed)
+    cordoned: int
+    min: float | None
+    mean: float | None
+    max: float | None
+    no_data: int  # GPU cells without a current value
+
+
+class Heatmap(_View):
+    """Nodes x GPUs of one metric; ``values[i][j]`` is GPU j of ``nodes[i]`` (null: no data)."""
+
+    metric: str
+    generation: int
+    nodes: list[str]
+    states: list[str]
+    health: list[int]
+    racks: list[str | None]
+    models: list[str | None]
+    values: list[list[float | None]]
+    cordoned: list[bool] = []
+    # with ``group_by`` (rack or model) and more GPU cells than ``max_cells``: the groups, and
+    # the rows above are only the nodes of the groups asked for with ``expand``
+    group_by: str | None = None
+    groups: list[HeatmapGroup] | None = None
+
+
+class Series(_View):
+    """Samples of one GPU, oldest first; rollups carry per-minute mean and min/max."""
+
+    node: str
+    gpu: int
+    resolution: str
+    t: list[float]
+    fields: dict[str, list[float | None]]
+    min: dict[str, list[float | None]] | None = None
+    max: dict[str, list[float | None]] | None = None
+    power_limit_w: float | None = None
+    # where the samples came from: "memory" (the answering replica's rings, or for minutes the
+    # shared rollup table), "peer" (forwarded to the replica holding the node's rings, named
+    # in ``served_by``) or "prometheus"; ``partial``: recent raw samples held by another
+    # replica could not be read, ``note`` says why (gpufleet.control.series.forward)
+    source: str | None = None
+    served_by: str | None = None
+    partial: bool = False
+    note: str | None = None
+
+
+class ActionIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    reason: Text = Field("", max_length=1000)
+
+
+_KEEP_OR_CLEAR = {
+    "rack": 'leave "rack" out to keep the rack',
+    "tenant": 'leave "tenant" out to keep it, or send "" to take the node out of its tenant',
+    "labels": 'leave "labels" out to keep them, or send {} to remove them all',
+}
+
+
+def _not_nullable(schema: dict[str, Any]) -> None:
+    """The schema of a body whose optional fields may be left out but never null."""
+    for prop in schema.get("properties", {}).values():
+        kinds = prop.pop("anyOf", None)
+        if kinds is not None:
+            prop.update(next(k for k in kinds if k.get("type") != "null"))
+        prop.pop("default", None)
+
+
+class NodePatch(BaseModel):
+    """The attributes a PATCH of a node sets; a field left out is kept. An explicit null is
+    refused (it once answered 200 and changed nothing, which reads as "unset")."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra=_not_nullable)
+    rack: Text | None = Field(None, max_length=128)
+    tenant: Text | None = Field(None, max_length=64)
+    labels: (
+        dict[Annotated[Text, Field(max_length=64)], Annotated[Text, Field(max_length=256)]] | None
+    ) = None
+
+    @field_validator("rack", "tenant", "labels", mode="before")
+    @classmethod
+    def _no_null(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is None:
+            raise ValueError(f"null is not a value: {_KEEP_OR_CLEAR[str(info.field_name)]}")
+        return value
+
+
+ValidationIn = ValidationPost
+
+
+class TokenIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    role: str = Field(pattern="^(admin|operator|viewer|agent)$")
+    name: Text = Field("", max_length=128)
+    tenant: Text | None = Field(None, max_length=64)
+    node: Text | None = Field(None, max_length=253)
+
+
+class TokenOut(_View):
+    id: int
+    name: str
+    prefix: str
+    role: str
+    tenant: str | None
+    node: str | None
+    created_s: float
+    revoked_s: float | None
+    owner: str | None = None  # "up": made by `gpufleet up`, revoked at its next start
+
+
+class TokenCreated(_View):
+    id: int
+    token: str
+
+
+class Health(_View):
+    """``GET /health`` (no token): liveness, the version, and whether this replica leads."""
+
+    status: str
+    version: str
+    role: str
+
+
+class WhoAmI(_View):
+    name: str
+    role: str
+    tenant: str | None
+    node: str | None
+
+
+class Problem(_View):
+    """An error: a sentence, or (request validation) FastAPI's list of problems."""
+
+    detail: str | list[dict[str, Any]]
+
+
+IngestAck = Ack  # what /ingest answers (the fast path writes it itself)
+
+
+# -- power orders (issue 16): the body of ``POST /api/v1/power/orders`` ----------------------
+# strict: a JSON true is not 1 W (it was accepted and refused later by every GPU)
+Watts = Annotated[float, Field(gt=0, le=MAX_POWER_W, strict=True)]
+Name = Annotated[str, Field(min_length=1, max_length=253)]
+GpuIndex = Annotated[int, Field(ge=0, le=1023)]
+MAX_REVERT_S = 90 * 86400.0
+
+
+class PowerOrderSpec(BaseModel):
+    """A fleet-wide power order: what to set where, and when policy puts it back.
+
+    Either one ``limit_w`` for the selected nodes' GPUs (``gpus``, default all) with a selector
+    (``tenant``, ``partition``, ``labels``, ``nodes``: every one given must match; at least one
+    is required, so no order reaches the whole fleet by accident), or a per-node, per-GPU plan
+    (``per_node``, what ``power budget --accept`` sends) and no selector. ``partition`` is the
+    node label ``partition``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    limit_w: Watts | None = None
+    gpus: list[GpuIndex] | None = Field(None, min_length=1, max_length=1024)
+    per_node: dict[Name, dict[str, Watts]] | None = Field(None, min_length=1, max_length=10000)
+    tenant: Annotated[str, Field(min_length=1, max_length=64)] | None = None
+    partition: Annotated[str, Field(min_length=1, max_length=256)] | None = None
+    labels: dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=256)]] = (
+        Field(default_factory=dict, max_length=32)
+    )
+    nodes: list[Name] | None = Field(None, min_length=1, max_length=10000)
+    revert_after_s: float | None = Field(None, gt=0, le=MAX_REVERT_S)
+    dry_run: bool = False
+    reason: str = Field("", max_length=500)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> PowerOrderSpec:
+        if self.per_node is not None:
+            if self.limit_w is not None or self.gpus is not None or self.has_selector:
+                raise ValueError("per_node is a whole plan: give no limit_w, gpus or selector")
+            for node, plan in self.per_node.items():
+                for g in plan:
+                    if g != "*" and not (g.isdigit() and int(g) <= 1023):
+                        raise ValueError(f"per_node.{node}: {g!r} is not a GPU index or '*'")
+            return self
+        if self.limit_w is None:
+            raise ValueError("give limit_w (watts) or per_node")
+        if not self.has_selector:
+            raise ValueError("give a selector: tenant, partition, labels or nodes")
+        return self
+
+    @property
+    def has_selector(self) -> bool:
+        return bool(self.tenant or self.partition or self.labels or self.nodes)
+
+    def limits_for(self, node: str) -> dict[str, float]:
+        """The node's plan: GPU index (string) or ``"*"`` to watts."""
+        if self.per_node is not None:
+            return dict(self.per_node[node])
+        assert self.limit_w is not None
+        if self.gpus is None:
+            return {"*": self.limit_w}
+        return {str(g): self.limit_w for g in sorted(set(self.gpus))}
+
+
+# -- energy reports (issue 16): ``GET /api/v1/energy`` ----------------------------------------
+class EnergyFigures(_View):
+    """kWh and GPU-hours of a sum, how they were measured (``counter``: the GPUs' energy
+    counters, ``power``: integrated power samples, ``mixed``; None: nothing measured), the
+    idle waste, and cost and CO2 where the policy has a price and a grid intensity (absent
+    otherwise)."""
+
+    kwh: float
+    gpu_hours: float
+    method: str | None
+    counter_share: float | None
+    idle_kwh: float
+    idle_gpu_hours: float
+    cost: float | None = None
+    idle_cost: float | None = None
+    co2_kg: float | None = None
+    currency: str | None = None  # with a job's own figures (``JobDetail.energy``)
+
+
+class EnergyRow(EnergyFigures):
+    """One row of a report: its key (the job, tenant, node, model or day) and figures; a job's
+    row also names its tenant and name."""
+
+    key: str
+    tenant: str | None = None
+    name: str | None = None
+
+
+class EnergyReport(_View):
+    """The energy report: rows per ``by`` key since ``since_s``, largest first, and the
+    total."""
+
+    by: str
+    since_s: float
+    until_s: float
+    currency: str
+    price_per_kwh: float | None
+    grid_gco2_per_kwh: float | None
+    idle_util_pct: float
+    rows: list[EnergyRow]
+    total: EnergyFigures

@@ -9,7 +9,6 @@ from collections import Counter
 from sqlalchemy import select
 
 from gpufleet import __version__
-from gpufleet.control import schemas as sc
 from gpufleet.control.db.models import (
     AuditEntry,
     EventRow,
@@ -24,6 +23,7 @@ from gpufleet.control.state.lifecycle import NodeState
 from gpufleet.control.state.remediation import BLOCKED_REASON, blocked_drain
 from gpufleet.control.state.rings import FIELD_INDEX, FIELDS
 from gpufleet.control.state.store import ControlStore, NodeView
+from gpufleet.wire import views as sc
 
 HEALTH_WORDS = {0: "ok", 1: "warn", 2: "fail", 3: "unknown"}
 HEATMAP_METRICS = (*FIELDS, "health", "power_pct")

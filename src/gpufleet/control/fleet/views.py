@@ -14,10 +14,10 @@ from typing import Any
 import numpy as np
 import numpy.typing as npt
 
-from gpufleet.control import schemas as sc
 from gpufleet.control.fleet import queries as qy
 from gpufleet.control.state.lifecycle import OUT_STATES, NodeState
 from gpufleet.control.state.store import ControlStore, NodeView
+from gpufleet.wire import views as sc
 
 GROUP_BY = ("rack", "model")
 NODE_SORTS = (

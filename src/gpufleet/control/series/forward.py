@@ -36,11 +36,11 @@ import httpx
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from gpufleet.control import schemas as sc
 from gpufleet.control.db.models import Node
 from gpufleet.control.state.store import ControlStore
 from gpufleet.errors import UsageError
 from gpufleet.tls import client_verify
+from gpufleet.wire import views as sc
 
 log = logging.getLogger("gpufleet.control")
 

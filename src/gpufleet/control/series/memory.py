@@ -10,9 +10,9 @@ from typing import Any
 
 from sqlalchemy import select
 
-from gpufleet.control import schemas as sc
 from gpufleet.control.db.models import Rollup
 from gpufleet.control.state.store import ControlStore, NodeView, NotFound
+from gpufleet.wire import views as sc
 
 Raw = tuple[list[float], dict[str, list[float | None]]]
 Minutes = tuple[

@@ -29,13 +29,13 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from gpufleet.control import schemas as sc
 from gpufleet.control.series import memory
 from gpufleet.control.state.rings import FIELD_INDEX
 from gpufleet.control.state.store import ControlStore, NodeView
 from gpufleet.devices.types import CLOCK_REASON_WORDS
 from gpufleet.errors import UsageError
 from gpufleet.telemetry import metrics as M
+from gpufleet.wire import views as sc
 
 DEFAULT_RAW_WINDOW_S = 600.0  # raw samples without ``since_s``: the last 10 minutes
 MAX_RAW_WINDOW_S = 3600.0  # raw samples are every scrape: older history is read by the minute

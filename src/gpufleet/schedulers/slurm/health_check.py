@@ -77,17 +77,16 @@ class SlurmCheck:
 
         def node_state(name: str) -> str | None:
             try:
-                detail = client.node(name)  # schemas.NodeDetail: {"node": {"state": ...}, ...}
+                return client.node(name).node.state  # validated: a NodeDetail has a state
             except ApiError as exc:
                 if exc.status == 404:
                     return None
                 raise
-            state = (detail.get("node") or {}).get("state")
-            if not isinstance(state, str):
-                raise GpufleetError(f"{self.controller}: node {name}: no state in the answer")
-            return state
 
-        return ControllerGuard(client.summary, node_state, url=self.controller), client.close
+        def summary() -> dict[str, Any]:
+            return client.summary().model_dump(mode="json")
+
+        return ControllerGuard(summary, node_state, url=self.controller), client.close
 
 
 def startup_s() -> float:

@@ -10,10 +10,10 @@ from typing import Annotated, Any
 from fastapi import Depends, HTTPException, Path, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from gpufleet.control import schemas as sc
 from gpufleet.control.fleet import queries as qy
 from gpufleet.control.state.auth import Principal, Role
 from gpufleet.control.state.store import ControlStore, NodeView, NotFound
+from gpufleet.wire import views as sc
 
 bearer = HTTPBearer(auto_error=False, description="gpufleet API token (gf_...)")
 ERRORS: dict[int | str, dict[str, Any]] = {

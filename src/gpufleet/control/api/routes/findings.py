@@ -4,12 +4,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query
 
-from gpufleet.control import schemas as sc
 from gpufleet.control.api.routes.deps import Auth, BigId, Limit, OptId
 from gpufleet.control.fleet import actions as act
 from gpufleet.control.fleet import queries as qy
 from gpufleet.control.state.auth import Principal
 from gpufleet.control.state.store import ControlStore, NotFound
+from gpufleet.wire import views as sc
 
 NodeQ = Annotated[str | None, Query(max_length=253)]
 

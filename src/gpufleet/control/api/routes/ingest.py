@@ -6,10 +6,10 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 
-from gpufleet.control import schemas as sc
 from gpufleet.control.api.ingest_http import IngestReply
 from gpufleet.control.service import ControlService
 from gpufleet.wire import Batch
+from gpufleet.wire import views as sc
 
 Handler = Callable[[ControlService, str | None, str | None, bytes], Awaitable[IngestReply]]
 

@@ -18,7 +18,6 @@ from collections.abc import Callable
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, HTTPException, Path, Query
-from pydantic import BaseModel
 
 from gpufleet.control.energy import query as energy_query
 from gpufleet.control.service import ControlService
@@ -32,69 +31,14 @@ from gpufleet.schedulers.base import (
     SchedulerBackend,
     UnsupportedFeature,
 )
+from gpufleet.schedulers.views import job_detail, job_out
 from gpufleet.wire.jobs import JOB_ID_PATTERN, MAX_JOB_ID, JobSubmit
-from gpufleet.wire.views import JobOut
+from gpufleet.wire.views import JobDetail, JobList, JobOut, LogsOut
 
 JobId = Annotated[str, Path(min_length=1, max_length=MAX_JOB_ID, pattern=JOB_ID_PATTERN)]
 
 
-class JobList(BaseModel):
-    jobs: list[JobOut]
-
-
-class AttemptOut(BaseModel):
-    """One placement of the job: where, when, how it ended."""
-
-    generation: int
-    nodes: list[str]
-    started_at_s: float | None
-    ended_at_s: float | None
-    outcome: str
-
-
-class JobDetail(JobOut):
-    """A job with its spec and attempts."""
-
-    command: list[str]
-    image: str | None
-    gpus_per_node: int
-    node_count: int
-    gpu_indexes: list[int]
-    gpu_model: str | None
-    max_restarts: int
-    max_requeues: int
-    checkpoint_dir: str | None
-    attempts: list[AttemptOut]
-    # kWh, cost, CO2 of its GPUs while it held them (`gpufleet.control.energy.query`); None
-    # while nothing is known
-    energy: dict[str, Any] | None = None
-
-
 JobIn = JobSubmit  # the submission as it travels on the wire
-
-
-class LogsOut(BaseModel):
-    job: str
-    text: str
-
-
-def job_out(j: JobStatus) -> JobOut:
-    return JobOut(
-        id=j.id,
-        name=j.spec.name,
-        tenant=j.spec.tenant,
-        state=j.state.value,
-        nodes=list(j.nodes),
-        gpus=j.spec.gpus * j.spec.nodes,
-        restarts=j.restarts,
-        requeues=j.requeues,
-        exit_code=j.exit_code,
-        reason=j.reason,
-        priority=j.spec.priority,
-        submitted_at_s=j.submitted_at_s,
-        started_at_s=j.started_at_s,
-        ended_at_s=j.ended_at_s,
-    )
 
 
 def register(
@@ -167,30 +111,8 @@ def register(
     @api.get("/jobs/{job_id}", tags=["jobs"])
     def jobs_show(job_id: JobId, who: Viewer) -> JobDetail:
         j = get_job(who, job_id)
-        s = j.spec
-        return JobDetail(
-            **job_out(j).model_dump(),
-            command=list(s.command),
-            image=s.image,
-            gpus_per_node=s.gpus,
-            node_count=s.nodes,
-            gpu_indexes=list(j.gpus),
-            gpu_model=s.gpu_model,
-            max_restarts=s.max_restarts,
-            max_requeues=s.max_requeues,
-            checkpoint_dir=s.checkpoint_dir,
-            attempts=[
-                AttemptOut(
-                    generation=a.generation,
-                    nodes=list(a.nodes),
-                    started_at_s=a.started_at_s,
-                    ended_at_s=a.ended_at_s,
-                    outcome=a.outcome,
-                )
-                for a in service.scheduler.attempts(j.id)
-            ],
-            energy=energy_query.job_energy(store, j.id, service.scheduler, service.clock()),
-        )
+        energy = energy_query.job_energy(store, j.id, service.scheduler, service.clock())
+        return job_detail(j, service.scheduler.attempts(j.id), energy=energy)
 
     @api.post("/jobs/{job_id}/cancel", tags=["jobs"])
     def jobs_cancel(job_id: JobId, who: Operator) -> JobOut:

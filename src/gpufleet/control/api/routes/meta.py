@@ -6,9 +6,9 @@ from typing import TYPE_CHECKING, Annotated, Any
 from fastapi import APIRouter, Depends
 
 from gpufleet import __version__
-from gpufleet.control import schemas as sc
 from gpufleet.control.api.routes.deps import Auth
 from gpufleet.control.state.auth import Principal, Role
+from gpufleet.wire import views as sc
 
 if TYPE_CHECKING:
     from gpufleet.control.service import ControlService

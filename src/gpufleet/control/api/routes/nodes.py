@@ -6,7 +6,6 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Path, Query, Request
 
-from gpufleet.control import schemas as sc
 from gpufleet.control.api.routes.deps import Auth, Creds, Limit, NodeName
 from gpufleet.control.fleet import actions as act
 from gpufleet.control.fleet import queries as qy
@@ -17,6 +16,7 @@ from gpufleet.control.service import ControlService
 from gpufleet.control.state.auth import Principal, Role
 from gpufleet.control.state.lifecycle import Action, NodeState
 from gpufleet.errors import UsageError
+from gpufleet.wire import views as sc
 
 Offset = Annotated[int, Query(ge=0, le=10**6)]
 Rack = Annotated[str | None, Query(max_length=128)]

@@ -10,11 +10,11 @@ from typing import Annotated
 from fastapi import APIRouter, Query, Request
 from fastapi.responses import StreamingResponse
 
-from gpufleet.control import schemas as sc
 from gpufleet.control.api.routes.deps import Auth
 from gpufleet.control.fleet import queries as qy
 from gpufleet.control.service import ControlService
 from gpufleet.control.state.auth import Principal
+from gpufleet.wire import views as sc
 
 
 def router(service: ControlService, auth: Auth) -> APIRouter:

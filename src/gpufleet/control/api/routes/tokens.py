@@ -5,11 +5,11 @@ from typing import Annotated
 
 from fastapi import APIRouter, HTTPException, Response
 
-from gpufleet.control import schemas as sc
 from gpufleet.control.api.routes.deps import Auth, BigId
 from gpufleet.control.fleet import actions as act
 from gpufleet.control.state.auth import Principal
 from gpufleet.control.state.store import ControlStore, NotFound
+from gpufleet.wire import views as sc
 
 
 def router(store: ControlStore, auth: Auth) -> APIRouter:
