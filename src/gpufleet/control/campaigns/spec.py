@@ -1,10 +1,12 @@
-"""Maintenance campaigns' vocabulary (issue 15): campaign states, node steps, the spec a
-campaign starts with (`CampaignSpec`), update-order keys, and how a node's reported versions
-differ from the baseline. The engine is `gpufleet.control.campaigns.engine`."""
+"""Maintenance campaigns' vocabulary (issue 15): campaign states (`CampaignState`), node steps
+(`NodeStep`), the spec a campaign starts with (`CampaignSpec`), update-order keys, and how a
+node's reported versions differ from the baseline. The engine is
+`gpufleet.control.campaigns.engine`, its step handlers `gpufleet.control.campaigns.steps`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -17,15 +19,42 @@ from gpufleet.maintenance.windows import parse_schedule
 if TYPE_CHECKING:
     from gpufleet.control.state.store import ControlStore, NodeCache
 
-# campaign states
-RUNNING, PAUSED, HALTED, ABORTED, DONE = "running", "paused", "halted", "aborted", "done"
-PROPOSED = "proposed"  # by the recurring policy: waits for an operator to start it
+
+class CampaignState(StrEnum):
+    """A campaign's state (stored as its value)."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    HALTED = "halted"  # stopped by too many failures; in-flight nodes go on, none start
+    ABORTED = "aborted"  # stopped by an operator: nodes not yet updated are given back
+    DONE = "done"
+    PROPOSED = "proposed"  # by the recurring policy: waits for an operator to start it
+
+
+class NodeStep(StrEnum):
+    """Where a node is in its campaign (stored as its value); the engine's table of step
+    handlers (`gpufleet.control.campaigns.steps.RULES`) says where each may lead."""
+
+    SELECTED = "selected"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    EVACUATING = "evacuating"  # the drain deadline passed: jobs checkpoint-signalled, requeued
+    UPDATING = "updating"
+    REBOOTING = "rebooting"
+    VERIFYING = "verifying"
+    VALIDATING = "validating"
+    DONE = "done"
+    FAILED = "failed"
+    SKIPPED = "skipped"
+
+
+RUNNING, PAUSED, HALTED = CampaignState.RUNNING, CampaignState.PAUSED, CampaignState.HALTED
+ABORTED, DONE, PROPOSED = CampaignState.ABORTED, CampaignState.DONE, CampaignState.PROPOSED
 LIVE_CAMPAIGN = (RUNNING, PAUSED, HALTED, ABORTED)  # the engine still has work in these
-# node steps
-SELECTED, CORDONED, DRAINING, UPDATING = "selected", "cordoned", "draining", "updating"
-EVACUATING = "evacuating"  # the drain deadline passed: jobs checkpoint-signalled and requeued
-REBOOTING, VERIFYING, VALIDATING = "rebooting", "verifying", "validating"
-NODE_DONE, FAILED, SKIPPED = "done", "failed", "skipped"
+SELECTED, CORDONED, DRAINING = NodeStep.SELECTED, NodeStep.CORDONED, NodeStep.DRAINING
+EVACUATING, UPDATING, REBOOTING = NodeStep.EVACUATING, NodeStep.UPDATING, NodeStep.REBOOTING
+VERIFYING, VALIDATING = NodeStep.VERIFYING, NodeStep.VALIDATING
+NODE_DONE, FAILED, SKIPPED = NodeStep.DONE, NodeStep.FAILED, NodeStep.SKIPPED
 IN_FLIGHT = frozenset({CORDONED, DRAINING, EVACUATING, UPDATING, REBOOTING, VERIFYING, VALIDATING})
 FINAL_STEPS = frozenset({NODE_DONE, FAILED, SKIPPED})
 # findings that say a GPU is gone (its versions can no longer be read)
