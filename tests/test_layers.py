@@ -24,6 +24,7 @@ ABOVE_DEVICES = frozenset(
         "telemetry",
         "health",
         "validate",
+        "simvalidate",
         "plan",
         "mig",
         "schedulers",
@@ -73,7 +74,11 @@ RULES: dict[str, Rule] = {
     ),
     "validate": Rule(
         "pass lines come from the catalog, not from the simulator they judge",
-        never=frozenset({"devices.sim"}),
+        never=frozenset({"devices.sim", "simvalidate"}),
+    ),
+    "simvalidate": Rule(
+        "the simulator's validation engine joins validate and the simulator, nothing above",
+        only=frozenset({"validate", "devices", "catalog", "errors", "jsonable"}),
     ),
     "*": Rule(
         "rigs stay out of production code; only the entry point imports the CLI",
@@ -389,6 +394,7 @@ PLANTED: dict[str, tuple[str, str]] = {
     "control": ("control.fleet.planted", "devices.sim"),
     "agent": ("agent.planted", "control.state.store"),
     "validate": ("validate.planted", "devices.sim.fleet"),
+    "simvalidate": ("simvalidate.planted", "control.state.store"),
     "*": ("health.planted", "testing.procs"),
 }
 PLANTED_ROOMS: dict[str, tuple[str, str]] = {
@@ -503,3 +509,48 @@ def test_architecture_doc_lists_every_rule() -> None:
         assert row, f"docs/architecture.md has no row for rule {key!r}"
         for name in sorted(rule.never | (rule.only or frozenset())):
             assert f"`{name}`" in row, f"rule {key!r}: {name} missing from the doc's row"
+
+
+def _doc_section(title: str) -> str:
+    doc = (SRC.parents[1] / "docs" / "architecture.md").read_text(encoding="utf-8")
+    return doc.split(f"## {title}", 1)[1].split("\n## ", 1)[0]
+
+
+def test_architecture_doc_names_every_control_module() -> None:
+    """The control plane's picture in docs/architecture.md names every room and module."""
+    import re
+
+    section = _doc_section("Inside the control plane")
+    words = set(re.findall(r"[A-Za-z_]+", section))
+    control = SRC / "control"
+    missing = []
+    for path in sorted(control.rglob("*.py")):
+        rel = path.relative_to(control)
+        if "migrations" in rel.parts or path.name == "__init__.py":
+            continue
+        if path.stem not in words or (len(rel.parts) > 1 and f"{rel.parts[0]}/" not in section):
+            missing.append(str(rel))
+    assert not missing, f"docs/architecture.md does not name {missing}"
+
+
+def test_architecture_doc_lists_every_room_rule() -> None:
+    section = _doc_section("Inside the control plane")
+    for key, rule in ROOM_RULES.items():
+        first = "every wing" if key == "wing" else f"`{key}`"
+        row = next((ln for ln in section.splitlines() if ln.startswith(f"| {first}")), "")
+        assert row, f"docs/architecture.md has no row for room rule {key!r}"
+        for name in sorted(rule.never | (rule.only or frozenset())):
+            assert f"`{name}`" in row, f"room rule {key!r}: {name} missing from the doc's row"
+        if key == "wing":
+            assert all(f"`{w}`" in row for w in CONTROL_WINGS)
+
+
+def test_the_recipes_point_at_files_that_exist() -> None:
+    import re
+
+    section = _doc_section("Recipes")
+    paths = re.findall(r"`([a-z_/]+\.py)`", section)
+    assert len(paths) >= 5
+    roots = [SRC, SRC / "control", SRC.parents[1]]
+    missing = [p for p in paths if not any((r / p).is_file() for r in roots)]
+    assert not missing, f"docs/architecture.md's recipes name files that do not exist: {missing}"

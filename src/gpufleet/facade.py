@@ -141,6 +141,7 @@ def run_validation(
     bandwidth, memory and matmul tests, 3 adds stress and collectives. ``report.status`` is the
     overall result, ``report.results`` each test on each component.
     """
+    from gpufleet.validate.engines import open_engine
     from gpufleet.validate.runner import RunOptions, run_suite
     from gpufleet.validate.suite import select_tests
     from gpufleet.validate.thresholds import load_thresholds
@@ -149,16 +150,14 @@ def run_validation(
         raise UsageError("stress_s must be positive")
     engine: Any
     if fleet.kind == "sim":
-        from gpufleet.simvalidate import SimEngine
+        from gpufleet import simvalidate  # noqa: F401  (registers the "sim" engine)
 
         clock = _manual_clock(fleet)
         if clock is None:
             raise UsageError("run_validation: open the simulated fleet with open_sim(...)")
-        engine = SimEngine(fleet.sim, clock)
+        engine = open_engine("sim", fleet=fleet.sim, clock=clock)
     elif fleet.kind == "nvml":
-        from gpufleet.validate.engine_torch import TorchEngine
-
-        engine = TorchEngine.open()
+        engine = open_engine("torch")
     else:
         raise UsageError(f"cannot validate a fleet of kind {fleet.kind!r} (imported reports)")
     multi = len(engine.backends()) > 1

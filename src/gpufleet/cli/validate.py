@@ -149,8 +149,9 @@ def validate(
     thr = load_thresholds(config)
     engine: Any
     if sim:
+        from gpufleet import simvalidate  # noqa: F401  (registers the "sim" engine)
         from gpufleet.devices.sim import ManualClock, SimFleet, parse_fleet_spec
-        from gpufleet.simvalidate import SimEngine
+        from gpufleet.validate.engines import open_engine
 
         spec = parse_fleet_spec(sim, seed=seed)
         if host_list:
@@ -162,7 +163,7 @@ def validate(
                     hint=f"nodes are {sorted(known)[:5]}...",
                 )
         clock = ManualClock()
-        engine = SimEngine(SimFleet(spec, clock=clock), clock, nodes=host_list)
+        engine = open_engine("sim", fleet=SimFleet(spec, clock=clock), clock=clock, nodes=host_list)
     elif host_list and len(host_list) > 1:  # real nodes: torch.distributed across them
         from gpufleet.validate.multinode_run import run_for_cli
 

@@ -1,8 +1,9 @@
 """The simulator engine: validate's diagnostics over ``gpufleet.devices.sim`` (simulated time).
 
-This module joins the two and sits below both: ``gpufleet.validate`` knows nothing of the
+This package joins the two and sits above both: ``gpufleet.validate`` knows nothing of the
 simulator (its pass lines come from the catalog's performance model, which the simulator's
-workload times read too), and ``gpufleet.devices`` knows nothing of validate.
+workload times read too), and ``gpufleet.devices`` knows nothing of validate; importing the
+package registers this engine as ``sim`` (`gpufleet.validate.engines`).
 
 Time is simulated: the fleet runs on a ``ManualClock`` that this engine advances by the workload
 model's durations, so a level-3 run with a 15-minute stress takes seconds of wall time. Every
