@@ -18,6 +18,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from gpufleet.testing.procs import child_env
+
 BUDGET_S = 10.0  # gpufleet.schedulers.slurm.health_check.BUDGET_S
 
 
@@ -45,8 +47,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=3)
     args = ap.parse_args()
-    src = Path(__file__).resolve().parents[1] / "src"
-    os.environ["PYTHONPATH"] = f"{src}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"
+    os.environ.update(child_env())  # the children run the gpufleet this process imports
     with tempfile.TemporaryDirectory() as d:
         healthy = _fleet(Path(d) / "healthy.yaml", hung=False)
         hung = _fleet(Path(d) / "hung.yaml", hung=True)

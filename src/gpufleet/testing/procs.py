@@ -35,12 +35,35 @@ from gpufleet.testing.testbed import free_port, wait_for
 PYTHON = sys.executable
 
 
+def package_root() -> Path:
+    """The directory holding the ``gpufleet`` package this process runs: a source tree's
+    ``src``, or the interpreter's site-packages for an installed package."""
+    import gpufleet
+
+    return Path(gpufleet.__file__).resolve().parent.parent
+
+
+def _installed_roots() -> set[Path]:
+    import site
+
+    roots = [*site.getsitepackages(), site.getusersitepackages()]
+    return {Path(r).resolve() for r in roots}
+
+
+def child_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The child's environment (``base``, default this process's) with the same ``gpufleet``
+    importable: a package outside the interpreter's site-packages (a work tree's ``src``,
+    an editable install) goes first on ``PYTHONPATH``; an installed one needs nothing."""
+    env = dict(os.environ if base is None else base)
+    root = package_root()
+    if root not in _installed_roots():
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(root), env.get("PYTHONPATH", "")) if p)
+    return env
+
+
 def _env() -> dict[str, str]:
-    """The child's environment: this process's, with ``gpufleet`` importable from the same
-    source tree (tests run with ``PYTHONPATH`` set to a work tree's ``src``)."""
-    env = dict(os.environ)
-    src = str(Path(__file__).resolve().parents[2])
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
+    """The child's environment: this process's (no agent token), with the same gpufleet."""
+    env = child_env()
     env.pop("GPUFLEET_AGENT_TOKEN", None)
     return env
 
