@@ -177,16 +177,24 @@ def p2p_gbps(model: GpuModel) -> float | None:
 # rate x efficiency is the network's share (8 x 400 Gb/s x 0.9 = 360 GB/s on a DGX H200).
 
 
+def _link_or_network(
+    model: GpuModel, nodes: int, ranks_per_node: int, net_fraction: float
+) -> float:
+    """The slower of a GPU's link (`collective_busbw_gbps`) and, across nodes, the node's
+    network share (``net_fraction`` of `node_network_gbps`)."""
+    link = collective_busbw_gbps(model)
+    if nodes <= 1:
+        return link
+    return min(link, node_network_gbps(model, ranks_per_node) * net_fraction)
+
+
 def ring_busbw(
     model: GpuModel, nodes: int, ranks_per_node: int, net_fraction: float = 1.0
 ) -> float:
     """all_reduce, all_gather, reduce_scatter: every rank sends (n-1)/n (x2 for all_reduce) of
     the buffer over its slowest hop, so busbw is the slower of the GPU link and the node's
     network share."""
-    intra = collective_busbw_gbps(model)
-    if nodes <= 1:
-        return intra
-    return min(intra, node_network_gbps(model, ranks_per_node) * net_fraction)
+    return _link_or_network(model, nodes, ranks_per_node, net_fraction)
 
 
 def broadcast_busbw(
@@ -195,10 +203,7 @@ def broadcast_busbw(
     """broadcast (busbw = algbw = S/t): all data leaves the root, so the root's way out is the
     bottleneck: its GPU link inside the node, and its node's NICs towards the other nodes
     (pipelined rings, one per rail)."""
-    root_out = collective_busbw_gbps(model)
-    if nodes <= 1:
-        return root_out
-    return min(root_out, node_network_gbps(model, ranks_per_node) * net_fraction)
+    return _link_or_network(model, nodes, ranks_per_node, net_fraction)
 
 
 def alltoall_busbw(

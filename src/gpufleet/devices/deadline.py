@@ -27,7 +27,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import Any, TypeVar
 
 from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.types import DeviceInfo, GpuEvent, Sample
@@ -36,6 +36,7 @@ from gpufleet.errors import DeviceError
 NVML_TIMEOUT_S = 5.0
 _NODE = "node"
 _EVENTS = "events"
+_T = TypeVar("_T")
 
 
 class NvmlTimeoutError(DeviceError):
@@ -217,30 +218,28 @@ class DeadlineBackend:
     def device_count(self) -> int:
         return int(self.run(_NODE, self.inner.device_count))
 
-    def _on_gpu(self, method: str, index: int) -> Any:
-        return self.run(index, functools.partial(getattr(self.inner, method), index))
+    def _on_gpu(self, fn: Callable[[int], _T], index: int) -> _T:
+        """``fn(index)`` on GPU ``index``'s lane, within the deadline."""
+        result: _T = self.run(index, functools.partial(fn, index))
+        return result
 
     def device_info(self, index: int) -> DeviceInfo:
-        info: DeviceInfo = self._on_gpu("device_info", index)
-        return info
+        return self._on_gpu(self.inner.device_info, index)
 
     def sample_fast(self, index: int) -> Sample:
-        s: Sample = self._on_gpu("sample_fast", index)
-        return s
+        return self._on_gpu(self.inner.sample_fast, index)
 
     def sample_slow(self, index: int) -> Sample:
-        s: Sample = self._on_gpu("sample_slow", index)
-        return s
+        return self._on_gpu(self.inner.sample_slow, index)
 
     def sample(self, index: int) -> Sample:
-        s: Sample = self._on_gpu("sample", index)
-        return s
+        return self._on_gpu(self.inner.sample, index)
 
     def running_processes(self, index: int) -> list[tuple[int, int | None]] | None:
         lister = getattr(self.inner, "running_processes", None)
         if lister is None:
             return None
-        procs: list[tuple[int, int | None]] | None = self.run(index, lambda: lister(index))
+        procs: list[tuple[int, int | None]] | None = self._on_gpu(lister, index)
         return procs
 
     def system_versions(self) -> dict[str, str | None]:

@@ -72,6 +72,16 @@ class GpuWindow:
             inc += b - a if b >= a else b
         return inc, pts[-1][0] - pts[0][0]
 
+    def counter_rise(
+        self, name: str, min_span_s: float, min_increase: float
+    ) -> tuple[float, float] | None:
+        """`counter_increase` when it spans ``min_span_s`` or more and rose by ``min_increase``
+        or more (a rate needs both); else None."""
+        inc = self.counter_increase(name)
+        if inc is None or inc[1] < min_span_s or inc[0] < min_increase:
+            return None
+        return inc
+
 
 @dataclass(frozen=True)
 class GpuHealthInput:

@@ -10,7 +10,7 @@ all (so this module imports none of them).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -92,3 +92,21 @@ def gpu_finding(
         gpu_index=ctx.index,
         occurrence=occurrence,
     )
+
+
+def flag_finding(
+    ctx: GpuContext,
+    rule: str,
+    field: str,
+    code: str,
+    severity: Severity,
+    message: str,
+    *,
+    action: XidAction,
+    sticky: bool = False,
+) -> Iterator[Finding]:
+    """`gpu_finding` while the newest sample's flag ``field`` is set (evidence {field: True})."""
+    if ctx.window.latest(field):
+        yield gpu_finding(
+            ctx, rule, code, severity, message, action=action, evidence={field: True}, sticky=sticky
+        )

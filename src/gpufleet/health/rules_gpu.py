@@ -88,12 +88,10 @@ class PcieReplayParams(RuleParams):
     description="PCIe replay counter climbing faster than the per-lane threshold",
 )
 def pcie_replay_rate(ctx: GpuContext, p: PcieReplayParams) -> Iterable[Finding]:
-    inc = ctx.window.counter_increase("pcie_replay_count")
+    inc = ctx.window.counter_rise("pcie_replay_count", p.min_span_s, p.min_increase)
     if inc is None or ctx.info is None:
         return
     increase, span = inc
-    if span < p.min_span_s or increase < p.min_increase:
-        return
     gen = ctx.info.pcie_gen_current or ctx.info.pcie_gen_max
     width = ctx.info.pcie_width_current or ctx.info.pcie_width_max
     if gen is None or width is None:

@@ -17,7 +17,7 @@ from pydantic import Field
 
 from gpufleet.catalog import XidAction, XidSeverity, load_catalog
 from gpufleet.health.context import GpuContext
-from gpufleet.health.registry import RuleParams, gpu_finding, register_rule
+from gpufleet.health.registry import RuleParams, flag_finding, gpu_finding, register_rule
 from gpufleet.health.types import Finding, Severity
 
 _XID_SEVERITY = {
@@ -116,12 +116,10 @@ class SbeRateParams(RuleParams):
     description="corrected (single-bit) ECC errors climbing faster than a threshold per hour",
 )
 def sbe_rate(ctx: GpuContext, p: SbeRateParams) -> Iterable[Finding]:
-    inc = ctx.window.counter_increase("ecc_sbe_volatile")
+    inc = ctx.window.counter_rise("ecc_sbe_volatile", p.min_span_s, p.min_increase)
     if inc is None:
         return
     increase, span = inc
-    if span < p.min_span_s or increase < p.min_increase:
-        return
     per_hour = increase / span * 3600.0
     if per_hour > p.max_per_hour:
         yield gpu_finding(
@@ -145,16 +143,15 @@ def sbe_rate(ctx: GpuContext, p: SbeRateParams) -> Iterable[Finding]:
     description="a row remap waits for a GPU reset to take effect",
 )
 def row_remap_pending(ctx: GpuContext, p: RuleParams) -> Iterable[Finding]:
-    if ctx.window.latest("remap_pending"):
-        yield gpu_finding(
-            ctx,
-            "row_remap_pending",
-            "ROW_REMAP_PENDING",
-            Severity.WARN,
-            "row remapping pending: reset the GPU to apply it",
-            action=XidAction.RESET_GPU,
-            evidence={"remap_pending": True},
-        )
+    return flag_finding(
+        ctx,
+        "row_remap_pending",
+        "remap_pending",
+        "ROW_REMAP_PENDING",
+        Severity.WARN,
+        "row remapping pending: reset the GPU to apply it",
+        action=XidAction.RESET_GPU,
+    )
 
 
 @register_rule(
@@ -163,17 +160,16 @@ def row_remap_pending(ctx: GpuContext, p: RuleParams) -> Iterable[Finding]:
     description="row remapping failed (no spare rows left in a bank)",
 )
 def row_remap_failure(ctx: GpuContext, p: RuleParams) -> Iterable[Finding]:
-    if ctx.window.latest("remap_failure"):
-        yield gpu_finding(
-            ctx,
-            "row_remap_failure",
-            "ROW_REMAP_FAILURE",
-            Severity.FAIL,
-            "row remapping failed: the GPU's memory cannot be repaired in the field",
-            action=XidAction.DRAIN_AND_INSPECT,
-            evidence={"remap_failure": True},
-            sticky=True,
-        )
+    return flag_finding(
+        ctx,
+        "row_remap_failure",
+        "remap_failure",
+        "ROW_REMAP_FAILURE",
+        Severity.FAIL,
+        "row remapping failed: the GPU's memory cannot be repaired in the field",
+        action=XidAction.DRAIN_AND_INSPECT,
+        sticky=True,
+    )
 
 
 class RemappedRowsParams(RuleParams):
@@ -229,13 +225,12 @@ def retired_pages(ctx: GpuContext, p: RetiredPagesParams) -> Iterable[Finding]:
                 evidence={"retired_pages_sbe": sbe, "retired_pages_dbe": dbe, "limit": p.max_pages},
                 sticky=True,
             )
-    if ctx.window.latest("retired_pages_pending"):
-        yield gpu_finding(
-            ctx,
-            "retired_pages",
-            "RETIRED_PAGES_PENDING",
-            Severity.WARN,
-            "page retirement pending: reset the GPU to apply it",
-            action=XidAction.RESET_GPU,
-            evidence={"retired_pages_pending": True},
-        )
+    yield from flag_finding(
+        ctx,
+        "retired_pages",
+        "retired_pages_pending",
+        "RETIRED_PAGES_PENDING",
+        Severity.WARN,
+        "page retirement pending: reset the GPU to apply it",
+        action=XidAction.RESET_GPU,
+    )

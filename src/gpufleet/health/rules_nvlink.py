@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Iterable
+from dataclasses import dataclass
 
 from pydantic import Field
 
@@ -130,20 +131,7 @@ def _judge(
     replay: tuple[int, float] | None,
     recovery: tuple[int, float] | None,
 ) -> Iterable[Finding]:
-    where = f"NVLink {link}" if link is not None else "NVLink"
-    ev: dict[str, object] = {"link": link}
-    if recovery is not None and recovery[0] >= p.min_increase:
-        yield gpu_finding(
-            ctx,
-            "nvlink",
-            "NVLINK_RECOVERY_ERRORS",
-            Severity.FAIL,
-            f"{where}: {recovery[0]} recovery error(s) in {recovery[1]:.0f} s (link retrained)",
-            action=XidAction.DRAIN_AND_INSPECT,
-            evidence={**ev, "recovery_errors": recovery[0], "window_s": round(recovery[1], 3)},
-            sticky=True,
-            occurrence=f"{link}:{recovery[0]}",
-        )
+    yield from _counted(ctx, p, link, recovery, _RECOVERY)
     if crc_inc >= p.min_increase and span > 0:
         rate = crc_inc / span
         fail = rate >= p.crc_fail_per_s
@@ -152,18 +140,67 @@ def _judge(
             "nvlink",
             "NVLINK_CRC_ERRORS",
             Severity.FAIL if fail else Severity.WARN,
-            f"{where}: {crc_inc} CRC error(s) in {span:.0f} s ({rate:.1f}/s; fail at "
+            f"{_where(link)}: {crc_inc} CRC error(s) in {span:.0f} s ({rate:.1f}/s; fail at "
             f"{p.crc_fail_per_s:g}/s)",
             action=XidAction.DRAIN_AND_INSPECT,
-            evidence={**ev, "crc_errors": crc_inc, "per_s": round(rate, 3), "window_s": span},
+            evidence={
+                "link": link,
+                "crc_errors": crc_inc,
+                "per_s": round(rate, 3),
+                "window_s": span,
+            },
         )
-    if replay is not None and replay[0] >= p.min_increase:
-        yield gpu_finding(
-            ctx,
-            "nvlink",
-            "NVLINK_REPLAY_ERRORS",
-            Severity.WARN,
-            f"{where}: {replay[0]} replay(s) in {replay[1]:.0f} s",
-            action=XidAction.DRAIN_AND_INSPECT,
-            evidence={**ev, "replay_errors": replay[0], "window_s": round(replay[1], 3)},
-        )
+    yield from _counted(ctx, p, link, replay, _REPLAY)
+
+
+def _where(link: int | None) -> str:
+    """``NVLink 3``; ``NVLink`` for the GPU's totals."""
+    return f"NVLink {link}" if link is not None else "NVLink"
+
+
+@dataclass(frozen=True)
+class _Counter:
+    """An NVLink error counter judged by its increase alone: the finding it raises."""
+
+    code: str
+    severity: Severity
+    evidence_key: str
+    what: str  # the errors counted, after the count in the message
+    after: str = ""  # the end of the message
+    sticky: bool = False  # a sticky finding is one occurrence per link and count
+
+
+_RECOVERY = _Counter(
+    "NVLINK_RECOVERY_ERRORS",
+    Severity.FAIL,
+    "recovery_errors",
+    "recovery error(s)",
+    after=" (link retrained)",
+    sticky=True,
+)
+_REPLAY = _Counter("NVLINK_REPLAY_ERRORS", Severity.WARN, "replay_errors", "replay(s)")
+
+
+def _counted(
+    ctx: GpuContext,
+    p: NvLinkParams,
+    link: int | None,
+    counted: tuple[int, float] | None,
+    counter: _Counter,
+) -> Iterable[Finding]:
+    """``counter``'s finding when it rose by ``p.min_increase`` or more; ``counted`` is the
+    (increase, span in s) on ``link`` (None: the GPU's totals)."""
+    if counted is None or counted[0] < p.min_increase:
+        return
+    increase, span = counted
+    yield gpu_finding(
+        ctx,
+        "nvlink",
+        counter.code,
+        counter.severity,
+        f"{_where(link)}: {increase} {counter.what} in {span:.0f} s{counter.after}",
+        action=XidAction.DRAIN_AND_INSPECT,
+        evidence={"link": link, counter.evidence_key: increase, "window_s": round(span, 3)},
+        sticky=counter.sticky,
+        occurrence=f"{link}:{increase}" if counter.sticky else "",
+    )

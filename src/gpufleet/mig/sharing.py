@@ -36,10 +36,14 @@ __all__ = [
 GPU_RESOURCE = "nvidia.com/gpu"
 
 
-def _replicas(replicas: int) -> int:
+def _resource(resource: str, replicas: int, rename: str | None) -> dict[str, Any]:
+    """One ``resources[]`` entry: ``resource`` advertised ``replicas`` (at least 2) times."""
     if replicas < 2:
         raise ConfigError(f"replicas: {replicas}: sharing needs at least 2 replicas per GPU")
-    return replicas
+    res: dict[str, Any] = {"name": resource, "replicas": replicas}
+    if rename:
+        res["rename"] = rename
+    return res
 
 
 def time_slicing_config(
@@ -51,9 +55,7 @@ def time_slicing_config(
     mig_strategy: str = "none",
 ) -> dict[str, Any]:
     """Device-plugin config advertising each GPU ``replicas`` times, time-sliced."""
-    res: dict[str, Any] = {"name": resource, "replicas": _replicas(replicas)}
-    if rename:
-        res["rename"] = rename
+    res = _resource(resource, replicas, rename)
     return {
         "version": "v1",
         "flags": {"migStrategy": mig_strategy},
@@ -71,9 +73,7 @@ def mps_config(
     replicas: int, *, resource: str = GPU_RESOURCE, rename: str | None = None
 ) -> dict[str, Any]:
     """Device-plugin config sharing each GPU among ``replicas`` MPS clients."""
-    res: dict[str, Any] = {"name": resource, "replicas": _replicas(replicas)}
-    if rename:
-        res["rename"] = rename
+    res = _resource(resource, replicas, rename)
     return {
         "version": "v1",
         "sharing": {"mps": {"renameByDefault": False, "resources": [res]}},

@@ -4,10 +4,9 @@ file."""
 
 from __future__ import annotations
 
-import csv
-import io
 from dataclasses import dataclass
 
+from gpufleet.plan.csvtext import csv_table
 from gpufleet.plan.planner import CandidatePlan
 
 __all__ = ["BomRow", "bom_csv", "bom_rows"]
@@ -134,17 +133,4 @@ def bom_rows(cp: CandidatePlan) -> list[BomRow]:
 
 def bom_csv(rows: list[BomRow]) -> str:
     """CSV text with a header row."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(BOM_COLUMNS)
-    for r in rows:
-        w.writerow(
-            [
-                r.category,
-                r.item,
-                r.detail,
-                "" if r.length_m is None else f"{r.length_m:g}",
-                r.quantity,
-            ]
-        )
-    return buf.getvalue()
+    return csv_table(BOM_COLUMNS, rows)

@@ -18,11 +18,10 @@ ports; the BOM still counts one transceiver per cable end.
 
 from __future__ import annotations
 
-import csv
-import io
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from gpufleet.plan.csvtext import csv_table
 from gpufleet.plan.fabric import (
     OOB_SWITCH_PORTS,
     Fabric,
@@ -211,24 +210,4 @@ def cable_map(fab: Fabric, layout: Layout, pdus: int) -> list[Cable]:
 
 def cable_map_csv(cables: list[Cable]) -> str:
     """CSV text with a header row."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(CABLE_COLUMNS)
-    for c in cables:
-        w.writerow(
-            [
-                c.network,
-                c.tier,
-                c.a_device,
-                c.a_port,
-                c.b_device,
-                c.b_port,
-                c.medium,
-                f"{c.length_m:g}",
-                c.length_class,
-                c.optic,
-                c.optic_part,
-                c.fibre,
-            ]
-        )
-    return buf.getvalue()
+    return csv_table(CABLE_COLUMNS, cables)

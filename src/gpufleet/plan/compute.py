@@ -135,20 +135,25 @@ def size_training(
     if heads_known and not tp:
         tps = [t for t in tps if tp_divides_heads(t, arch.heads, arch.kv_heads)]
     pps = [pp] if pp else _powers_of_two(arch.layers)
+
+    def memory(t: int, p: int, d: int) -> TrainingMemory:  # per GPU with (tp, pp, dp) = (t, p, d)
+        return training_memory(
+            arch,
+            seq=seq,
+            micro_batch=micro_batch,
+            zero_stage=zero_stage,
+            tp=t,
+            pp=p,
+            dp=d,
+            sequence_parallel=sequence_parallel,
+            recompute=recompute,
+            capacity_bytes=capacity_bytes,
+        )
+
     layouts: list[tuple[int, int, int, int, int]] = []  # (n_mem, tp*pp, -tp, tp, pp)
     for t in tps:
         for p in pps:
-            d_min = min_data_parallel(
-                arch,
-                seq=seq,
-                micro_batch=micro_batch,
-                zero_stage=zero_stage,
-                tp=t,
-                pp=p,
-                sequence_parallel=sequence_parallel,
-                recompute=recompute,
-                capacity_bytes=capacity_bytes,
-            )
+            d_min = min_data_parallel(arch, zero_stage, memory(t, p, 1))
             if d_min is None or (dp and dp < d_min):
                 continue
             d_use = dp or d_min
@@ -182,18 +187,7 @@ def size_training(
             f"data parallel {d} x micro-batch {micro_batch} exceeds the global batch "
             f"{global_batch}: step efficiency will suffer; raise the global batch"
         )
-    mem = training_memory(
-        arch,
-        seq=seq,
-        micro_batch=micro_batch,
-        zero_stage=zero_stage,
-        tp=t,
-        pp=p,
-        dp=d,
-        sequence_parallel=sequence_parallel,
-        recompute=recompute,
-        capacity_bytes=capacity_bytes,
-    )
+    mem = memory(t, p, d)
     secs = training_seconds(flops, n, peak_tflops, mfu)
     lo = training_seconds(flops, n, peak_tflops, MFU_RANGE[1]) / SECONDS_PER_DAY
     hi = training_seconds(flops, n, peak_tflops, MFU_RANGE[0]) / SECONDS_PER_DAY
@@ -298,7 +292,7 @@ def size_inference(
     peak = peak_tflops * 1e12 * mfu
     fpt = 2.0 * arch.parameters
 
-    def rate(r: int, n: int) -> float:
+    def decode(r: int, n: int) -> tuple[float, str]:  # n replicas of r GPUs
         return _decode_rate(
             replicas=n,
             r=r,
@@ -308,7 +302,10 @@ def size_inference(
             bw=bw,
             flops_per_token=fpt,
             peak=peak,
-        )[0]
+        )
+
+    def rate(r: int, n: int) -> float:
+        return decode(r, n)[0]
 
     options: list[tuple[int, int, int]] = []  # (gpus, r, replicas) meeting the target
     fallback: tuple[float, int, int] | None = None  # best rate when nothing meets it
@@ -337,16 +334,7 @@ def size_inference(
             f"{concurrent} concurrent sequences cannot reach {target_tokens_per_s:.0f} tokens/s "
             "(each sequence decodes one token per step); raise concurrent_sequences"
         )
-    tokens_s, bound = _decode_rate(
-        replicas=replicas,
-        r=r,
-        weights=weights,
-        kv_seq=kv_of(r),
-        concurrent=concurrent,
-        bw=bw,
-        flops_per_token=fpt,
-        peak=peak,
-    )
+    tokens_s, bound = decode(r, replicas)
     n = replicas * r
     servers_gpus = _round_up(n, gpus_per_server) if r <= gpus_per_server else n
     per_gpu = (weights + kv_of(r) * concurrent / replicas) / r

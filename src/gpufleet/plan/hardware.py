@@ -10,6 +10,7 @@ smaller stated host overhead (default 1 kW: two CPUs, memory, NICs and fans of a
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TypedDict
 
 from gpufleet.catalog import Catalog, GpuModel
 from gpufleet.errors import UnknownNameError
@@ -44,56 +45,60 @@ class Server:
     source: str
 
 
+class _GpuFigures(TypedDict):
+    """The fields of a `Server` that come from its GPU's catalog model."""
+
+    gpu_key: str
+    gpu_name: str
+    gpu_memory_bytes: int
+    gpu_bandwidth_gbps: float
+    gpu_tdp_w: float
+
+
+def _gpu_figures(gpu: GpuModel) -> _GpuFigures:
+    """``gpu``'s figures as `Server` fields."""
+    return _GpuFigures(
+        gpu_key=gpu.key,
+        gpu_name=gpu.marketing_name,
+        gpu_memory_bytes=gpu.memory_bytes,
+        gpu_bandwidth_gbps=gpu.memory_bandwidth_gbps,
+        gpu_tdp_w=gpu.max_power_w,
+    )
+
+
 def _generic(
     candidate: str, gpu: GpuModel, host_overhead_w: float, n: int = GENERIC_GPUS_PER_SERVER
 ) -> Server:
     big = gpu.form_factor in ("sxm", "oam", "superchip")
-    if n <= PILOT_MAX_GPUS and not big:
-        return Server(
-            candidate=candidate,
-            key=f"pilot-{gpu.key}-x{n}",
-            name=f"{n}-GPU PCIe server ({gpu.marketing_name})",
-            gpu_key=gpu.key,
-            gpu_name=gpu.marketing_name,
-            gpus=n,
-            power_kw=(n * gpu.max_power_w + host_overhead_w) / 1000.0,
-            rack_units=2,
-            compute_nics=max(1, n // 2),
-            compute_nic_gbps=400,
-            storage_nics=1,
-            local_nvme_bytes=None,
-            gpu_memory_bytes=gpu.memory_bytes,
-            gpu_bandwidth_gbps=gpu.memory_bandwidth_gbps,
-            gpu_tdp_w=gpu.max_power_w,
-            generic=True,
-            source=(
-                f"gpufleet assumption: pilot {n} x {gpu.max_power_w:.0f} W TDP ({gpu.source}) + "
-                f"{host_overhead_w / 1000:.1f} kW host overhead; 2U PCIe server (a deskside "
-                "workstation draws the same), 1 NIC per 2 GPUs at 400 Gb/s"
-            ),
+    pilot = n <= PILOT_MAX_GPUS and not big
+    if pilot:  # a 2U PCIe server (a deskside workstation draws the same)
+        key, name = f"pilot-{gpu.key}-x{n}", f"{n}-GPU PCIe server ({gpu.marketing_name})"
+        rack_units, compute_nics, storage_nics = 2, max(1, n // 2), 1
+        layout = (
+            "2U PCIe server (a deskside workstation draws the same), 1 NIC per 2 GPUs at 400 Gb/s"
         )
+    else:
+        key, name = f"generic-{gpu.key}-x{n}", f"Generic {n}x {gpu.marketing_name}"
+        rack_units, compute_nics, storage_nics = (8, n, 2) if big else (4, n // 2, 2)
+        layout = f"{'8U, 1 NIC per GPU' if big else '4U, 1 NIC per 2 GPUs'}, 400 Gb/s NICs"
     return Server(
         candidate=candidate,
-        key=f"generic-{gpu.key}-x{n}",
-        name=f"Generic {n}x {gpu.marketing_name}",
-        gpu_key=gpu.key,
-        gpu_name=gpu.marketing_name,
+        key=key,
+        name=name,
         gpus=n,
         power_kw=(n * gpu.max_power_w + host_overhead_w) / 1000.0,
-        rack_units=8 if big else 4,
-        compute_nics=n if big else n // 2,
+        rack_units=rack_units,
+        compute_nics=compute_nics,
         compute_nic_gbps=400,
-        storage_nics=2,
+        storage_nics=storage_nics,
         local_nvme_bytes=None,
-        gpu_memory_bytes=gpu.memory_bytes,
-        gpu_bandwidth_gbps=gpu.memory_bandwidth_gbps,
-        gpu_tdp_w=gpu.max_power_w,
         generic=True,
         source=(
-            f"gpufleet assumption: {n} x {gpu.max_power_w:.0f} W TDP ({gpu.source}) + "
-            f"{host_overhead_w / 1000:.1f} kW host overhead; "
-            f"{'8U, 1 NIC per GPU' if big else '4U, 1 NIC per 2 GPUs'}, 400 Gb/s NICs"
+            f"gpufleet assumption: {'pilot ' if pilot else ''}"
+            f"{n} x {gpu.max_power_w:.0f} W TDP ({gpu.source}) + "
+            f"{host_overhead_w / 1000:.1f} kW host overhead; {layout}"
         ),
+        **_gpu_figures(gpu),
     )
 
 
@@ -130,13 +135,10 @@ def resolve_candidate(
         if not systems:
             return _generic(name, gpu, host_overhead_w)
         system = systems[0]
-    gpu = catalog.gpus[system.gpu]
     return Server(
         candidate=name,
         key=system.key,
         name=system.name,
-        gpu_key=gpu.key,
-        gpu_name=gpu.marketing_name,
         gpus=system.gpus,
         power_kw=system.max_power_kw,
         rack_units=system.rack_units,
@@ -144,9 +146,7 @@ def resolve_candidate(
         compute_nic_gbps=system.compute_nic_gbps,
         storage_nics=system.storage_nics,
         local_nvme_bytes=system.local_nvme_bytes,
-        gpu_memory_bytes=gpu.memory_bytes,
-        gpu_bandwidth_gbps=gpu.memory_bandwidth_gbps,
-        gpu_tdp_w=gpu.max_power_w,
         generic=False,
         source=system.source,
+        **_gpu_figures(catalog.gpus[system.gpu]),
     )

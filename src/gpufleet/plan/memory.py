@@ -224,35 +224,14 @@ def training_memory(
     )
 
 
-def min_data_parallel(
-    arch: Architecture,
-    *,
-    seq: int,
-    micro_batch: int,
-    zero_stage: int,
-    tp: int,
-    pp: int,
-    sequence_parallel: bool,
-    recompute: str,
-    capacity_bytes: float,
-) -> int | None:
-    """Smallest data-parallel degree at which (tp, pp) fits in ``capacity_bytes``; None if never.
+def min_data_parallel(arch: Architecture, zero_stage: int, m1: TrainingMemory) -> int | None:
+    """Smallest data-parallel degree at which the layout whose memory at dp = 1 is ``m1`` fits in
+    its ``capacity_bytes``; None if never.
 
     Memory is A + B/d (B the ZeRO-sharded states), so d >= B / (capacity - A).
     """
-    m1 = training_memory(
-        arch,
-        seq=seq,
-        micro_batch=micro_batch,
-        zero_stage=zero_stage,
-        tp=tp,
-        pp=pp,
-        dp=1,
-        sequence_parallel=sequence_parallel,
-        recompute=recompute,
-        capacity_bytes=capacity_bytes,
-    )
-    shard = arch.parameters / (tp * pp)
+    capacity_bytes = m1.capacity_bytes
+    shard = arch.parameters / (m1.tensor_parallel * m1.pipeline_parallel)
     sharded_per_param = (
         (ADAM_BYTES.weights if zero_stage >= 3 else 0.0)
         + (ADAM_BYTES.gradients if zero_stage >= 2 else 0.0)

@@ -106,6 +106,34 @@ def _price_for(
     return None
 
 
+def _infeasible(
+    server: Server,
+    problem: str,
+    sized: tuple[WorkloadPlan, ...] = (),
+    gpus: int = 0,
+    servers: int = 0,
+    notes: tuple[str, ...] = (),
+) -> CandidatePlan:
+    """A candidate that cannot be built, with what was sized before the ``problem`` showed."""
+    return CandidatePlan(
+        server.candidate,
+        server,
+        False,
+        problem,
+        sized,
+        gpus,
+        servers,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+        notes,
+    )
+
+
 def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> CandidatePlan:
     c, p = spec.constraints, spec.prices
     try:
@@ -116,23 +144,7 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
     except ConfigError:
         raise
     except UsageError as exc:  # e.g. no FP64 units: this candidate cannot run the workload
-        return CandidatePlan(
-            server.candidate,
-            server,
-            False,
-            str(exc),
-            (),
-            0,
-            0,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            (),
-        )
+        return _infeasible(server, str(exc))
     gpus = sum(w.gpus for w in sized)
     servers = math.ceil(gpus / server.gpus)
     notes: list[str] = []
@@ -160,22 +172,32 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
     )
 
     def infeasible(problem: str) -> CandidatePlan:
-        return CandidatePlan(
-            server.candidate,
-            server,
-            False,
-            problem,
-            sized,
-            gpus,
-            servers,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            None,
-            tuple(notes),
+        return _infeasible(server, problem, sized, gpus, servers, tuple(notes))
+
+    def facility(
+        *,
+        rack_limit_kw: float | None,
+        racks_available: int | None,
+        network_kw: float,
+        rack_units: int | None = None,
+    ) -> Facility:
+        return plan_facility(
+            servers=servers,
+            server_kw=server.power_kw,
+            server_ru=server.rack_units,
+            server_name=server.name,
+            rack_limit_kw=rack_limit_kw,
+            cooling=c.cooling,
+            pue=c.pue,
+            usable_ru=c.rack_units - c.reserved_rack_units,
+            voltage_v=c.circuit.voltage,
+            current_a=c.circuit.current,
+            phases=c.circuit.phases,
+            redundancy=c.redundancy,
+            racks_available=racks_available,
+            network_kw=network_kw,
+            average_load=p.utilization,
+            rack_units=rack_units,
         )
 
     if not fits:
@@ -187,22 +209,10 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
     mgmt = math.ceil(servers / c.scalable_unit) * c.management_nodes_per_su
     # Servers per rack first (network power depends on the switch count, which depends on racks).
     try:
-        fac0 = plan_facility(
-            servers=servers,
-            server_kw=server.power_kw,
-            server_ru=server.rack_units,
-            server_name=server.name,
+        fac0 = facility(
             rack_limit_kw=c.rack_power / 1000 if c.rack_power else None,
-            cooling=c.cooling,
-            pue=c.pue,
-            usable_ru=c.rack_units - c.reserved_rack_units,
-            voltage_v=c.circuit.voltage,
-            current_a=c.circuit.current,
-            phases=c.circuit.phases,
-            redundancy=c.redundancy,
             racks_available=c.racks_available,
             network_kw=0.0,
-            average_load=p.utilization,
         )
         layout = Layout(
             fac0.racks, fac0.servers_per_rack, c.racks_per_row, c.rack_width, c.row_pitch
@@ -219,22 +229,10 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         )
     except UsageError as exc:
         return infeasible(str(exc))
-    fac = plan_facility(
-        servers=servers,
-        server_kw=server.power_kw,
-        server_ru=server.rack_units,
-        server_name=server.name,
+    fac = facility(
         rack_limit_kw=fac0.rack_limit_kw,
-        cooling=c.cooling,
-        pue=c.pue,
-        usable_ru=c.rack_units - c.reserved_rack_units,
-        voltage_v=c.circuit.voltage,
-        current_a=c.circuit.current,
-        phases=c.circuit.phases,
-        redundancy=c.redundancy,
         racks_available=None,
         network_kw=(fabric.data_switches * c.switch_power + mgmt * c.management_node_power) / 1000,
-        average_load=p.utilization,
         rack_units=c.rack_units,
     )
     trainings = [w.training for w in sized if w.training]
@@ -308,12 +306,11 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
     days = max((t.days for t in trainings), default=None)
     run_mwh = fac.facility_kw * days * 24 / 1000 if days is not None else None
     tokens = sum(t.tokens_per_s * t.days * 86400 for t in trainings)
+    served = sum(w.inference.decode_tokens_per_s for w in sized if w.inference)
     if run_mwh:
         tpj: float | None = tokens / (run_mwh * 3.6e9)
     else:
-        served = sum(w.inference.decode_tokens_per_s for w in sized if w.inference)
         tpj = served / (fac.facility_kw * 1000) if served else None
-    served = sum(w.inference.decode_tokens_per_s for w in sized if w.inference)
     cpm = None
     if served and cost.tco is not None:
         share = sum(w.gpus for w in sized if w.inference) / gpus
