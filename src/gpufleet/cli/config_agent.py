@@ -3,13 +3,11 @@
 
 from __future__ import annotations
 
-import shlex
-from pathlib import Path
-
 import typer
 
 from gpufleet.cli.common import JsonOption, http_url
 from gpufleet.cli.output import emit_json
+from gpufleet.cli.systemd_unit import service_unit
 
 # The agent alone is a small, read-only daemon: confine it. Jobs (``--run-jobs``) are its
 # children, in its control group, and inherit every one of these settings: a 512 MiB memory cap
@@ -61,34 +59,16 @@ def agent_unit(
         args += ["--ca", ca]
     if run_jobs:
         args += ["--run-jobs"]
-    cmd = " ".join(shlex.quote(a) for a in args)
-    state_name = (
-        Path(state_dir).relative_to("/var/lib") if state_dir.startswith("/var/lib/") else None
-    )
-    lines = [
-        "[Unit]",
-        "Description=gpufleet node agent (GPU telemetry, health, /metrics"
+    return service_unit(
+        description="gpufleet node agent (GPU telemetry, health, /metrics"
         + (", jobs)" if run_jobs else ")"),
-        "Wants=network-online.target",
-        "After=network-online.target nvidia-persistenced.service",
-        "",
-        "[Service]",
-        "Type=simple",
-        f"User={user}",
-        f"EnvironmentFile=-{token_file}",
-        f"ExecStart={cmd}",
-        "Restart=always",
-        "RestartSec=5",
-        *(WITH_JOBS if run_jobs else AGENT_ONLY),
-        *([] if run_jobs else [f"ReadWritePaths={state_dir}"]),
-        *([f"StateDirectory={state_name}", "StateDirectoryMode=0700"] if state_name else []),
-        "UMask=0077",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-        "",
-    ]
-    return "\n".join(lines)
+        after="nvidia-persistenced.service",
+        user=user,
+        env_file=token_file,
+        argv=args,
+        settings=[*WITH_JOBS] if run_jobs else [*AGENT_ONLY, f"ReadWritePaths={state_dir}"],
+        state_dir=state_dir,
+    )
 
 
 def _listen(value: str) -> str:

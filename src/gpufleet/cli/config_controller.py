@@ -9,13 +9,11 @@ and its state directory, nothing else (no devices, no kernel tunables, no capabi
 
 from __future__ import annotations
 
-import shlex
-from pathlib import Path
-
 import typer
 
 from gpufleet.cli.common import JsonOption
 from gpufleet.cli.output import emit_json
+from gpufleet.cli.systemd_unit import service_unit
 from gpufleet.errors import UsageError
 
 ENV_FILE = "/etc/gpufleet/controller.env"
@@ -66,40 +64,25 @@ def controller_unit(
         args += ["--policy", policy]
     if tls_cert and tls_key:
         args += ["--tls-cert", tls_cert, "--tls-key", tls_key]
-    cmd = " ".join(shlex.quote(a) for a in args)
-    state_name = (
-        Path(data_dir).relative_to("/var/lib") if data_dir.startswith("/var/lib/") else None
-    )
-    low_port = port < 1024
-    lines = [
-        "[Unit]",
-        "Description=gpufleet control plane (REST API, ingest, lifecycle, dashboard)",
-        "Wants=network-online.target",
-        "After=network-online.target postgresql.service",
-        "",
-        "[Service]",
-        "Type=simple",
-        f"User={user}",
+    # a port below 1024 needs this one capability; otherwise none at all
+    caps = "CAP_NET_BIND_SERVICE" if port < 1024 else ""
+    return service_unit(
+        description="gpufleet control plane (REST API, ingest, lifecycle, dashboard)",
+        after="postgresql.service",
+        user=user,
         # GPUFLEET_DB_URL=postgresql://... and GPUFLEET_PROMETHEUS_URL=http://...: mode 0600
-        f"EnvironmentFile=-{env_file}",
-        f"ExecStart={cmd}",
-        "Restart=always",
-        "RestartSec=5",
-        "TimeoutStopSec=30",
-        "LimitNOFILE=65536",
-        *HARDENING,
-        # a port below 1024 needs this one capability; otherwise none at all
-        *(["AmbientCapabilities=CAP_NET_BIND_SERVICE"] if low_port else ["CapabilityBoundingSet="]),
-        *(["CapabilityBoundingSet=CAP_NET_BIND_SERVICE"] if low_port else []),
-        f"ReadWritePaths={data_dir}",
-        *([f"StateDirectory={state_name}", "StateDirectoryMode=0700"] if state_name else []),
-        "UMask=0077",
-        "",
-        "[Install]",
-        "WantedBy=multi-user.target",
-        "",
-    ]
-    return "\n".join(lines)
+        env_file=env_file,
+        argv=args,
+        settings=[
+            "TimeoutStopSec=30",
+            "LimitNOFILE=65536",
+            *HARDENING,
+            *([f"AmbientCapabilities={caps}"] if caps else []),
+            f"CapabilityBoundingSet={caps}",
+            f"ReadWritePaths={data_dir}",
+        ],
+        state_dir=data_dir,
+    )
 
 
 def register_config(config_app: typer.Typer) -> None:

@@ -4,6 +4,7 @@ tokens, backups and `up` live in their own modules)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING
 import typer
 
 from gpufleet.cli.common import JsonOption, SeedOption, TokenFileOption, read_token
+from gpufleet.cli.groups import option_groups
 from gpufleet.cli.output import console, emit_json
 from gpufleet.cli.process import CaOption, TlsCertOption, TlsKeyOption
 from gpufleet.errors import UsageError
@@ -41,6 +43,43 @@ from gpufleet.cli.controller_common import (
     _tls,
 )
 
+HostOption = typer.Option("127.0.0.1", "--host", help="Address to listen on.")
+PortOption = typer.Option(8080, "--port", help="TCP port.")
+# Serves the control plane on (data_dir, db_url, host, port, json_out): what `serve_options` gives
+Serve = Callable[[Path | None, str | None, str, int, bool], None]
+
+
+def serve_options(
+    policy: Path | None = typer.Option(None, "--policy", help="Remediation policy YAML."),
+    notify: Path | None = NotifyOption,
+    scheduler: str = SchedulerOption,
+    slurm_conf: str | None = SlurmConfOption,
+    kubeconfig: str | None = KubeconfigOption,
+    tls_cert: Path | None = TlsCertOption,
+    tls_key: Path | None = TlsKeyOption,
+    max_nodes: int = MaxNodesOption,
+    prometheus_url: str | None = PrometheusOption,
+    advertise_url: str | None = AdvertiseOption,
+    peer_ca: Path | None = PeerCaOption,
+    energy_days: float = EnergyRetentionOption,
+    lease_s: float = LeaseOption,
+    renew_s: float = RenewOption,
+) -> Serve:
+    """The options `controller` and `controller serve` share (an option group): what serves
+    with them. Nothing is checked before it runs (`controller migrate` passes them unused)."""
+
+    def serve(
+        data_dir: Path | None, db_url: str | None, host: str, port: int, json_out: bool
+    ) -> None:
+        config = service_config(
+            data_dir, db_url, policy, max_nodes, prometheus_url, advertise_url, peer_ca,
+            energy_days, lease_s, renew_s,
+        )  # fmt: skip
+        listen = Listen(host, port, _tls(tls_cert, tls_key), json_out)
+        _serve(config, listen, _scheduler(scheduler, slurm_conf, kubeconfig), notify)
+
+    return serve
+
 
 def register(app: typer.Typer) -> None:
     """Attach `controller`, `token`, `up` and `sim-fleet`."""
@@ -54,67 +93,35 @@ def register(app: typer.Typer) -> None:
     app.add_typer(tok, name="token")
 
     @ctl.callback()
+    @option_groups(serve=serve_options)
     def controller(
         ctx: typer.Context,
         data_dir: Path | None = DataDirOption,
         db_url: str | None = DbUrlOption,
-        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-        port: int = typer.Option(8080, "--port", help="TCP port."),
-        policy: Path | None = typer.Option(None, "--policy", help="Remediation policy YAML."),
-        notify: Path | None = NotifyOption,
-        scheduler: str = SchedulerOption,
-        slurm_conf: str | None = SlurmConfOption,
-        kubeconfig: str | None = KubeconfigOption,
-        tls_cert: Path | None = TlsCertOption,
-        tls_key: Path | None = TlsKeyOption,
-        max_nodes: int = MaxNodesOption,
-        prometheus_url: str | None = PrometheusOption,
-        advertise_url: str | None = AdvertiseOption,
-        peer_ca: Path | None = PeerCaOption,
-        energy_days: float = EnergyRetentionOption,
-        lease_s: float = LeaseOption,
-        renew_s: float = RenewOption,
+        host: str = HostOption,
+        port: int = PortOption,
+        *,
+        serve: Serve,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane (the default when no subcommand is given)."""
         ctx.obj = {"data_dir": data_dir, "db_url": db_url}
         if ctx.invoked_subcommand is None:
-            config = service_config(
-                data_dir, db_url, policy, max_nodes, prometheus_url, advertise_url, peer_ca,
-                energy_days, lease_s, renew_s,
-            )  # fmt: skip
-            listen = Listen(host, port, _tls(tls_cert, tls_key), json_out)
-            _serve(config, listen, _scheduler(scheduler, slurm_conf, kubeconfig), notify)
+            serve(data_dir, db_url, host, port, json_out)
 
     @ctl.command("serve")
+    @option_groups(serve=serve_options)
     def serve_cmd(
         data_dir: Path | None = DataDirOption,
         db_url: str | None = DbUrlOption,
         host: str = typer.Option("127.0.0.1", "--host"),
         port: int = typer.Option(8080, "--port"),
-        policy: Path | None = typer.Option(None, "--policy", help="Remediation policy YAML."),
-        notify: Path | None = NotifyOption,
-        scheduler: str = SchedulerOption,
-        slurm_conf: str | None = SlurmConfOption,
-        kubeconfig: str | None = KubeconfigOption,
-        tls_cert: Path | None = TlsCertOption,
-        tls_key: Path | None = TlsKeyOption,
-        max_nodes: int = MaxNodesOption,
-        prometheus_url: str | None = PrometheusOption,
-        advertise_url: str | None = AdvertiseOption,
-        peer_ca: Path | None = PeerCaOption,
-        energy_days: float = EnergyRetentionOption,
-        lease_s: float = LeaseOption,
-        renew_s: float = RenewOption,
+        *,
+        serve: Serve,
         json_out: bool = JsonOption,
     ) -> None:
         """Serve the control plane."""
-        config = service_config(
-            data_dir, db_url, policy, max_nodes, prometheus_url, advertise_url, peer_ca,
-            energy_days, lease_s, renew_s,
-        )  # fmt: skip
-        listen = Listen(host, port, _tls(tls_cert, tls_key), json_out)
-        _serve(config, listen, _scheduler(scheduler, slurm_conf, kubeconfig), notify)
+        serve(data_dir, db_url, host, port, json_out)
 
     @ctl.command("migrate")
     def migrate_cmd(
@@ -155,8 +162,8 @@ def register(app: typer.Typer) -> None:
         ),
         data_dir: Path | None = DataDirOption,
         db_url: str | None = DbUrlOption,
-        host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on."),
-        port: int = typer.Option(8080, "--port", help="TCP port."),
+        host: str = HostOption,
+        port: int = PortOption,
         seed: int = SeedOption,
         scheduler: str = SchedulerOption,
         slurm_conf: str | None = SlurmConfOption,

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 import csv
 import sys
-from pathlib import Path
 from typing import Any
 
 import typer
 
-from gpufleet.cli.common import JsonOption, TokenFileOption, read_token
-from gpufleet.cli.jobs import ControllerOption, TokenOption, _client
+from gpufleet.cli.common import JsonOption
+from gpufleet.cli.groups import option_groups
+from gpufleet.cli.jobs import job_remote
 from gpufleet.cli.output import console, emit_json
-from gpufleet.cli.process import CaOption
+from gpufleet.cli.remote import Remote
 from gpufleet.control.energy.query import BY, parse_since
 from gpufleet.errors import UsageError
 
@@ -36,23 +36,22 @@ def _num(v: Any, digits: int = 3) -> str:
 
 
 @energy_app.command("report")
+@option_groups(remote=job_remote)
 def report(
     by: str = typer.Option("tenant", "--by", help="job, tenant, node, model or day."),
     since: str = typer.Option("30d", "--since", help="How far back: 30d, 12h, 90m, 2w."),
     as_csv: bool = typer.Option(False, "--csv", help="CSV on stdout."),
-    controller: str = ControllerOption,
-    token: str = TokenOption,
-    token_file: Path = TokenFileOption,
-    ca: Path | None = CaOption,
+    *,
+    remote: Remote,
     as_json: bool = JsonOption,
 ) -> None:
     """Energy per job, tenant, node, GPU model or day, with the fleet's idle waste."""
     if by not in BY:
         raise UsageError(f"--by {by!r}: use one of {', '.join(BY)}")
     parse_since(since)  # a bad --since is refused here, before any request
-    if not controller:
+    if not remote.controller:
         raise UsageError("energy report needs --controller URL (and --token-file)")
-    with _client(controller, read_token(token, token_file), ca) as client:
+    with remote.client() as client:
         d = client.energy(by, since).model_dump(mode="json", exclude_unset=True)
     if as_json:
         emit_json(d)

@@ -28,10 +28,10 @@ def controller_status(
     controller: str, token: str | None, baseline: BaselineFile
 ) -> list[NodeBaseline]:
     """Every node the token sees, from the GPU versions its agent last reported."""
-    from gpufleet.cli.jobs import _client
+    from gpufleet.cli import remote
 
     rows: list[dict[str, Any]] = []
-    with _client(controller, token) as client:
+    with remote.client(controller, token) as client:
         while True:
             page = client.request("GET", "/gpus", params={"limit": PAGE, "offset": len(rows)})
             rows.extend(page)

@@ -21,15 +21,16 @@ from typing import TYPE_CHECKING
 
 import typer
 
-from gpufleet.cli.common import JsonOption, SeedOption, TokenFileOption, read_token
+from gpufleet.cli.common import JsonOption, SeedOption, TokenFileOption
+from gpufleet.cli.groups import option_groups
 from gpufleet.cli.output import console, emit_json, fmt
 from gpufleet.cli.process import CaOption
+from gpufleet.cli.remote import Remote
 from gpufleet.errors import NoDeviceError, UsageError
 from gpufleet.schedulers.base import JobAttempt, JobSpec
 from gpufleet.wire.jobs import JOB_SPEC
 
 if TYPE_CHECKING:
-    from gpufleet.client import Client
     from gpufleet.schedulers.embedded import EmbeddedScheduler, NodeInfo
 
 DEFAULT_STATE_DIR = (
@@ -61,20 +62,18 @@ NodesSimOption = typer.Option(
     help="Schedule on a simulated fleet's GPUs (NODESxGPUSxMODEL); processes still run here.",
     metavar="SPEC",
 )
+JobIdArgument = typer.Argument(..., help="Job id.")
 
 
-def _client(controller: str, token: str | None, ca: Path | None = None) -> Client:
-    """The control-plane client for ``--controller``/``--token`` (``--ca``: the PEM bundle to
-    verify an https controller with)."""
-    from gpufleet.client import Client
-
-    if not token:
-        raise UsageError(
-            "--controller needs --token-file (or GPUFLEET_TOKEN_FILE, GPUFLEET_TOKEN, --token)"
-        )
-    if ca is not None and not ca.is_file():
-        raise UsageError(f"--ca {ca}: no such file")
-    return Client(controller, token, ca=ca)
+def job_remote(
+    controller: str | None = ControllerOption,
+    token: str | None = TokenOption,
+    token_file: Path | None = TokenFileOption,
+    ca: Path | None = CaOption,
+) -> Remote:
+    """The control-plane options of `gpufleet jobs` (and `energy`): ``--controller`` (else the
+    local scheduler), its token and ``--ca``."""
+    return Remote(controller, token, token_file, ca)
 
 
 def _local_nodes(sim: str | None, seed: int) -> list[NodeInfo]:
@@ -146,6 +145,7 @@ BUDGET_COLS = ("restarts", "requeues")
 
 
 @jobs_app.command("submit")
+@option_groups(remote=job_remote)
 def submit(
     command: list[str] = typer.Argument(None, help="The command to run (after --)."),
     name: str = typer.Option(None, "--name", help="Job name (default: the command's name)."),
@@ -183,10 +183,8 @@ def submit(
     sim: str = NodesSimOption,
     seed: int = SeedOption,
     state_dir: Path = StateDirOption,
-    controller: str = ControllerOption,
-    token: str = TokenOption,
-    token_file: Path = TokenFileOption,
-    ca: Path | None = CaOption,
+    *,
+    remote: Remote,
     as_json: bool = JsonOption,
 ) -> None:
     """Submit a job: `gpufleet jobs submit --gpus 2 -- python train.py`."""
@@ -209,12 +207,12 @@ def submit(
         env=_env_pairs(env),
         duration_s=duration,
     )
-    if controller:
+    if remote.controller:
         body = JOB_SPEC.dump_python(spec, mode="json", exclude_none=True)
         name, command = body.pop("name"), body.pop("command")
         if tenant is None:  # the controller takes the token's tenant
             body.pop("tenant", None)
-        with _client(controller, read_token(token, token_file), ca) as client:
+        with remote.client() as client:
             job = client.submit(name, command, **body)
         if as_json:
             emit_json(job.model_dump(mode="json"))
@@ -232,19 +230,18 @@ def submit(
 
 
 @jobs_app.command("list")
+@option_groups(remote=job_remote)
 def list_jobs(
     state_dir: Path = StateDirOption,
-    controller: str = ControllerOption,
-    token: str = TokenOption,
-    token_file: Path = TokenFileOption,
-    ca: Path | None = CaOption,
+    *,
+    remote: Remote,
     as_json: bool = JsonOption,
 ) -> None:
     """List jobs, newest last."""
     from rich.table import Table
 
-    if controller:
-        with _client(controller, read_token(token, token_file), ca) as client:
+    if remote.controller:
+        with remote.client() as client:
             remote_jobs = client.jobs()
         if as_json:
             emit_json({"jobs": [j.model_dump(mode="json") for j in remote_jobs]})
@@ -291,21 +288,20 @@ def list_jobs(
 
 
 @jobs_app.command("show")
+@option_groups(remote=job_remote)
 def show(
-    job_id: str = typer.Argument(..., help="Job id."),
+    job_id: str = JobIdArgument,
     state_dir: Path = StateDirOption,
-    controller: str = ControllerOption,
-    token: str = TokenOption,
-    token_file: Path = TokenFileOption,
-    ca: Path | None = CaOption,
+    *,
+    remote: Remote,
     as_json: bool = JsonOption,
 ) -> None:
     """A job's spec, state and every attempt (where and how each copy ran); ``--json``: the
     same document as ``GET /api/v1/jobs/{id}``, with or without ``--controller``."""
     from gpufleet.schedulers.views import job_detail
 
-    if controller:
-        with _client(controller, read_token(token, token_file), ca) as client:
+    if remote.controller:
+        with remote.client() as client:
             d = client.job(job_id)
     else:
         with local_scheduler(state_dir, discover=False) as eng:
@@ -346,18 +342,17 @@ def show(
 
 
 @jobs_app.command("cancel")
+@option_groups(remote=job_remote)
 def cancel(
-    job_id: str = typer.Argument(..., help="Job id."),
+    job_id: str = JobIdArgument,
     state_dir: Path = StateDirOption,
-    controller: str = ControllerOption,
-    token: str = TokenOption,
-    token_file: Path = TokenFileOption,
-    ca: Path | None = CaOption,
+    *,
+    remote: Remote,
     as_json: bool = JsonOption,
 ) -> None:
     """Cancel a job (kills its running copies)."""
-    if controller:
-        with _client(controller, read_token(token, token_file), ca) as client:
+    if remote.controller:
+        with remote.client() as client:
             cancelled = client.cancel(job_id)
         if as_json:
             emit_json(cancelled.model_dump(mode="json"))
@@ -374,19 +369,18 @@ def cancel(
 
 
 @jobs_app.command("logs")
+@option_groups(remote=job_remote)
 def logs(
-    job_id: str = typer.Argument(..., help="Job id."),
+    job_id: str = JobIdArgument,
     tail: int = typer.Option(0, "--tail", help="Only the last N lines (0: all)."),
     state_dir: Path = StateDirOption,
-    controller: str = ControllerOption,
-    token: str = TokenOption,
-    token_file: Path = TokenFileOption,
-    ca: Path | None = CaOption,
+    *,
+    remote: Remote,
     as_json: bool = JsonOption,
 ) -> None:
     """Print the output of the job's latest copy."""
-    if controller:
-        with _client(controller, read_token(token, token_file), ca) as client:
+    if remote.controller:
+        with remote.client() as client:
             text = client.logs(job_id, tail=tail)
         if as_json:
             emit_json({"job": job_id, "log": None, "text": text})

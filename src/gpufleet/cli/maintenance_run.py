@@ -10,23 +10,17 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from gpufleet.cli.common import JsonOption, TokenFileOption, read_token
+from gpufleet.cli.common import JsonOption
+from gpufleet.cli.groups import option_groups
 from gpufleet.cli.output import console, emit_json, fit
+from gpufleet.cli.remote import Remote, url_remote
 from gpufleet.errors import UsageError
 from gpufleet.maintenance.planner import fraction
 from gpufleet.maintenance.windows import parse_schedule
 
-ControllerOpt = typer.Option(..., "--controller", help="Control-plane URL.", metavar="URL")
-TokenOpt = typer.Option(None, "--token", envvar="GPUFLEET_TOKEN", help="Bearer token.")
 CampaignOpt = typer.Option(
     None, "--campaign", help="Campaign id (default: the newest).", metavar="ID"
 )
-
-
-def _client(controller: str, token: str | None, token_file: Path | None) -> Any:
-    from gpufleet.cli.jobs import _client as jobs_client
-
-    return jobs_client(controller, read_token(token, token_file))
 
 
 def _batch(value: str) -> tuple[int | None, float | None]:
@@ -80,6 +74,7 @@ def _show(doc: dict[str, Any], as_json: bool) -> None:
         _print(doc)
 
 
+@option_groups(remote=url_remote)
 def start_cmd(
     baseline: Path | None = typer.Option(
         None, "--baseline", help="Target versions per GPU model (YAML).", metavar="FILE"
@@ -90,9 +85,8 @@ def start_cmd(
         help="The site's update command, run on each node by its agent (its own unit).",
         metavar="CMD",
     ),
-    controller: str = ControllerOpt,
-    token: str | None = TokenOpt,
-    token_file: Path | None = TokenFileOption,
+    *,
+    remote: Remote,
     select: str | None = typer.Option(
         None, "--select", help="Only nodes matching KEY=GLOB[,...] (node, model, rack)."
     ),
@@ -148,7 +142,7 @@ def start_cmd(
     if proposal is not None:
         if baseline is not None or update_command is not None:
             raise UsageError("--proposal starts the proposed campaign as it is: no --baseline")
-        with _client(controller, token, token_file) as client:
+        with remote.client() as client:
             doc = client.request("POST", f"/maintenance/campaigns/{proposal}/start")
         _show(doc, as_json)
         return
@@ -179,7 +173,7 @@ def start_cmd(
         body["drain_deadline_s"] = None
     elif drain_deadline is not None:
         body["drain_deadline_s"] = drain_deadline * 60
-    with _client(controller, token, token_file) as c:
+    with remote.client() as c:
         if share is not None:
             nodes = c.request("GET", "/summary").get("nodes") or 0
             import math
@@ -187,44 +181,29 @@ def start_cmd(
             count = max(1, math.floor(int(nodes) * share))
         body["batch"] = count
         doc = c.request("POST", "/maintenance/campaigns", json=body)
-    if as_json:
-        emit_json(doc)
-    else:
-        _print(doc)
+    _show(doc, as_json)
 
 
+@option_groups(remote=url_remote)
 def status_cmd(
-    controller: str = ControllerOpt,
-    token: str | None = TokenOpt,
-    token_file: Path | None = TokenFileOption,
-    campaign: int | None = CampaignOpt,
-    as_json: bool = JsonOption,
+    *, remote: Remote, campaign: int | None = CampaignOpt, as_json: bool = JsonOption
 ) -> None:
     """A campaign's state, capacity now and every node's step (viewers may read it)."""
     path = f"/maintenance/campaigns/{campaign}" if campaign else "/maintenance/campaigns/latest"
-    with _client(controller, token, token_file) as c:
+    with remote.client() as c:
         doc = c.request("GET", path)
-    if as_json:
-        emit_json(doc)
-    else:
-        _print(doc)
+    _show(doc, as_json)
 
 
 def _control(action: str) -> Any:
+    @option_groups(remote=url_remote)
     def cmd(
-        controller: str = ControllerOpt,
-        token: str | None = TokenOpt,
-        token_file: Path | None = TokenFileOption,
-        campaign: int | None = CampaignOpt,
-        as_json: bool = JsonOption,
+        *, remote: Remote, campaign: int | None = CampaignOpt, as_json: bool = JsonOption
     ) -> None:
-        with _client(controller, token, token_file) as c:
+        with remote.client() as c:
             cid = campaign or c.request("GET", "/maintenance/campaigns/latest")["id"]
             doc = c.request("POST", f"/maintenance/campaigns/{cid}/{action}")
-        if as_json:
-            emit_json(doc)
-        else:
-            _print(doc)
+        _show(doc, as_json)
 
     cmd.__doc__ = {
         "pause": "Start no new node (nodes in flight finish).",

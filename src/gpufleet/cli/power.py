@@ -11,13 +11,17 @@ from rich.progress import Progress
 from rich.table import Table
 
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption, TokenFileOption
+from gpufleet.cli.groups import option_groups
 from gpufleet.cli.output import console, emit_json, err_console, fit
+from gpufleet.cli.remote import BearerTokenOption, Remote
 from gpufleet.errors import ConfigError, UsageError
 
 power_app = typer.Typer(
     help="Tune GPU power limits: sweep, apply, restore; fleet orders and rack budgets.",
     no_args_is_help=True,
 )
+GpusOption = typer.Option(None, "--gpus", help="GPU indexes, e.g. 0,1 (default all).")
+DryRunOption = typer.Option(False, "--dry-run", help="Show what would change; set nothing.")
 
 
 def _open(sim: str | None, seed: int) -> tuple[Any, Any, Any]:
@@ -77,7 +81,7 @@ def sweep_cmd(
     limits: str = typer.Option(
         ..., "--limits", help="Watts: 700,650,...,350, a list, or CURRENT (set nothing)."
     ),
-    gpus: str | None = typer.Option(None, "--gpus", help="GPU indexes, e.g. 0,1 (default all)."),
+    gpus: str | None = GpusOption,
     workload: str = typer.Option(
         "matmul-bf16", "--workload", help="matmul-bf16, hbm (PyTorch on real GPUs) or a COMMAND."
     ),
@@ -150,22 +154,30 @@ def sweep_cmd(
 StateOption = typer.Option(None, "--state", help="State file (default ~/.local/state/gpufleet).")
 
 
-FleetTokenOpt = typer.Option(None, "--token", envvar="GPUFLEET_TOKEN", help="Bearer token.")
 ControllerOpt = typer.Option(
     None, "--controller", help="Control-plane URL: apply across the fleet.", metavar="URL"
 )
 
 
+def fleet_remote(
+    controller: str | None = ControllerOpt,
+    token: str | None = BearerTokenOption,
+    token_file: Path | None = TokenFileOption,
+) -> Remote:
+    """`power apply` and `restore`: with ``--controller``, on the fleet's nodes (else here)."""
+    return Remote(controller, token, token_file)
+
+
+@option_groups(remote=fleet_remote)
 def apply_cmd(
     limit: float | None = typer.Option(None, "--limit", help="Watts to set."),
     recommended: Path | None = typer.Option(
         None, "--recommended", help="A `power sweep --json` file: set its recommendation."
     ),
-    gpus: str | None = typer.Option(None, "--gpus", help="GPU indexes, e.g. 0,1 (default all)."),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would change; set nothing."),
-    controller: str | None = ControllerOpt,
-    token: str | None = FleetTokenOpt,
-    token_file: Path | None = TokenFileOption,
+    gpus: str | None = GpusOption,
+    dry_run: bool = DryRunOption,
+    *,
+    remote: Remote,
     tenant: str | None = typer.Option(None, "--tenant", help="Fleet: the tenant's nodes."),
     partition: str | None = typer.Option(
         None, "--partition", help="Fleet: nodes labelled partition=P."
@@ -188,13 +200,11 @@ def apply_cmd(
         raise UsageError("give exactly one of --limit W, --recommended FILE")
     watts = float(limit) if limit is not None else recommended_limit(recommended)  # type: ignore[arg-type]
     fleet_only = tenant or partition or label or nodes or revert_after
-    if controller is not None:
+    if remote.controller is not None:
         from gpufleet.cli.power_fleet import apply_fleet
 
         apply_fleet(
-            controller,
-            token,
-            token_file,
+            remote,
             watts=watts,
             gpus=gpus,
             tenant=tenant,
@@ -217,14 +227,14 @@ def apply_cmd(
     _print_rows(rows, "would set" if dry_run else "set", as_json, dry_run)
 
 
+@option_groups(remote=fleet_remote)
 def restore_cmd(
     order: int | None = typer.Argument(
         None, help="With --controller: the power order to put back.", metavar="ORDER"
     ),
-    dry_run: bool = typer.Option(False, "--dry-run", help="Show what would change; set nothing."),
-    controller: str | None = ControllerOpt,
-    token: str | None = FleetTokenOpt,
-    token_file: Path | None = TokenFileOption,
+    dry_run: bool = DryRunOption,
+    *,
+    remote: Remote,
     state: Path | None = StateOption,
     sim: str | None = SimOption,
     seed: int = SeedOption,
@@ -233,14 +243,14 @@ def restore_cmd(
     """Put back the power limits `power apply` replaced (with --controller: an order's)."""
     from gpufleet.energy.apply import default_state_file, restore
 
-    if controller is not None:
+    if remote.controller is not None:
         from gpufleet.cli.power_fleet import restore_fleet
 
         if order is None:
             raise UsageError("power restore --controller needs the ORDER id")
         if dry_run:
             raise UsageError("--dry-run is for this machine's GPUs; see `power status ORDER`")
-        restore_fleet(controller, token, token_file, order, as_json)
+        restore_fleet(remote, order, as_json)
         return
     if order is not None:
         raise UsageError("an ORDER id needs --controller URL")

@@ -10,17 +10,11 @@ from typing import Any
 import typer
 from rich.table import Table
 
-from gpufleet.cli.common import JsonOption, SeedOption, SimOption, TokenFileOption, read_token
+from gpufleet.cli.common import JsonOption, SeedOption, SimOption, TokenFileOption
+from gpufleet.cli.groups import option_groups
 from gpufleet.cli.output import console, emit_json, fit
+from gpufleet.cli.remote import BearerTokenOption, Remote, url_remote
 from gpufleet.errors import UsageError
-
-TokenOpt = typer.Option(None, "--token", envvar="GPUFLEET_TOKEN", help="Bearer token.")
-
-
-def client(controller: str, token: str | None, token_file: Path | None) -> Any:
-    from gpufleet.cli.jobs import _client as jobs_client
-
-    return jobs_client(controller, read_token(token, token_file))
 
 
 def parse_labels(items: list[str]) -> dict[str, str]:
@@ -119,31 +113,29 @@ def _when(t: float) -> str:
     return dt.datetime.fromtimestamp(t, dt.UTC).strftime("%Y-%m-%d %H:%M:%S UTC")
 
 
-def apply_fleet(controller: str, token: str | None, token_file: Path | None, **kw: Any) -> None:
+def apply_fleet(remote: Remote, **kw: Any) -> None:
     as_json = kw.pop("as_json")
     body = order_body(**kw)
-    with client(controller, token, token_file) as c:
+    with remote.client() as c:
         doc = c.request("POST", "/power/orders", json=body)
     emit_json(doc) if as_json else print_order(doc)
 
 
-def restore_fleet(
-    controller: str, token: str | None, token_file: Path | None, order: int, as_json: bool
-) -> None:
-    with client(controller, token, token_file) as c:
+def restore_fleet(remote: Remote, order: int, as_json: bool) -> None:
+    with remote.client() as c:
         doc = c.request("POST", f"/power/orders/{order}/restore")
     emit_json(doc) if as_json else print_order(doc)
 
 
+@option_groups(remote=url_remote)
 def status_cmd(
     order: int | None = typer.Argument(None, help="Order id (default: list the newest)."),
-    controller: str = typer.Option(..., "--controller", help="Control-plane URL.", metavar="URL"),
-    token: str | None = TokenOpt,
-    token_file: Path | None = TokenFileOption,
+    *,
+    remote: Remote,
     as_json: bool = JsonOption,
 ) -> None:
     """Show power orders and each node's and GPU's outcome (pending until its agent answers)."""
-    with client(controller, token, token_file) as c:
+    with remote.client() as c:
         if order is not None:
             doc = c.request("GET", f"/power/orders/{order}")
             emit_json(doc) if as_json else print_order(doc)
@@ -199,7 +191,7 @@ def budget_cmd(
     controller: str | None = typer.Option(
         None, "--controller", help="Control-plane URL (its nodes' GPUs).", metavar="URL"
     ),
-    token: str | None = TokenOpt,
+    token: str | None = BearerTokenOption,
     token_file: Path | None = TokenFileOption,
     sim: str | None = SimOption,
     seed: int = SeedOption,
@@ -221,7 +213,7 @@ def budget_cmd(
     else:
         if sim is not None:
             raise UsageError("give --controller or --sim, not both")
-        with client(controller, token, token_file) as c:
+        with Remote(controller, token, token_file).client() as c:
             params = {"rack": rack, "watts": watts, "workload": workload}
             prop = c.request("GET", "/power/budget", params=params)
             if accept:
