@@ -197,6 +197,11 @@ def test_the_audit_log_is_per_tenant(rig: Rig) -> None:
     r = rig.ctl.call("POST", "/api/v1/nodes/na/actions/uncordon", op_a)
     assert r.status_code == 200, r.text
     rig.ctl.call("POST", "/api/v1/nodes/nb/actions/uncordon", rig.tokens["g-operator"])
+    # ta's own refused attempt naming tb's node (this test's own row: it relied on the matrix
+    # test before it in the file making one, and failed when run alone)
+    body = {"node": "nb", "verdict": "pass"}
+    refused = rig.ctl.call("POST", "/api/v1/validation-results", rig.tokens["ta-viewer"], json=body)
+    assert refused.status_code == 403, refused.text
     mine = rig.ctl.call("GET", "/api/v1/audit", op_a, params={"limit": 5000}).json()
     assert mine and any(a["action"] == "node.uncordon" and a["target"] == "na" for a in mine)
     # every row the tenant reads was written by one of its tokens (actor names its role)
