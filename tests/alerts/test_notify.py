@@ -14,8 +14,8 @@ import pytest
 from gpufleet.control.db.engine import make_engine, migrate
 from gpufleet.control.db.models import EventRow, ValidationResultRow
 from gpufleet.control.notify.config import EmailConfig, RetryConfig, WebhookConfig, load_notify
+from gpufleet.control.notify.notification import Notification
 from gpufleet.control.notify.notifier import (
-    Notification,
     Notifier,
     SessionNotifier,
     record_event,
@@ -40,6 +40,17 @@ def note(i: int = 1, kind: str = "node_state", to: str = "lost") -> Notification
         node="gpu-07",
         data={"from": "in_service", "to": to},
     )
+
+
+def _publish_one(notifier: Notifier) -> None:
+    """Start ``notifier``, publish `note` and wait until it is done with it (delivered or given
+    up), then stop it."""
+    notifier.start()
+    try:
+        notifier.publish(note())
+        assert notifier.flush(10)
+    finally:
+        notifier.stop()
 
 
 @pytest.fixture
@@ -84,12 +95,7 @@ def test_dead_receiver_gives_up_after_the_attempts(client: httpx.Client) -> None
     dead = f"http://127.0.0.1:{free_port()}/hook"  # nothing listens: connection refused
     retry = RetryConfig(attempts=3, backoff_s=0.05, max_backoff_s=0.1)
     notifier = Notifier([WebhookSink(WebhookConfig(url=dead), None, client)], retry=retry)
-    notifier.start()
-    try:
-        notifier.publish(note())
-        assert notifier.flush(10)
-    finally:
-        notifier.stop()
+    _publish_one(notifier)
     assert notifier.stats["retried"] == 2 and notifier.stats["failed"] == 1
     assert notifier.stats["delivered"] == 0
 
@@ -142,12 +148,9 @@ def test_email_through_a_local_smtp_server() -> None:
         {"host": "127.0.0.1", "port": smtp.port, "from": "gf@example.org", "to": ["a@x", "b@x"]}
     )
     notifier = Notifier([EmailSink(cfg, None)], retry=FAST)
-    notifier.start()
     try:
-        notifier.publish(note())
-        assert notifier.flush(10)
+        _publish_one(notifier)
     finally:
-        notifier.stop()
         smtp.close()
     assert notifier.stats["delivered"] == 1
     (msg,) = smtp.messages

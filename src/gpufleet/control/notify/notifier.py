@@ -43,6 +43,7 @@ from sqlalchemy.orm import Session
 
 from gpufleet.control.db.models import EventRow, ValidationResultRow
 from gpufleet.control.notify.config import NotifyConfig, RetryConfig, read_secret
+from gpufleet.control.notify.notification import Notification
 from gpufleet.control.notify.sinks import DeliveryError, EmailSink, Sink, WebhookSink
 
 log = logging.getLogger("gpufleet.control.notify")
@@ -55,32 +56,6 @@ NOTIFYING_EVENTS = {
     "maintenance_step_failed": "maintenance_step_failed",
 }
 _PENDING = "gpufleet_notify_pending"
-
-
-@dataclass(frozen=True)
-class Notification:
-    """One thing to tell people about."""
-
-    id: str
-    kind: str
-    at_s: float
-    summary: str
-    severity: int = 0  # 0 info, 1 warning, 2 critical
-    node: str | None = None
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "kind": self.kind,
-            "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at_s)),
-            "at_s": self.at_s,
-            "severity": ("info", "warning", "critical")[max(0, min(2, self.severity))],
-            "node": self.node,
-            "summary": self.summary,
-            "data": self.data,
-            "source": "gpufleet",
-        }
 
 
 @dataclass(order=True)

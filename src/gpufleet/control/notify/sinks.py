@@ -27,7 +27,7 @@ import httpx
 
 if TYPE_CHECKING:
     from gpufleet.control.notify.config import EmailConfig, WebhookConfig
-    from gpufleet.control.notify.notifier import Notification
+    from gpufleet.control.notify.notification import Notification
 
 SIGNATURE_HEADER = "X-Gpufleet-Signature"
 TIMESTAMP_HEADER = "X-Gpufleet-Timestamp"
