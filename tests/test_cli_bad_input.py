@@ -5,9 +5,6 @@ exit 3 (unknown) on unusable input, every other command 2."""
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,24 +12,15 @@ import pytest
 
 from gpufleet.devices.sim.spec import MAX_SIM_NODES
 from gpufleet.testing.timescale import scaled
+from tests.cli import run_gpufleet
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
-
-SRC = Path(__file__).resolve().parents[1] / "src"
 
 
 def gpufleet(*args: str) -> tuple[int, str, float]:
     """Exit code, stderr and seconds of one CLI run."""
-    env = {**os.environ, "PYTHONPATH": str(SRC), "NO_COLOR": "1", "COLUMNS": "200"}
     t0 = time.monotonic()
-    done = subprocess.run(
-        [sys.executable, "-m", "gpufleet", *args],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=env,
-        check=False,
-    )
+    done = run_gpufleet(*args)
     return done.returncode, done.stderr, time.monotonic() - t0
 
 

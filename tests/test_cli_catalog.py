@@ -8,7 +8,7 @@ import sys
 from typing import Any
 
 import pytest
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from gpufleet.cli.app import app
 
@@ -20,6 +20,20 @@ def _json(args: list[str]) -> Any:
     result = runner.invoke(app, ["catalog", *args, "--json"])
     assert result.exit_code == 0, result.stderr
     return json.loads(result.stdout)
+
+
+def _table(args: list[str]) -> str:
+    """``gpufleet catalog ARGS`` as a 200-column table (it must succeed): what it printed."""
+    result = runner.invoke(app, ["catalog", *args], env=WIDE)
+    assert result.exit_code == 0
+    return result.stdout
+
+
+def _refused(args: list[str]) -> Result:
+    """``gpufleet catalog ARGS``, which must exit 2 (bad input)."""
+    result = runner.invoke(app, ["catalog", *args])
+    assert result.exit_code == 2
+    return result
 
 
 def test_gpus_json() -> None:
@@ -35,10 +49,9 @@ def test_gpus_json() -> None:
 
 
 def test_gpus_table() -> None:
-    result = runner.invoke(app, ["catalog", "gpus"], env=WIDE)
-    assert result.exit_code == 0
+    out = _table(["gpus"])
     for text in ("h200-sxm", "989.5", "mi300x", "NVLink4 900 GB/s"):
-        assert text in result.stdout
+        assert text in out
 
 
 def test_gpu_json_has_every_figure_with_source() -> None:
@@ -59,14 +72,12 @@ def test_gpu_by_nvml_name() -> None:
 
 
 def test_gpu_table() -> None:
-    result = runner.invoke(app, ["catalog", "gpu", "l40s"], env=WIDE)
-    assert result.exit_code == 0
-    assert "sm_count" in result.stdout and "142" in result.stdout
+    out = _table(["gpu", "l40s"])
+    assert "sm_count" in out and "142" in out
 
 
 def test_unknown_gpu_did_you_mean_exit_2() -> None:
-    result = runner.invoke(app, ["catalog", "gpu", "h10-sxm"])
-    assert result.exit_code == 2
+    result = _refused(["gpu", "h10-sxm"])
     assert "unknown GPU model 'h10-sxm'" in result.stderr
     assert "did you mean" in result.stderr and "h100-sxm" in result.stderr
     assert result.stdout == ""
@@ -104,15 +115,12 @@ def test_mig_json() -> None:
 
 
 def test_mig_table() -> None:
-    result = runner.invoke(app, ["catalog", "mig", "a100-sxm4-40gb"], env=WIDE)
-    assert result.exit_code == 0
-    assert "1g.5gb" in result.stdout and "{0,2,4,6}:2" in result.stdout
+    out = _table(["mig", "a100-sxm4-40gb"])
+    assert "1g.5gb" in out and "{0,2,4,6}:2" in out
 
 
 def test_mig_on_gpu_without_mig_exit_2() -> None:
-    result = runner.invoke(app, ["catalog", "mig", "l4"])
-    assert result.exit_code == 2
-    assert "does not support MIG" in result.stderr
+    assert "does not support MIG" in _refused(["mig", "l4"]).stderr
 
 
 def test_xid_json() -> None:
@@ -125,6 +133,4 @@ def test_xid_json() -> None:
 
 
 def test_unknown_xid_exit_2() -> None:
-    result = runner.invoke(app, ["catalog", "xid", "7"])
-    assert result.exit_code == 2
-    assert "unknown XID code '7'" in result.stderr
+    assert "unknown XID code '7'" in _refused(["xid", "7"]).stderr

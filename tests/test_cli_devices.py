@@ -7,27 +7,19 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
+from tests.cli import cli_json
 from tests.conftest import FIXTURES, H200, real_gpu_available
 
 runner = CliRunner()
 
 
-def run_json(*args: str) -> dict[str, Any]:
-    result = runner.invoke(app, [*args, "--json"])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
-    assert isinstance(doc, dict)
-    return doc
-
-
 def test_inventory_json_shape_on_the_simulator() -> None:
-    doc = run_json("inventory", "--sim", "2x8xh100-sxm")
+    doc = cli_json("inventory", "--sim", "2x8xh100-sxm")
     assert [n["name"] for n in doc["nodes"]] == ["sim-00", "sim-01"]
     g = doc["nodes"][1]["gpus"][7]
     for key in (
@@ -57,7 +49,7 @@ def test_inventory_finds_drift_in_a_fleet_file(tmp_path: Path) -> None:
         "  - {name: old, model: h100, gpus: 2, driver_version: '535.161.08'}\n"
         "faults:\n  - {node: n-01, gpu: 1, kind: pcie_downgrade, width: 8}\n"
     )
-    doc = run_json("inventory", "--sim", str(f))
+    doc = cli_json("inventory", "--sim", str(f))
     fields = sorted((d["kind"], d["field"]) for d in doc["drift"])
     assert ("version", "driver_version") in fields
     assert ("pcie_link", "pcie_link") in fields
@@ -66,7 +58,7 @@ def test_inventory_finds_drift_in_a_fleet_file(tmp_path: Path) -> None:
 
 
 def test_inventory_imports_the_real_h200_capture() -> None:
-    doc = run_json("inventory", "--import", str(H200 / "nvidia-smi-q.xml"))
+    doc = cli_json("inventory", "--import", str(H200 / "nvidia-smi-q.xml"))
     g = doc["nodes"][0]["gpus"][0]
     assert g["name"] == "NVIDIA H200" and g["model"] == "h200-sxm"
     assert g["vbios_version"] == "96.00.A5.00.1A" and g["driver_version"] == "580.159.04"
@@ -75,26 +67,26 @@ def test_inventory_imports_the_real_h200_capture() -> None:
 
 
 def test_inventory_import_multi_gpu_drift() -> None:
-    doc = run_json("inventory", "--import", str(FIXTURES / "smi" / "h200x8-v13.xml"))
+    doc = cli_json("inventory", "--import", str(FIXTURES / "smi" / "h200x8-v13.xml"))
     assert len(doc["nodes"][0]["gpus"]) == 8
     assert any(d["field"] == "vbios_version" for d in doc["drift"])
 
 
 def test_status_json_reports_load_and_reasons() -> None:
-    doc = run_json("status", "--sim", "4x2xh100", "--busy")
+    doc = cli_json("status", "--sim", "4x2xh100", "--busy")
     gpus = [g for n in doc["nodes"] for g in n["gpus"]]
     assert len(gpus) == 8
     # --busy means busy (issue 17): every GPU runs one of the mix's loads, none idles
     assert all(g["gpu_util_pct"] >= 30 for g in gpus)
     assert not any("idle" in g["clock_event_reasons_words"] for g in gpus)
     assert all(g["power_w"] > 100 for g in gpus)
-    idle = run_json("status", "--sim", "4x2xh100")  # without --busy every GPU idles
+    idle = cli_json("status", "--sim", "4x2xh100")  # without --busy every GPU idles
     assert all(g["gpu_util_pct"] == 0 for n in idle["nodes"] for g in n["gpus"])
 
 
 def test_status_busy_with_the_default_seed_on_one_node() -> None:
     """One node with seed 7 used to draw "idle" and show every GPU at 0 % under --busy."""
-    doc = run_json("status", "--sim", "1x8xh100-sxm", "--busy")
+    doc = cli_json("status", "--sim", "1x8xh100-sxm", "--busy")
     assert all(g["gpu_util_pct"] > 0 for g in doc["nodes"][0]["gpus"])
 
 
@@ -105,7 +97,7 @@ def test_status_table_renders() -> None:
 
 
 def test_doctor_on_a_healthy_simulated_node() -> None:
-    doc = run_json("doctor", "--sim", "1x2xh200")
+    doc = cli_json("doctor", "--sim", "1x2xh200")
     assert doc["status"] == "ok"
     names = {c["name"] for n in doc["nodes"] for c in n["checks"]}
     assert {"nvml", "driver_library_match", "gpus"} <= names

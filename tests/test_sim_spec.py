@@ -64,6 +64,16 @@ faults:
     assert fleet.node("a-00").gpus[0].slow_fraction() == 1.0
 
 
+def _assert_fleet_file_error(f: Path, body: str, needle: str) -> None:
+    """``body`` written to ``f`` fails to parse as a fleet file: a ConfigError that names the
+    file and says ``needle``."""
+    f.write_text(body)
+    with pytest.raises(ConfigError) as err:
+        parse_fleet_spec(str(f))
+    assert needle in str(err.value)
+    assert str(f) in str(err.value)
+
+
 @pytest.mark.parametrize(
     ("body", "needle"),
     [
@@ -76,12 +86,7 @@ faults:
     ],
 )
 def test_yaml_errors_name_the_field(tmp_path: Path, body: str, needle: str) -> None:
-    f = tmp_path / "bad.yaml"
-    f.write_text(body)
-    with pytest.raises(ConfigError) as err:
-        parse_fleet_spec(str(f))
-    assert needle in str(err.value)
-    assert str(f) in str(err.value)
+    _assert_fleet_file_error(tmp_path / "bad.yaml", body, needle)
 
 
 def test_missing_yaml_file() -> None:
@@ -140,12 +145,7 @@ def test_missing_yaml_file() -> None:
 def test_yaml_values_are_checked_and_errors_name_the_field(
     tmp_path: Path, body: str, needle: str
 ) -> None:
-    f = tmp_path / "bad.yaml"
-    f.write_text(body)
-    with pytest.raises(ConfigError) as err:
-        parse_fleet_spec(str(f))
-    assert needle in str(err.value)
-    assert str(f) in str(err.value)
+    _assert_fleet_file_error(tmp_path / "bad.yaml", body, needle)
 
 
 def test_readme_fleet_file_still_parses(tmp_path: Path) -> None:

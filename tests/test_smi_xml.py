@@ -22,6 +22,7 @@ from gpufleet.devices.smi import (
 )
 from gpufleet.devices.types import ClockEventReason
 from gpufleet.errors import ParseError
+from tests.h200_capture import assert_h200_idle_sample, assert_h200_info
 
 FIX = Path(__file__).parent / "fixtures"
 H200_DIR = FIX / "nvidia-h200"
@@ -50,31 +51,8 @@ def test_real_h200_report_header(h200_text: str) -> None:
 
 def test_real_h200_device_info(h200_text: str) -> None:
     info = parse_smi_xml(h200_text).gpus[0].info
-    assert info.index == 0
-    assert info.name == "NVIDIA H200"
-    assert info.uuid == "GPU-a9be1d05-4c94-ff08-6f9e-9571d1d634c3"
-    assert info.model == "h200-sxm"
-    assert info.pci_bus_id == "00000000:00:06.0"
-    assert info.pci_device_id == "0x233510DE"
-    assert info.serial == "1653824018748"
-    assert info.vbios_version == "96.00.A5.00.1A"
-    assert info.inforom_version == "G520.0282.02.02"
-    assert info.driver_version == "580.159.04"
+    assert_h200_info(info)
     assert info.cuda_driver_version == "13.0"
-    assert info.memory_total_bytes == 143771 * MIB
-    assert (info.power_limit_default_w, info.power_limit_min_w, info.power_limit_max_w) == (
-        700.0,
-        200.0,
-        700.0,
-    )
-    assert info.power_limit_enforced_w == 700.0
-    assert (info.max_sm_clock_mhz, info.max_mem_clock_mhz) == (1980, 3201)
-    assert (info.pcie_gen_current, info.pcie_gen_max) == (5, 5)
-    assert (info.pcie_width_current, info.pcie_width_max) == (16, 16)
-    assert info.persistence_mode is True
-    assert (info.ecc_current, info.ecc_pending) == (True, True)
-    assert (info.mig_current, info.mig_pending) == (False, False)
-    assert info.compute_mode == "Default"
     assert info.minor_number == 0
     # -2 C / -8 C are offsets from T.Limit (35 C + 52 C margin): the thresholds are exactly what
     # NVML's nvmlDeviceGetTemperatureThreshold answered on the same GPU (nvml_probe.json)
@@ -92,21 +70,12 @@ def test_real_h200_sample(h200_text: str) -> None:
     gpu = parse_smi_xml(h200_text).gpus[0]
     s = gpu.sample
     assert s.timestamp_s == datetime(2026, 11, 30, 14, 56, 6, tzinfo=UTC).timestamp()
-    assert (s.gpu_util_pct, s.mem_util_pct) == (0.0, 0.0)
-    assert s.mem_used_bytes == 0
-    assert s.mem_free_bytes == 143156 * MIB
-    assert s.mem_reserved_bytes == 616 * MIB
-    assert (s.gpu_temp_c, s.mem_temp_c) == (35.0, 39.0)
+    assert_h200_idle_sample(s)
     assert s.power_w == pytest.approx(79.60)
-    assert (s.sm_clock_mhz, s.mem_clock_mhz) == (345, 3201)
     assert s.clock_event_reasons == ClockEventReason.GPU_IDLE
     assert s.pcie_replay_count == 0
     assert s.pcie_tx_bytes_per_s == 1005 * 1024
     assert s.pcie_rx_bytes_per_s == 597 * 1024
-    assert (s.ecc_sbe_volatile, s.ecc_dbe_volatile) == (0, 0)
-    assert (s.ecc_sbe_aggregate, s.ecc_dbe_aggregate) == (0, 0)
-    assert (s.remapped_rows_correctable, s.remapped_rows_uncorrectable) == (0, 0)
-    assert (s.remap_pending, s.remap_failure) == (False, False)
     # retired_pages are N/A on this GPU (it remaps rows instead)
     assert (s.retired_pages_sbe, s.retired_pages_dbe, s.retired_pages_pending) == (None,) * 3
     assert gpu.mig_devices == ()

@@ -33,6 +33,18 @@ def parse(text: str) -> list[tuple[str, dict[str, str], float]]:
     return out
 
 
+def _exposition(node: SimNode, clock: ManualClock, ticks: int, hostname: str = "h") -> str:
+    """The agent's exposition of ``node`` (as ``hostname``) after ``ticks`` samples one second
+    apart on ``clock``."""
+    s = Sampler(node.backend(), clock=clock)
+    for _ in range(ticks):
+        s.tick()
+        clock.advance(1)
+    text = render_text(make_registry(AgentCollector(s, hostname=hostname))).decode()
+    s.close()
+    return text
+
+
 @pytest.fixture
 def scraped() -> Iterator[tuple[str, Sampler, SimNode]]:
     clock = ManualClock()
@@ -105,12 +117,7 @@ def test_gpm_profiling_metrics_from_nvml(scraped: tuple[str, Sampler, SimNode]) 
 def test_no_gpm_on_ampere() -> None:
     clock = ManualClock()
     _, node = sim_node("1x1xa100-sxm4-80gb", clock)
-    s = Sampler(node.backend(), clock=clock)
-    for _ in range(3):
-        s.tick()
-        clock.advance(1)
-    text = render_text(make_registry(AgentCollector(s, hostname="h"))).decode()
-    s.close()
+    text = _exposition(node, clock, ticks=3)
     assert "DCGM_FI_DEV_GPU_UTIL" in text
     assert "DCGM_FI_PROF_GR_ENGINE_ACTIVE" not in text
 
@@ -192,12 +199,7 @@ def test_mig_instances_discovered_through_nvml(tmp_path: object) -> None:
     fleet = SimFleet(parse_fleet_spec(str(f)), clock=clock)
     node = fleet.node("m")
     node.gpus[0].run(Load(util=1.0, fb_used_bytes=20 * 2**30))
-    s = Sampler(node.backend(), clock=clock)
-    for _ in range(4):
-        s.tick()
-        clock.advance(1)
-    text = render_text(make_registry(AgentCollector(s, hostname="h"))).decode()
-    s.close()
+    text = _exposition(node, clock, ticks=4)
     rows = [(n, lab, v) for n, lab, v in parse(text) if "GPU_I_ID" in lab]
     profiles = {(lab["GPU_I_ID"], lab["GPU_I_PROFILE"]) for _, lab, _ in rows}
     assert profiles == {("1", "3g.71gb"), ("2", "4g.71gb")}
@@ -229,12 +231,7 @@ def _mig_scrape(tmp_path: object) -> list[tuple[str, dict[str, str], float]]:
     for name in ("m", "p"):
         node = fleet.node(name)
         node.gpus[0].run(Load(util=1.0, fb_used_bytes=20 * 2**30))
-        s = Sampler(node.backend(), clock=clock)
-        for _ in range(4):
-            s.tick()
-            clock.advance(1)
-        rows += parse(render_text(make_registry(AgentCollector(s, hostname=name))).decode())
-        s.close()
+        rows += parse(_exposition(node, clock, ticks=4, hostname=name))
     return rows
 
 

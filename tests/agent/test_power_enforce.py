@@ -15,20 +15,12 @@ import pytest
 
 from gpufleet.agent.power import AgentPower
 from gpufleet.agent.power_enforce import FAILED, REAPPLIED
-from gpufleet.devices.sim import SimFleet, parse_fleet_spec
+from gpufleet.devices.sim import SimNode
 from gpufleet.testing.testbed import wait_for
 from gpufleet.wire import WirePowerOrder
+from tests.agent.conftest import boot_node
 
 DEFAULT_W = 700.0
-
-
-def _boot(tmp_path: Path, power_admin: bool = True) -> tuple[Any, Any]:
-    """The node after a (re)boot: every GPU at its default limit."""
-    fleet = tmp_path / "fleet.yaml"
-    doc = {"nodes": [{"name": "n0", "model": "h100-sxm", "gpus": 2, "power_admin": power_admin}]}
-    fleet.write_text(json.dumps(doc), encoding="utf-8")
-    node = SimFleet(parse_fleet_spec(str(fleet))).nodes["n0"]
-    return node, node.backend()
 
 
 def _agent(tmp_path: Path, backend: Any, interval_s: float = 60.0) -> AgentPower:
@@ -43,6 +35,20 @@ def _apply(p: AgentPower, oid: int, limits: dict[str, float]) -> None:
     p.run(WirePowerOrder(key=f"po{oid}-n0-apply", action="apply", limits=limits))
 
 
+def _applied_then_rebooted(
+    tmp_path: Path, oid: int, interval_s: float
+) -> tuple[SimNode, Any, AgentPower]:
+    """Order ``oid`` (every GPU at 500 W) applied, then the node rebooted (700 W again): the
+    node, its backend, and the new boot's agent (checking every ``interval_s``), started."""
+    _, backend = boot_node(tmp_path)
+    p = _agent(tmp_path, backend)
+    _apply(p, oid, {"*": 500})
+    node, backend = boot_node(tmp_path)
+    p = _agent(tmp_path, backend, interval_s=interval_s)
+    p.start()
+    return node, backend, p
+
+
 def _limits(backend: Any) -> list[float]:
     return [backend.power_limit_w(g) for g in (0, 1)]
 
@@ -52,7 +58,7 @@ def _previous(p: AgentPower) -> Any:
 
 
 def test_a_reboot_gets_the_limits_back(tmp_path: Path) -> None:
-    _, backend = _boot(tmp_path)
+    _, backend = boot_node(tmp_path)
     p = _agent(tmp_path, backend)
     _apply(p, 1, {"*": 500})
     in_force = p.root / "in-force.json"
@@ -64,7 +70,7 @@ def test_a_reboot_gets_the_limits_back(tmp_path: Path) -> None:
     previous = _previous(p)
     assert p.enforcer.check() == 0 and p.take_events() == []  # held: nothing to do
 
-    node, backend = _boot(tmp_path)  # reboot: 700 W again, the order still "ok"
+    node, backend = boot_node(tmp_path)  # reboot: 700 W again, the order still "ok"
     assert _limits(backend) == [DEFAULT_W, DEFAULT_W]
     p = _agent(tmp_path, backend)
     assert p.enforcer.check() == 2
@@ -83,7 +89,7 @@ def test_a_reboot_gets_the_limits_back(tmp_path: Path) -> None:
 
 
 def test_only_gpus_with_a_limit_in_force_are_touched(tmp_path: Path) -> None:
-    node, backend = _boot(tmp_path)
+    node, backend = boot_node(tmp_path)
     p = _agent(tmp_path, backend)
     _apply(p, 2, {"1": 450})
     backend.set_power_limit_w(0, 650)  # someone's nvidia-smi -pl on a GPU no order holds
@@ -97,7 +103,7 @@ def test_only_gpus_with_a_limit_in_force_are_touched(tmp_path: Path) -> None:
 
 
 def test_a_restored_order_is_not_applied_again_after_a_reboot(tmp_path: Path) -> None:
-    _, backend = _boot(tmp_path)
+    _, backend = boot_node(tmp_path)
     p = _agent(tmp_path, backend)
     _apply(p, 3, {"*": 500})
     _apply(p, 4, {"1": 400})
@@ -108,7 +114,7 @@ def test_a_restored_order_is_not_applied_again_after_a_reboot(tmp_path: Path) ->
     }
     p.run(WirePowerOrder(key="po3-n0-restore", action="restore", limits={"*": 500}))
     assert json.loads((p.root / "in-force.json").read_text("utf-8"))["gpus"] == {}
-    node, backend = _boot(tmp_path)
+    node, backend = boot_node(tmp_path)
     p = _agent(tmp_path, backend)
     assert p.enforcer.check() == 0
     assert node.nvml.set_limit_calls == 0 and _limits(backend) == [DEFAULT_W, DEFAULT_W]
@@ -116,10 +122,10 @@ def test_a_restored_order_is_not_applied_again_after_a_reboot(tmp_path: Path) ->
 
 
 def test_a_refused_gpu_is_reported_once_and_not_retried_each_check(tmp_path: Path) -> None:
-    _, backend = _boot(tmp_path)
+    _, backend = boot_node(tmp_path)
     p = _agent(tmp_path, backend, interval_s=10.0)
     _apply(p, 5, {"0": 500})
-    node, backend = _boot(tmp_path, power_admin=False)  # back, but the agent is not root now
+    node, backend = boot_node(tmp_path, power_admin=False)  # back, but the agent is not root now
     p = _agent(tmp_path, backend, interval_s=10.0)
     now = [1000.0]
     p.enforcer.clock = lambda: now[0]
@@ -149,12 +155,7 @@ def test_a_refused_gpu_is_reported_once_and_not_retried_each_check(tmp_path: Pat
 def test_the_power_thread_checks_after_the_first_ack_and_then_periodically(
     tmp_path: Path,
 ) -> None:
-    _, backend = _boot(tmp_path)
-    p = _agent(tmp_path, backend)
-    _apply(p, 6, {"*": 500})
-    _, backend = _boot(tmp_path)
-    p = _agent(tmp_path, backend, interval_s=0.2)
-    p.start()
+    _, backend, p = _applied_then_rebooted(tmp_path, 6, interval_s=0.2)
     try:
         p.acked()
         wait_for(lambda: _limits(backend) == [500.0, 500.0], 10, "limits back", 0.02)
@@ -172,12 +173,7 @@ def test_the_power_thread_checks_after_the_first_ack_and_then_periodically(
 def test_a_restore_waiting_on_the_controller_runs_before_the_first_check(tmp_path: Path) -> None:
     """Restored while the node was down: the first Ack's restore runs before the limits are
     checked, so the order's limit is never set again."""
-    _, backend = _boot(tmp_path)
-    p = _agent(tmp_path, backend)
-    _apply(p, 7, {"*": 500})
-    node, backend = _boot(tmp_path)
-    p = _agent(tmp_path, backend, interval_s=30.0)
-    p.start()
+    node, backend, p = _applied_then_rebooted(tmp_path, 7, interval_s=30.0)
     try:
         p.orders([WirePowerOrder(key="po7-n0-restore", action="restore", limits={"*": 500})])
         p.acked()

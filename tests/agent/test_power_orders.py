@@ -12,16 +12,8 @@ from typing import Any
 import httpx
 
 from gpufleet.agent.power import AgentPower
-from gpufleet.devices.sim import SimFleet, parse_fleet_spec
 from gpufleet.wire import WirePowerOrder
-
-
-def _node(tmp_path: Path, power_admin: bool = True) -> tuple[Any, Any]:
-    fleet = tmp_path / "fleet.yaml"
-    doc = {"nodes": [{"name": "n0", "model": "h100-sxm", "gpus": 2, "power_admin": power_admin}]}
-    fleet.write_text(json.dumps(doc), encoding="utf-8")
-    node = SimFleet(parse_fleet_spec(str(fleet))).nodes["n0"]
-    return node, node.backend()
+from tests.agent.conftest import boot_node
 
 
 def _power(tmp_path: Path, backend: Any) -> AgentPower:
@@ -35,7 +27,7 @@ def _result(p: AgentPower, key: str) -> dict[str, Any]:
 
 
 def test_apply_once_per_key_then_restore(tmp_path: Path) -> None:
-    node, backend = _node(tmp_path)
+    node, backend = boot_node(tmp_path)
     p = _power(tmp_path, backend)
     p.run(WirePowerOrder(key="po1-n0-apply", action="apply", limits={"*": 500}))
     assert [backend.power_limit_w(g) for g in (0, 1)] == [500.0, 500.0]
@@ -56,7 +48,7 @@ def test_apply_once_per_key_then_restore(tmp_path: Path) -> None:
 
 
 def test_a_restore_before_its_apply_cancels_the_apply(tmp_path: Path) -> None:
-    node, backend = _node(tmp_path)
+    node, backend = boot_node(tmp_path)
     p = _power(tmp_path, backend)
     p.run(WirePowerOrder(key="po3-n0-restore", action="restore", limits={"*": 500}))
     assert "cancelled" in _result(p, "po3-n0-apply")["error"]
@@ -66,7 +58,7 @@ def test_a_restore_before_its_apply_cancels_the_apply(tmp_path: Path) -> None:
 
 
 def test_nvml_refusals_are_per_gpu_and_leave_nothing_to_restore(tmp_path: Path) -> None:
-    _, backend = _node(tmp_path, power_admin=False)
+    _, backend = boot_node(tmp_path, power_admin=False)
     p = _power(tmp_path, backend)
     p.run(WirePowerOrder(key="po4-n0-apply", action="apply", limits={"0": 400, "1": 50}))
     rows = _result(p, "po4-n0-apply")["gpus"]
@@ -78,7 +70,7 @@ def test_nvml_refusals_are_per_gpu_and_leave_nothing_to_restore(tmp_path: Path) 
 
 
 def test_only_the_refused_gpu_is_left_out(tmp_path: Path) -> None:
-    _, backend = _node(tmp_path)
+    _, backend = boot_node(tmp_path)
     p = _power(tmp_path, backend)
     p.run(WirePowerOrder(key="po5-n0-apply", action="apply", limits={"0": 450, "1": 9999}))
     rows = {r["gpu"]: r for r in _result(p, "po5-n0-apply")["gpus"]}

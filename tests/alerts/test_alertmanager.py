@@ -5,8 +5,6 @@ test), and a node's critical alert holds back the alerts of its GPUs (issue 18).
 from __future__ import annotations
 
 import json
-import os
-import shutil
 import subprocess
 import threading
 import time
@@ -20,19 +18,10 @@ import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
+from tests.agent.conftest import need_binary
 from tests.control.conftest import free_port
 
 runner = CliRunner()
-
-
-def need(name: str, package: str) -> str:
-    path = shutil.which(name)
-    if path is None:
-        msg = f"{name} not found (Debian package {package!r})"
-        if os.environ.get("CI"):
-            pytest.fail(msg)
-        pytest.skip(msg)
-    return path
 
 
 class Receiver:
@@ -106,7 +95,7 @@ def _config(tmp_path: Path, receiver: Receiver) -> Path:
 def test_amtool_accepts_the_config_and_routes_by_severity_and_tenant(
     tmp_path: Path, receiver: Receiver
 ) -> None:
-    amtool = need("amtool", "prometheus-alertmanager")
+    amtool = need_binary("amtool", "prometheus-alertmanager")
     path = _config(tmp_path, receiver)
     out = subprocess.run(
         [amtool, "check-config", str(path)], capture_output=True, text=True, timeout=30
@@ -147,7 +136,7 @@ def _alert(name: str, instance: str, severity: str, scope: str, **labels: str) -
 def test_real_alertmanager_delivers_by_route_and_inhibits_gpu_alerts(
     tmp_path: Path, receiver: Receiver
 ) -> None:
-    binary = need("prometheus-alertmanager", "prometheus-alertmanager")
+    binary = need_binary("prometheus-alertmanager", "prometheus-alertmanager")
     path = _config(tmp_path, receiver)
     port = free_port()
     api = f"http://127.0.0.1:{port}/api/v2"

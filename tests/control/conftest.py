@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,7 +20,7 @@ from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.devices.sim import ManualClock
 from gpufleet.testing.testbed import free_port as free_port  # re-exported for the suites
-from gpufleet.testing.timescale import scaled
+from tests.waiting import wait_until
 
 T0 = 1_700_000_000.0
 
@@ -211,9 +210,4 @@ def push(svc: ControlService, body: dict[str, Any]) -> Any:
 
 
 def wait_for(pred: Callable[[], bool], timeout: float = 10.0) -> bool:
-    end = time.monotonic() + scaled(timeout)
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.05)
-    return pred()
+    return wait_until(pred, timeout, step_s=0.05)

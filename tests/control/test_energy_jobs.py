@@ -9,7 +9,6 @@ import contextlib
 import csv
 import io
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,8 +25,9 @@ from gpufleet.devices.sim import ManualClock
 from gpufleet.schedulers.base import JobSpec
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
 from gpufleet.wire import Batch
+from tests.serving import serve_app
 
-from .conftest import T0, batch, free_port, push, wait_for
+from .conftest import T0, batch, push
 
 pytestmark = pytest.mark.process
 
@@ -136,19 +136,5 @@ def test_a_job_is_charged_its_gpus_energy_while_it_held_them(
 
 @contextlib.contextmanager
 def _serve(svc: ControlService) -> Iterator[str]:
-    import uvicorn
-
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(svc), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-        )
-    )
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
-    try:
-        assert wait_for(lambda: server.started, 20)
+    with serve_app(create_app(svc)) as port:
         yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        th.join(timeout=10)

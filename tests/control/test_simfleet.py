@@ -5,20 +5,18 @@ from __future__ import annotations
 
 import contextlib
 import json
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
-from typer.testing import CliRunner
+from typer.testing import CliRunner, Result
 
 from gpufleet.cli.app import app
 from gpufleet.control.api.app import create_app
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
-from tests.control.conftest import free_port, wait_for
+from tests.serving import serve_app
 
 pytestmark = [pytest.mark.slow, pytest.mark.process]
 
@@ -27,21 +25,25 @@ pytestmark = [pytest.mark.slow, pytest.mark.process]
 def serving(svc: ControlService) -> Iterator[int]:
     """``svc`` started and served by uvicorn on a free loopback port (yielded)."""
     svc.start()
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(svc), host="127.0.0.1", port=port, log_level="warning", lifespan="off"
-        )
-    )
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
     try:
-        assert wait_for(lambda: server.started, timeout=20)
-        yield port
+        with serve_app(create_app(svc)) as port:
+            yield port
     finally:
-        server.should_exit = True
-        th.join(timeout=10)
         svc.stop()
+
+
+def _sim_fleet(port: int, *args: str) -> Result:
+    """``gpufleet sim-fleet ARGS`` against the server on ``port``, sampling every 0.25 s and
+    pushing every 0.5 s, its summary as JSON; it must succeed."""
+    r = CliRunner().invoke(
+        app,
+        [
+            *("sim-fleet", "--controller", f"http://127.0.0.1:{port}", *args),
+            *("--sample-interval", "0.25", "--push-interval", "0.5", "--json"),
+        ],
+    )
+    assert r.exit_code == 0, r.output
+    return r
 
 
 def test_sim_fleet_with_an_admin_token_makes_one_node_bound_token_per_node(
@@ -55,28 +57,10 @@ def test_sim_fleet_with_an_admin_token_makes_one_node_bound_token_per_node(
     token_file = tmp_path / "admin.token"
     token_file.write_text(admin + "\n", encoding="utf-8")
     with serving(svc) as port:
-        r = CliRunner().invoke(
-            app,
-            [
-                "sim-fleet",
-                "--controller",
-                f"http://127.0.0.1:{port}",
-                "--token-file",
-                str(token_file),
-                "--nodes",
-                "2",
-                "--gpus-per-node",
-                "2",
-                "--duration",
-                "3",
-                "--sample-interval",
-                "0.25",
-                "--push-interval",
-                "0.5",
-                "--json",
-            ],
-        )
-        assert r.exit_code == 0, r.output
+        _sim_fleet(
+            port, "--token-file", str(token_file), "--nodes", "2", "--gpus-per-node", "2",
+            "--duration", "3",
+        )  # fmt: skip
         assert isinstance(svc.scheduler, EmbeddedBackend)
         assert sorted(svc.scheduler.store.nodes()) == ["sim-00", "sim-01"]
         made = [t for t in svc.store.tokens.list() if t.name.startswith("sim-fleet-")]
@@ -108,30 +92,10 @@ def test_sim_fleet_pushes_and_fault_drains(tmp_path: Path) -> None:
 def _pushes_and_drains(tmp_path: Path, port: int, token: str, svc: ControlService) -> None:
     faults = tmp_path / "faults.yaml"
     faults.write_text("faults:\n  - {node: sim-02, gpu: 3, kind: fallen_off_bus, at_s: 1}\n")
-    r = CliRunner().invoke(
-        app,
-        [
-            "sim-fleet",
-            "--controller",
-            f"http://127.0.0.1:{port}",
-            "--token",
-            token,
-            "--nodes",
-            "12",
-            "--gpus-per-node",
-            "4",
-            "--faults",
-            str(faults),
-            "--duration",
-            "10",
-            "--sample-interval",
-            "0.25",
-            "--push-interval",
-            "0.5",
-            "--json",
-        ],
-    )
-    assert r.exit_code == 0, r.output
+    r = _sim_fleet(
+        port, "--token", token, "--nodes", "12", "--gpus-per-node", "4", "--faults", str(faults),
+        "--duration", "10",
+    )  # fmt: skip
     out = json.loads(r.output[r.output.index("{") :])
     # 20 pushes per node in 10 s; 8 each is the share the 4 s run asked for (3 of 8), and
     # three runs at once on this 2-core machine got 219-228 of 240

@@ -24,22 +24,10 @@ from gpufleet.energy.counter import counter_delta_mj, window_energy
 from gpufleet.energy.sweep import parse_limits, sweep
 from gpufleet.energy.workloads import CommandRunner, RunResult, SimRunner
 from gpufleet.errors import DeviceError
+from tests.cli import run_gpufleet
 
 cli = CliRunner()
 SRC = Path(__file__).resolve().parents[2] / "src"
-
-
-def gpufleet(*args: str) -> subprocess.CompletedProcess[str]:
-    """The real entry point (error lines and exit codes as a user sees them)."""
-    env = {**os.environ, "PYTHONPATH": str(SRC), "NO_COLOR": "1", "COLUMNS": "200"}
-    return subprocess.run(
-        [sys.executable, "-m", "gpufleet", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
 
 
 LIMITS = [700.0, 650.0, 600.0, 550.0, 500.0, 450.0, 400.0, 350.0]
@@ -192,7 +180,7 @@ def test_apply_then_restore_round_trips_with_a_private_state_file(tmp_path: Path
 def test_cli_apply_without_permission_is_a_clear_error(tmp_path: Path) -> None:
     fleet = tmp_path / "fleet.yaml"
     fleet.write_text("nodes:\n  - {model: h200, gpus: 2, power_admin: false}\n")
-    res = gpufleet(
+    res = run_gpufleet(
         "power", "apply", "--sim", str(fleet), "--limit", "500", "--state", str(tmp_path / "s")
     )
     assert res.returncode != 0
@@ -231,9 +219,9 @@ def test_cli_sweep_json_and_html(tmp_path: Path) -> None:
 
 @pytest.mark.process
 def test_cli_bad_limits_name_the_option() -> None:
-    res = gpufleet("power", "sweep", "--sim", "1x1xh200", "--limits", "700,abc")
+    res = run_gpufleet("power", "sweep", "--sim", "1x1xh200", "--limits", "700,abc")
     assert res.returncode == 2 and "--limits" in res.stderr and "Traceback" not in res.stderr
-    res = gpufleet("power", "sweep", "--sim", "1x1xh200", "--limits", "900,800")
+    res = run_gpufleet("power", "sweep", "--sim", "1x1xh200", "--limits", "900,800")
     assert res.returncode == 2 and "200-700 W" in res.stderr
 
 
@@ -292,7 +280,7 @@ def test_loadgen_without_a_gpu_is_a_clear_error() -> None:
 
 @pytest.mark.process
 def test_cli_sweep_text_shows_the_curve_and_the_recommendation() -> None:
-    res = gpufleet(
+    res = run_gpufleet(
         "power", "sweep", "--sim", "1x1xh200", "--limits", "700,500,300", "--seconds", "5"
     )
     assert res.returncode == 0, res.stderr

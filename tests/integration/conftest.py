@@ -1,13 +1,17 @@
-"""End-to-end fixtures: a real controller on loopback with simulated agents (``Testbed``)."""
+"""End-to-end fixtures: a real controller on loopback with simulated agents (``Testbed``), or
+with the real node agent of one simulated node (`RealAgent`)."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
-from gpufleet.devices.sim import SimFleet
+from gpufleet.agent.runner import Agent, AgentConfig
+from gpufleet.devices.sim import SimFleet, SimNode, parse_fleet_spec
 from gpufleet.devices.sim.spec import FleetSpec, NodeSpec
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
 from gpufleet.testing.testbed import Agents, Controller
@@ -51,4 +55,44 @@ def bed(tmp_path: Path) -> Iterator[Callable[..., tuple[Controller, Agents]]]:
     yield make
     for ctl, agents in started:
         agents.stop()
+        ctl.stop()
+
+
+@dataclass
+class RealAgent:
+    """The real node agent (`gpufleet.agent.runner.Agent`) of ``sim-00``, a simulated node of
+    4 H200, running in a thread against a controller on loopback (no scheduler)."""
+
+    ctl: Controller
+    fleet: SimFleet
+    node: SimNode
+    agent: Agent
+
+
+@pytest.fixture
+def real_agent(tmp_path: Path) -> Iterator[RealAgent]:
+    """`RealAgent`: the agent samples every 0.2 s, pushes every 0.3 s (token bound to sim-00),
+    and keeps its state in ``tmp_path/agent``; stopped, then the controller, at the end."""
+    ctl = Controller(tmp_path / "data", scheduler="none").start()
+    stop = threading.Event()
+    thread: threading.Thread | None = None
+    try:
+        token = ctl.token("agent", node="sim-00")
+        fleet = SimFleet(parse_fleet_spec("1x4xh200"))
+        node = fleet.node("sim-00")
+        cfg = AgentConfig(
+            fast_interval_s=0.2,
+            push_interval_s=0.3,
+            controller=ctl.url,
+            token=token,
+            state_dir=tmp_path / "agent",
+        )
+        agent = Agent(node.backend(), cfg)
+        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
+        thread.start()
+        yield RealAgent(ctl, fleet, node, agent)
+    finally:
+        stop.set()
+        if thread is not None:
+            thread.join(timeout=10)
         ctl.stop()

@@ -76,3 +76,13 @@ def stop(proc: subprocess.Popen[str], sig: int = signal.SIGTERM, timeout_s: floa
         _, err = proc.communicate(timeout=10)
         raise AssertionError(f"process did not end within {timeout_s} s of signal {sig}") from None
     return err
+
+
+def terminate(proc: subprocess.Popen[Any], timeout_s: float = 15.0) -> None:
+    """SIGTERM, then SIGKILL when the process has not ended within ``timeout_s``."""
+    proc.terminate()
+    try:
+        proc.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()

@@ -8,17 +8,16 @@ with the simulated agents of `gpufleet up` (``NodePusher``)."""
 from __future__ import annotations
 
 import json
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpufleet.agent.runner import Agent, AgentConfig
-from gpufleet.devices.sim import Fault, FaultKind, SimFleet, parse_fleet_spec
+from gpufleet.agent.runner import Agent
+from gpufleet.devices.sim import Fault, FaultKind
 from gpufleet.testing.testbed import Agents, Controller, wait_for
-from tests.integration.conftest import fleet_of
+from tests.integration.conftest import RealAgent, fleet_of
 
 pytestmark = pytest.mark.process
 
@@ -66,76 +65,52 @@ def resume_and_stay(ctl: Controller, node: str) -> None:
     assert [f for f in findings(ctl, node, True) if f["severity"] >= 2] == []
 
 
-def test_real_agent_drops_a_finding_acknowledged_on_the_control_plane(tmp_path: Path) -> None:
-    ctl = Controller(tmp_path / "data", scheduler="none").start()
-    stop = threading.Event()
-    thread: threading.Thread | None = None
-    try:
-        token = ctl.token("agent", node="sim-00")
-        fleet = SimFleet(parse_fleet_spec("1x4xh200"))
-        node = fleet.node("sim-00")
-        cfg = AgentConfig(
-            fast_interval_s=0.2,
-            push_interval_s=0.3,
-            controller=ctl.url,
-            token=token,
-            state_dir=tmp_path / "agent",
-        )
-        agent = Agent(node.backend(), cfg)
-        thread = threading.Thread(target=agent.run, args=(stop,), daemon=True)
-        thread.start()
-        wait_for(lambda: in_state(ctl, "sim-00", "in_service"), 15, "sim-00 in service")
+def test_real_agent_drops_a_finding_acknowledged_on_the_control_plane(
+    tmp_path: Path, real_agent: RealAgent
+) -> None:
+    ctl, fleet, node, agent = real_agent.ctl, real_agent.fleet, real_agent.node, real_agent.agent
+    wait_for(lambda: in_state(ctl, "sim-00", "in_service"), 15, "sim-00 in service")
 
-        fleet.inject(Fault(FaultKind.ECC_DBE, node="sim-00", gpu=2))
-        reason = wait_for(
-            lambda: in_state(ctl, "sim-00", "draining", "drained"), 15, "sim-00 drained"
-        )
-        assert DBE in reason or "XID_48" in reason
-        wait_for(
-            lambda: DBE in {f["code"] for f in findings(ctl, "sim-00", True)}, 10, "DBE stored"
-        )
+    fleet.inject(Fault(FaultKind.ECC_DBE, node="sim-00", gpu=2))
+    reason = wait_for(lambda: in_state(ctl, "sim-00", "draining", "drained"), 15, "sim-00 drained")
+    assert DBE in reason or "XID_48" in reason
+    wait_for(lambda: DBE in {f["code"] for f in findings(ctl, "sim-00", True)}, 10, "DBE stored")
 
-        node.gpus[2].ecc_dbe_volatile = 0  # a GPU reset clears the volatile counter
-        time.sleep(1.0)  # 5 evaluations, 3 pushes: sticky, so it stays everywhere
-        assert DBE in {f["code"] for f in agent.health_doc()["findings"]}
-        assert health_metrics(agent) == [0.0, 0.0, 2.0, 0.0, 2.0]  # GPU 2 and the node: fail
-        sticky = [f for f in findings(ctl, "sim-00", True) if f["sticky"]]
-        assert DBE in {f["code"] for f in sticky}
+    node.gpus[2].ecc_dbe_volatile = 0  # a GPU reset clears the volatile counter
+    time.sleep(1.0)  # 5 evaluations, 3 pushes: sticky, so it stays everywhere
+    assert DBE in {f["code"] for f in agent.health_doc()["findings"]}
+    assert health_metrics(agent) == [0.0, 0.0, 2.0, 0.0, 2.0]  # GPU 2 and the node: fail
+    sticky = [f for f in findings(ctl, "sim-00", True) if f["sticky"]]
+    assert DBE in {f["code"] for f in sticky}
 
-        for f in sticky:  # what the dashboard's Acknowledge button does, once per finding
-            r = ctl.call("POST", f"/api/v1/findings/{f['id']}/acknowledge")
-            assert r.status_code == 200 and r.json()["acknowledged_by"] == "admin:testbed"
+    for f in sticky:  # what the dashboard's Acknowledge button does, once per finding
+        r = ctl.call("POST", f"/api/v1/findings/{f['id']}/acknowledge")
+        assert r.status_code == 200 and r.json()["acknowledged_by"] == "admin:testbed"
 
-        def agent_ok() -> bool:
-            doc = agent.health_doc()
-            return bool(doc["verdict_word"] == "ok" and doc["findings"] == [])
+    def agent_ok() -> bool:
+        doc = agent.health_doc()
+        return bool(doc["verdict_word"] == "ok" and doc["findings"] == [])
 
-        wait_for(agent_ok, 5, "the agent's /health ok, without the acknowledged findings")
-        assert health_metrics(agent) == [0.0] * 5  # 4 GPUs and the node: ok
-        ids = {f["id"] for f in sticky}
+    wait_for(agent_ok, 5, "the agent's /health ok, without the acknowledged findings")
+    assert health_metrics(agent) == [0.0] * 5  # 4 GPUs and the node: ok
+    ids = {f["id"] for f in sticky}
 
-        def cleared() -> bool:
-            done = {f["id"]: f for f in findings(ctl, "sim-00", False) if f["id"] in ids}
-            return len(done) == len(ids) and all(f["cleared_s"] for f in done.values())
+    def cleared() -> bool:
+        done = {f["id"]: f for f in findings(ctl, "sim-00", False) if f["id"] in ids}
+        return len(done) == len(ids) and all(f["cleared_s"] for f in done.values())
 
-        wait_for(cleared, 5, "the controller cleared the acknowledged findings")
+    wait_for(cleared, 5, "the controller cleared the acknowledged findings")
 
-        log = [
-            json.loads(x)
-            for x in (tmp_path / "agent" / "health-acks.jsonl").read_text().splitlines()
-        ]
-        assert {(a["code"], a["who"], a["why"]) for a in log} == {
-            (f["code"], "admin:testbed", "acknowledged on the control plane by admin:testbed")
-            for f in sticky
-        }
-        assert agent.acks_applied == len(sticky)
-        resume_and_stay(ctl, "sim-00")
-        assert agent.health_doc()["verdict_word"] == "ok"
-    finally:
-        stop.set()
-        if thread is not None:
-            thread.join(timeout=10)
-        ctl.stop()
+    log = [
+        json.loads(x) for x in (tmp_path / "agent" / "health-acks.jsonl").read_text().splitlines()
+    ]
+    assert {(a["code"], a["who"], a["why"]) for a in log} == {
+        (f["code"], "admin:testbed", "acknowledged on the control plane by admin:testbed")
+        for f in sticky
+    }
+    assert agent.acks_applied == len(sticky)
+    resume_and_stay(ctl, "sim-00")
+    assert agent.health_doc()["verdict_word"] == "ok"
 
 
 def test_simulated_agents_drop_a_finding_acknowledged_on_the_control_plane(

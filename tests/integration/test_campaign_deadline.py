@@ -9,15 +9,14 @@ the job as requeued after the signal, none killed without it.
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpufleet.testing.procs import ControllerProcess, _env, _spawn, create_tokens
 from gpufleet.testing.testbed import wait_for
-from tests.integration.test_campaign_processes import NEW, OLD, SCRIPT, SupervisedAgent
+from tests.integration import campaigns
+from tests.integration.campaigns import SupervisedAgent
 
 pytestmark = pytest.mark.process
 
@@ -35,28 +34,12 @@ while true; do sleep 0.1; done
 class JobAgent(SupervisedAgent):
     """An agent that runs the embedded scheduler's jobs as real processes."""
 
-    def _start(self) -> subprocess.Popen[bytes]:
-        self.starts += 1
-        return _spawn(
-            [
-                *("agent", "--sim", str(self.state_dir / "fleet.yaml")),
-                *("--listen", "127.0.0.1:0", "--controller", self.url),
-                *("--state-dir", str(self.state_dir), "--fast-interval", "0.25"),
-                *("--push-interval", "0.25", "--run-jobs", "--executor", "process"),
-            ],
-            self.state_dir / f"agent-{self.starts}.log",
-            {**_env(), "GPUFLEET_AGENT_TOKEN": self.token, "GPUFLEET_UPDATE_SYSTEMD": "0"},
-        )
+    extra_args = ("--run-jobs", "--executor", "process")
 
 
 def test_drain_deadline_checkpoint_signals_and_requeues_a_job(tmp_path: Path) -> None:
-    data = tmp_path / "ctl"
-    tokens = create_tokens(data, {"admin": ("admin", None), **{n: ("agent", n) for n in NODES}})
-    ctl = ControllerProcess(data, tokens["admin"]).start()
-    log = tmp_path / "updates.log"
-    script = tmp_path / "site-update.sh"
-    script.write_text(SCRIPT.format(log=log, old=OLD, new=NEW), encoding="utf-8")
-    script.chmod(0o700)
+    ctl, tokens = campaigns.controller(tmp_path, NODES)
+    script, log = campaigns.update_script(tmp_path)
     job = tmp_path / "train.sh"
     job.write_text(JOB, encoding="utf-8")
     job.chmod(0o700)
@@ -83,32 +66,17 @@ def test_drain_deadline_checkpoint_signals_and_requeues_a_job(tmp_path: Path) ->
             "job running",
         )
         where = first["nodes"][0]
-        body = {
-            "baseline": {"models": {"h100-sxm": {"driver": NEW}}},
-            "select": [["node", where]],
-            "batch": 1,
-            "floor": 0.4,
-            "max_failures": 1,
-            "update_command": str(script),
-            "update_timeout_s": 60,
-            "back_timeout_s": 60,
-            "verify_timeout_s": 30,
-            "validate_timeout_s": 90,
-            "drain_timeout_s": 120,
-            "drain_deadline_s": 2,
-            "checkpoint_signal": "USR1",
-            "checkpoint_grace_s": 20,
-        }
-        r = ctl.call("POST", "/api/v1/maintenance/campaigns", json=body)
-        assert r.status_code == 201, r.text
-        cid = r.json()["id"]
-
-        def status() -> dict[str, Any]:
-            doc: dict[str, Any] = ctl.call("GET", f"/api/v1/maintenance/campaigns/{cid}").json()
-            return doc
-
-        wait_for(lambda: status()["state"] != "running", 150, "campaign ended", step_s=0.5)
-        doc = status()
+        body = campaigns.body(
+            str(script),
+            select=[["node", where]],
+            batch=1,
+            floor=0.4,
+            drain_timeout_s=120,
+            drain_deadline_s=2,
+            checkpoint_signal="USR1",
+            checkpoint_grace_s=20,
+        )
+        doc = campaigns.wait_ended(ctl, campaigns.start(ctl, body)["id"], 150)
         assert doc["state"] == "done", doc
         assert [n["step"] for n in doc["nodes"]] == ["done"], doc["nodes"]
         # the job's trap ran: it saved its checkpoint on the signal, in the grace period

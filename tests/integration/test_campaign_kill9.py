@@ -14,8 +14,8 @@ from typing import Any
 
 import pytest
 
-from gpufleet.testing.procs import ControllerProcess, create_tokens
-from tests.integration.test_campaign_processes import NEW, OLD, SCRIPT, SupervisedAgent
+from tests.integration import campaigns
+from tests.integration.campaigns import SupervisedAgent
 
 NODES = ["k0", "k1", "k2", "k3"]
 KILLS = 20  # seeded kill moments in one campaign (kept under 3 minutes)
@@ -26,37 +26,19 @@ pytestmark = [pytest.mark.process]
 
 def test_kill9_at_random_steps_resumes_without_doing_anything_twice(tmp_path: Path) -> None:
     rng = random.Random(15)
-    data = tmp_path / "ctl"
-    tokens = create_tokens(data, {"admin": ("admin", None), **{n: ("agent", n) for n in NODES}})
-    ctl = ControllerProcess(data, tokens["admin"]).start()
-    log = tmp_path / "updates.log"
-    script = tmp_path / "site-update.sh"
-    script.write_text(SCRIPT.format(log=log, old=OLD, new=NEW), encoding="utf-8")
-    script.chmod(0o700)
+    ctl, tokens = campaigns.controller(tmp_path, NODES)
+    script, log = campaigns.update_script(tmp_path)
     agents = [SupervisedAgent(n, ctl.url, tokens[n], tmp_path / n) for n in NODES]
     seen: list[float] = []
     steps_at_kill: list[list[str]] = []
     try:
         for n in NODES:
             ctl.wait_in_service(n, 120)
-        body = {
-            "baseline": {"models": {"h100-sxm": {"driver": NEW}}},
-            "batch": 2,
-            "floor": 0.5,
-            "max_failures": 1,
-            "update_command": str(script),
-            "update_timeout_s": 60,
-            "back_timeout_s": 60,
-            "verify_timeout_s": 30,
-            "validate_timeout_s": 90,
-        }
-        r = ctl.call("POST", "/api/v1/maintenance/campaigns", json=body)
-        assert r.status_code == 201, r.text
-        cid = r.json()["id"]
+        cid = campaigns.start(ctl, campaigns.body(str(script), batch=2, floor=0.5))["id"]
 
         def status() -> dict[str, Any] | None:
             try:
-                doc: dict[str, Any] = ctl.call("GET", f"/api/v1/maintenance/campaigns/{cid}").json()
+                doc = campaigns.status(ctl, cid)
             except Exception:
                 return None
             frac = doc["capacity"]["in_service_fraction"]
@@ -92,7 +74,7 @@ def test_kill9_at_random_steps_resumes_without_doing_anything_twice(tmp_path: Pa
         items = nodes["nodes"] if isinstance(nodes, dict) else nodes
         assert not any(item["cordoned"] for item in items), items
         assert min(seen) >= 0.5 - 1e-9
-        with sqlite3.connect(data / "gpufleet.db") as db:
+        with sqlite3.connect(ctl.data_dir / "gpufleet.db") as db:
             rows = db.execute("SELECT node, step FROM maint_steps").fetchall()
         assert len(rows) == len(set(rows)) == len(NODES) * 8
     finally:

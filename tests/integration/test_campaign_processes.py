@@ -10,127 +10,48 @@ went below the floor.
 from __future__ import annotations
 
 import json
-import signal
-import subprocess
-import threading
-import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpufleet.testing.procs import ControllerProcess, _env, _spawn, create_tokens
 from gpufleet.testing.testbed import wait_for
 from gpufleet.testing.timescale import scaled
+from tests.integration import campaigns
+from tests.integration.campaigns import NEW, SupervisedAgent
 
-OLD, NEW = "535.104.05", "550.90.07"
 pytestmark = pytest.mark.process
 
 
 NODES = ["cm0", "cm1", "cm2"]
 
-SCRIPT = """#!/bin/sh
-# a site's update script: "install" the new driver, log the run, restart the agent
-set -e
-echo "$GPUFLEET_NODE $GPUFLEET_UPDATE_KEY" >> "{log}"
-sed -i 's/{old}/{new}/' ../fleet.yaml
-echo "driver {new} installed on $GPUFLEET_NODE"
-kill -TERM "$GPUFLEET_AGENT_PID"
-"""
-
-
-class SupervisedAgent:
-    """An agent process started again whenever it exits (systemd's Restart=always)."""
-
-    def __init__(
-        self,
-        node: str,
-        url: str,
-        token: str,
-        state_dir: Path,
-        faults: list[dict[str, Any]] | None = None,
-    ) -> None:
-        self.node, self.url, self.token, self.state_dir = node, url, token, state_dir
-        state_dir.mkdir(parents=True, exist_ok=True)
-        doc: dict[str, Any] = {
-            "nodes": [{"name": node, "model": "h100-sxm", "gpus": 2, "driver_version": OLD}]
-        }
-        if faults:
-            doc["faults"] = [{"node": node, **f} for f in faults]
-        (state_dir / "fleet.yaml").write_text(json.dumps(doc), encoding="utf-8")
-        self.starts = 0
-        self.stopping = threading.Event()
-        self.proc = self._start()
-        self.thread = threading.Thread(target=self._watch, daemon=True)
-        self.thread.start()
-
-    def _start(self) -> subprocess.Popen[bytes]:
-        self.starts += 1
-        return _spawn(
-            [
-                *("agent", "--sim", str(self.state_dir / "fleet.yaml")),
-                *("--listen", "127.0.0.1:0", "--controller", self.url),
-                *("--state-dir", str(self.state_dir), "--fast-interval", "0.25"),
-                *("--push-interval", "0.25"),
-            ],
-            self.state_dir / f"agent-{self.starts}.log",
-            {**_env(), "GPUFLEET_AGENT_TOKEN": self.token, "GPUFLEET_UPDATE_SYSTEMD": "0"},
-        )
-
-    def _watch(self) -> None:
-        while not self.stopping.is_set():
-            if self.proc.poll() is not None and not self.stopping.is_set():
-                time.sleep(0.3)
-                self.proc = self._start()
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        self.stopping.set()
-        self.thread.join(5)
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGCONT)  # a node the update left hanging
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-
 
 def test_campaign_with_a_real_update_script_and_a_controller_kill(tmp_path: Path) -> None:
-    data = tmp_path / "ctl"
-    tokens = create_tokens(data, {"admin": ("admin", None), **{n: ("agent", n) for n in NODES}})
-    ctl = ControllerProcess(data, tokens["admin"]).start()
-    log = tmp_path / "updates.log"
-    script = tmp_path / "site-update.sh"
-    script.write_text(SCRIPT.format(log=log, old=OLD, new=NEW), encoding="utf-8")
-    script.chmod(0o700)
+    ctl, tokens = campaigns.controller(tmp_path, NODES)
+    script, log = campaigns.update_script(tmp_path)
     agents = [SupervisedAgent(n, ctl.url, tokens[n], tmp_path / n) for n in NODES]
     try:
         for n in NODES:
             ctl.wait_in_service(n, 120)
-        body = {
-            "baseline": {"models": {"h100-sxm": {"driver": NEW}}},
-            "batch": 2,
-            "floor": 0.3,
-            "max_failures": 1,
-            "update_command": str(script),
+        body = campaigns.body(
+            str(script),
+            batch=2,
+            floor=0.3,
             # the step timeouts are what the campaign counts a node failed by, the controller's
             # restart and a loaded machine's slow agent re-exec included: each far above a
             # passing run's (a few seconds), scaled with the tests' time scale
-            "update_timeout_s": scaled(120),
-            "back_timeout_s": scaled(120),
-            "verify_timeout_s": scaled(90),
-            "validate_timeout_s": scaled(120),
-        }
-        r = ctl.call("POST", "/api/v1/maintenance/campaigns", json=body)
-        assert r.status_code == 201, r.text
-        cid = r.json()["id"]
-        assert {n["node"] for n in r.json()["nodes"]} == set(NODES)
+            update_timeout_s=scaled(120),
+            back_timeout_s=scaled(120),
+            verify_timeout_s=scaled(90),
+            validate_timeout_s=scaled(120),
+        )
+        created = campaigns.start(ctl, body)
+        cid = created["id"]
+        assert {n["node"] for n in created["nodes"]} == set(NODES)
         dips: list[Any] = []  # what the nodes were when capacity read below the floor
 
         def status() -> dict[str, Any]:
-            doc: dict[str, Any] = ctl.call("GET", f"/api/v1/maintenance/campaigns/{cid}").json()
+            doc = campaigns.status(ctl, cid)
             frac = doc["capacity"]["in_service_fraction"]
             if frac is not None and frac < 0.3 - 1e-9:
                 nodes = ctl.call("GET", "/api/v1/nodes").json()

@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
-from gpufleet.testing.procs import ControllerProcess, create_tokens
 from gpufleet.testing.testbed import wait_for
-from tests.integration.test_campaign_processes import NEW, SupervisedAgent
+from tests.integration import campaigns
+from tests.integration.campaigns import NEW, SupervisedAgent
 
 pytestmark = pytest.mark.process
 
@@ -28,9 +28,7 @@ FAULTS = {  # node -> (its update fault, what its failure reason says)
 
 def test_each_update_failure_ends_in_repair_with_its_reason(tmp_path: Path) -> None:
     nodes = [*FAULTS, "fu-ok"]
-    data = tmp_path / "ctl"
-    tokens = create_tokens(data, {"admin": ("admin", None), **{n: ("agent", n) for n in nodes}})
-    ctl = ControllerProcess(data, tokens["admin"]).start()
+    ctl, tokens = campaigns.controller(tmp_path, nodes)
     agents = [
         SupervisedAgent(
             n,
@@ -48,23 +46,20 @@ def test_each_update_failure_ends_in_repair_with_its_reason(tmp_path: Path) -> N
             f"{sys.executable} -m gpufleet.devices.sim.update --fleet ../fleet.yaml "
             f"--driver {NEW} --after 1"
         )
-        body = {
-            "baseline": {"models": {"h100-sxm": {"driver": NEW}}},
-            "batch": len(nodes),
-            "floor": 0.0,
-            "max_failures": len(FAULTS),
-            "update_command": command,
-            "update_timeout_s": 20,
-            "back_timeout_s": 20,
-            "verify_timeout_s": 20,
-            "validate_timeout_s": 60,
-        }
-        r = ctl.call("POST", "/api/v1/maintenance/campaigns", json=body)
-        assert r.status_code == 201, r.text
-        cid = r.json()["id"]
+        body = campaigns.body(
+            command,
+            batch=len(nodes),
+            floor=0.0,
+            max_failures=len(FAULTS),
+            update_timeout_s=20,
+            back_timeout_s=20,
+            verify_timeout_s=20,
+            validate_timeout_s=60,
+        )
+        cid = campaigns.start(ctl, body)["id"]
 
         def settled() -> dict[str, Any] | None:
-            doc: dict[str, Any] = ctl.call("GET", f"/api/v1/maintenance/campaigns/{cid}").json()
+            doc = campaigns.status(ctl, cid)
             final = all(n["step"] in ("done", "failed", "skipped") for n in doc["nodes"])
             return doc if final and doc["state"] != "running" else None
 

@@ -14,7 +14,6 @@ the fleet file and restarts the agent).
 from __future__ import annotations
 
 import contextlib
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -23,10 +22,11 @@ import pytest
 
 from gpufleet.schedulers.base import JobSpec, JobState
 from gpufleet.schedulers.slurm.backend import SlurmBackend
-from gpufleet.schedulers.slurm.devcluster import DevCluster, temp_cluster
+from gpufleet.schedulers.slurm.devcluster import DevCluster
 from gpufleet.testing.testbed import Controller, wait_for
-from tests.integration.test_campaign_processes import NEW, OLD, SCRIPT, SupervisedAgent
-from tests.slurm.conftest import require_slurm
+from tests.integration import campaigns
+from tests.integration.campaigns import SupervisedAgent
+from tests.slurm.conftest import running_cluster
 
 pytestmark = pytest.mark.process
 
@@ -41,14 +41,8 @@ while :; do sleep 0.1; done
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[DevCluster]:
-    require_slurm()
-    dev = temp_cluster(nodes=3, gpus_per_node=2, gpu_type="h100")
-    dev.up()
-    try:
+    with running_cluster() as dev:
         yield dev
-    finally:
-        dev.down()
-        shutil.rmtree(dev.root, ignore_errors=True)
 
 
 def _show_node(b: SlurmBackend, node: str) -> str:
@@ -56,31 +50,12 @@ def _show_node(b: SlurmBackend, node: str) -> str:
 
 
 def _campaign(ctl: Controller, node: str, script: Path, **kw: Any) -> int:
-    body = {
-        "baseline": {"models": {"h100-sxm": {"driver": NEW}}},
-        "select": [["node", node]],
-        "batch": 1,
-        "floor": 0.3,
-        "max_failures": 1,
-        "update_command": str(script),
-        "update_timeout_s": 60,
-        "back_timeout_s": 60,
-        "verify_timeout_s": 30,
-        "validate_timeout_s": 90,
-        **kw,
-    }
-    r = ctl.call("POST", "/api/v1/maintenance/campaigns", json=body)
-    assert r.status_code == 201, r.text
-    return int(r.json()["id"])
+    body = campaigns.body(str(script), select=[["node", node]], batch=1, floor=0.3, **kw)
+    return int(campaigns.start(ctl, body)["id"])
 
 
 def _ended(ctl: Controller, cid: int) -> dict[str, Any]:
-    def status() -> dict[str, Any]:
-        doc: dict[str, Any] = ctl.call("GET", f"/api/v1/maintenance/campaigns/{cid}").json()
-        return doc
-
-    wait_for(lambda: status()["state"] != "running", 150, f"campaign {cid} ended", step_s=0.5)
-    return status()
+    return campaigns.wait_ended(ctl, cid, 150, f"campaign {cid} ended")
 
 
 def test_campaigns_drain_update_and_resume_slurm_nodes(cluster: DevCluster, tmp_path: Path) -> None:
@@ -88,10 +63,7 @@ def test_campaigns_drain_update_and_resume_slurm_nodes(cluster: DevCluster, tmp_
         slurm_conf=str(cluster.slurm_conf), output_dir=str(cluster.root / "jobs")
     )
     ctl = Controller(tmp_path / "data", scheduler=backend).start()
-    log = tmp_path / "updates.log"
-    script = tmp_path / "site-update.sh"
-    script.write_text(SCRIPT.format(log=log, old=OLD, new=NEW), encoding="utf-8")
-    script.chmod(0o700)
+    script, log = campaigns.update_script(tmp_path)
     agents = [SupervisedAgent(n, ctl.url, ctl.token("agent", node=n), tmp_path / n) for n in NODES]
     jobs: list[str] = []
     try:

@@ -31,6 +31,33 @@ def _copy(agents: Agents, jid: str) -> tuple[str, int, str] | None:
     return next((c for c in agents.running_copies() if c[0] == jid), None)
 
 
+def _reporting(bed: Bed) -> tuple[Controller, Agents]:
+    """A started controller and its three agents, once every agent has reported."""
+    ctl, agents = bed()
+    wait_for(lambda: len(embedded(ctl).store.nodes()) == 3, 10, "agents report")
+    return ctl, agents
+
+
+def _checkpointed_job(
+    ctl: Controller, agents: Agents, checkpoint_dir: str
+) -> tuple[str, tuple[str, int, str]]:
+    """A 600 s one-GPU job with 2 restarts and ``checkpoint_dir``, once an agent runs it: its
+    id and that first copy (job, generation, node)."""
+    body = {
+        "name": "ckpt",
+        "command": ["sim"],
+        "gpus": 1,
+        "max_restarts": 2,
+        "checkpoint_dir": checkpoint_dir,
+        "duration_s": 600,
+    }
+    jid: str = ctl.call("POST", "/api/v1/jobs", json=body).json()["id"]
+    first: tuple[str, int, str] = wait_for(
+        lambda: _copy(agents, jid), 10, "job running on an agent"
+    )
+    return jid, first
+
+
 def _no_overlap(agents: Agents) -> None:
     """No job ever ran twice at once (intervals of its copies, closed and open, are disjoint)."""
     now = agents.fleet.clock()
@@ -47,18 +74,8 @@ def _no_overlap(agents: Agents) -> None:
 
 
 def test_xid79_moves_the_job_to_another_node_fast(bed: Bed) -> None:
-    ctl, agents = bed()
-    wait_for(lambda: len(embedded(ctl).store.nodes()) == 3, 10, "agents report")
-    body = {
-        "name": "ckpt",
-        "command": ["sim"],
-        "gpus": 1,
-        "max_restarts": 2,
-        "checkpoint_dir": "/ckpt/a",
-        "duration_s": 600,
-    }
-    jid = ctl.call("POST", "/api/v1/jobs", json=body).json()["id"]
-    first = wait_for(lambda: _copy(agents, jid), 10, "job running on an agent")
+    ctl, agents = _reporting(bed)
+    jid, first = _checkpointed_job(ctl, agents, "/ckpt/a")
     node = first[2]
     gpu = agents.executor.copies[first].launch.gpus[0]
     t0 = time.monotonic()
@@ -92,8 +109,7 @@ def test_xid79_moves_the_job_to_another_node_fast(bed: Bed) -> None:
 
 
 def test_controller_restart_mid_stream_loses_and_duplicates_nothing(bed: Bed) -> None:
-    ctl, agents = bed()
-    wait_for(lambda: len(embedded(ctl).store.nodes()) == 3, 10, "agents report")
+    ctl, agents = _reporting(bed)
     ids = []
     for i in range(12):
         body = {"name": f"s{i}", "command": ["sim"], "gpus": 1, "duration_s": 0.6 + 0.1 * (i % 4)}
@@ -129,18 +145,8 @@ def test_copy_gone_while_controller_down_counts_a_restart(bed: Bed) -> None:
     """A job an agent confirmed running loses its copy while the controller is down (its node
     reboots: the agent comes back knowing no copies). After the restart it is a restart: the
     next copy sees GPUFLEET_RESTART_COUNT=1 (resume from the checkpoint), not 0."""
-    ctl, agents = bed()
-    wait_for(lambda: len(embedded(ctl).store.nodes()) == 3, 10, "agents report")
-    body = {
-        "name": "ckpt",
-        "command": ["sim"],
-        "gpus": 1,
-        "max_restarts": 2,
-        "checkpoint_dir": "/ckpt/b",
-        "duration_s": 600,
-    }
-    jid = ctl.call("POST", "/api/v1/jobs", json=body).json()["id"]
-    first = wait_for(lambda: _copy(agents, jid), 10, "job running on an agent")
+    ctl, agents = _reporting(bed)
+    jid, first = _checkpointed_job(ctl, agents, "/ckpt/b")
     # "running" in the store only once an agent's report showed the copy
     wait_for(lambda: _job(ctl, jid)["state"] == "running", 5, "agent confirmed the copy")
     assert agents.executor.copies[first].launch.env["GPUFLEET_RESTART_COUNT"] == "0"

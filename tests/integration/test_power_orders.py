@@ -19,7 +19,7 @@ import pytest
 
 from gpufleet.testing.procs import ControllerProcess, _env, _spawn, create_tokens
 from gpufleet.testing.testbed import wait_for
-from tests.integration.processes import GPUFLEET, env_for
+from tests.integration.processes import GPUFLEET, env_for, terminate
 
 # node -> (labels, tenant, power_admin): pc's agent is not root (NVML_ERROR_NO_PERMISSION)
 pytestmark = pytest.mark.process
@@ -81,12 +81,7 @@ class Agent:
 
     def stop(self) -> None:
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+            terminate(self.proc)
 
     def log(self) -> str:
         return "".join(

@@ -5,7 +5,6 @@ and `gpufleet health --exit-code` installed as HealthCheckProgram drains a faili
 from __future__ import annotations
 
 import contextlib
-import shutil
 import subprocess
 import sys
 import time
@@ -17,10 +16,10 @@ import pytest
 from gpufleet.schedulers.base import JobState
 from gpufleet.schedulers.slurm import config_gen as cg
 from gpufleet.schedulers.slurm.backend import SlurmBackend
-from gpufleet.schedulers.slurm.devcluster import DevCluster, temp_cluster
+from gpufleet.schedulers.slurm.devcluster import DevCluster
 from gpufleet.testing.testbed import Agents, Controller, wait_for
 from tests.integration.conftest import fleet_of
-from tests.slurm.conftest import require_slurm
+from tests.slurm.conftest import require_slurm, running_cluster
 
 pytestmark = pytest.mark.process
 
@@ -34,14 +33,8 @@ MOVED_BY_GPUFLEET_S = SLURM_ALONE_S / 8
 
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[DevCluster]:
-    require_slurm()
-    dev = temp_cluster(nodes=3, gpus_per_node=2, gpu_type="h100")
-    dev.up()
-    try:
+    with running_cluster() as dev:
         yield dev
-    finally:
-        dev.down()
-        shutil.rmtree(dev.root, ignore_errors=True)
 
 
 def _node_state(b: SlurmBackend, node: str) -> tuple[str, str]:

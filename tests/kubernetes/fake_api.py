@@ -78,30 +78,27 @@ class FakeApi:
                 with api._lock:
                     self._send(*api.get(self.path))
 
+            def _record(self, method: str, body: Any) -> None:
+                """Log the request in ``api.requests`` (the caller holds the lock)."""
+                api.requests.append(
+                    {
+                        "method": method,
+                        "path": self.path,
+                        "body": body,
+                        "content_type": self.headers.get("Content-Type"),
+                    }
+                )
+
             def do_PATCH(self) -> None:
                 body = self._body()
                 with api._lock:
-                    api.requests.append(
-                        {
-                            "method": "PATCH",
-                            "path": self.path,
-                            "body": body,
-                            "content_type": self.headers.get("Content-Type"),
-                        }
-                    )
+                    self._record("PATCH", body)
                     self._send(*api.patch(self.path, self.headers.get("Content-Type", ""), body))
 
             def do_POST(self) -> None:
                 body = self._body()
                 with api._lock:
-                    api.requests.append(
-                        {
-                            "method": "POST",
-                            "path": self.path,
-                            "body": body,
-                            "content_type": self.headers.get("Content-Type"),
-                        }
-                    )
+                    self._record("POST", body)
                     self._send(*api.post(self.path, body))
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)

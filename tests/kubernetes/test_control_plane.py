@@ -35,13 +35,8 @@ def _one(objs: list[dict[str, Any]], kind: str, name: str | None = None) -> dict
     return found[0]
 
 
-def test_every_object_is_a_typed_model(tmp_path: Path) -> None:
-    plan = runner.invoke(
-        app,
-        ["mig", "plan", "--gpus", "8xh200", "--demand", "a: 7 x 1g.18gb", "--out", str(tmp_path)],
-    )
-    assert plan.exit_code == 0, plan.output
-    objs = _generate("--sharing", "mps", "--mig-config", str(tmp_path / "mig-parted.yaml"))
+def test_every_object_is_a_typed_model(mig_parted: Path) -> None:
+    objs = _generate("--sharing", "mps", "--mig-config", str(mig_parted))
     seen = set()
     for obj in objs:
         if obj["kind"] != "ServiceMonitor":
@@ -50,13 +45,8 @@ def test_every_object_is_a_typed_model(tmp_path: Path) -> None:
     assert seen == set(CP_KINDS)
 
 
-def test_namespaces_are_created_before_anything_in_them(tmp_path: Path) -> None:
-    plan = runner.invoke(
-        app,
-        ["mig", "plan", "--gpus", "8xh200", "--demand", "a: 7 x 1g.18gb", "--out", str(tmp_path)],
-    )
-    assert plan.exit_code == 0, plan.output
-    objs = _generate("--namespace", "gf", "--mig-config", str(tmp_path / "mig-parted.yaml"))
+def test_namespaces_are_created_before_anything_in_them(mig_parted: Path) -> None:
+    objs = _generate("--namespace", "gf", "--mig-config", str(mig_parted))
     created: set[str] = set()
     for obj in objs:
         if obj["kind"] == "Namespace":

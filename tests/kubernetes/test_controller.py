@@ -5,7 +5,6 @@ whose agent reports a fail finding is cordoned, its GPU pods evicted and the nod
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,28 +17,13 @@ import pytest
 
 from gpufleet.schedulers.kubernetes.backend import TAINT_KEY
 from gpufleet.testing.testbed import free_port
-from gpufleet.testing.timescale import scaled
+from tests.cli import plain_env, run_gpufleet
 from tests.control.conftest import batch, fail_finding
+from tests.waiting import wait_truthy
 
 from .fake_api import FakeApi
 
 pytestmark = pytest.mark.process
-
-
-def _gpufleet(*args: str, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "gpufleet", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        timeout=120,
-        check=False,
-    )
-
-
-def _env() -> dict[str, str]:
-    src = str(Path(__file__).resolve().parents[2] / "src")
-    return {**os.environ, "PYTHONPATH": src, "NO_COLOR": "1", "COLUMNS": "200"}
 
 
 def _kubeconfig(path: Path, port: int) -> Path:
@@ -55,13 +39,7 @@ def _kubeconfig(path: Path, port: int) -> Path:
 
 
 def _wait(what: str, fn: Any, limit_s: float = 120.0) -> Any:  # generous: a loaded machine
-    deadline = time.monotonic() + scaled(limit_s)
-    while True:
-        got = fn()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.1)
+    return wait_truthy(fn, limit_s, what, step_s=0.1)
 
 
 @pytest.fixture
@@ -75,9 +53,9 @@ def api() -> Iterator[FakeApi]:
 
 
 def test_fail_finding_drains_the_node_through_kubernetes(api: FakeApi, tmp_path: Path) -> None:
-    env = _env()
+    env = plain_env()
     data = tmp_path / "data"
-    created = _gpufleet(
+    created = run_gpufleet(
         "token", "create", "--role", "agent", "--data-dir", str(data), "--json", env=env
     )
     assert created.returncode == 0, created.stderr
@@ -127,8 +105,8 @@ def test_fail_finding_drains_the_node_through_kubernetes(api: FakeApi, tmp_path:
 
 
 def test_unknown_scheduler_is_one_line_and_exit_2(tmp_path: Path) -> None:
-    done = _gpufleet(
-        "controller", "--scheduler", "pbs", "--data-dir", str(tmp_path / "d"), env=_env()
+    done = run_gpufleet(
+        "controller", "--scheduler", "pbs", "--data-dir", str(tmp_path / "d"), env=plain_env()
     )
     assert done.returncode == 2
     lines = done.stderr.strip().splitlines()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -117,22 +118,8 @@ def test_gpu_operator_values() -> None:
     assert v["migManager"]["config"]["name"] == "gpufleet-mig-parted-config"
 
 
-def test_cli_config_kubernetes(tmp_path: Any) -> None:
+def test_cli_config_kubernetes(tmp_path: Path, mig_parted: Path) -> None:
     runner = CliRunner()
-    r = runner.invoke(
-        app,
-        [
-            "mig",
-            "plan",
-            "--gpus",
-            "8xh200",
-            "--demand",
-            "a: 7 x 1g.18gb",
-            "--out",
-            str(tmp_path / "mig"),
-        ],
-    )
-    assert r.exit_code == 0, r.output
     r = runner.invoke(
         app,
         [
@@ -142,7 +129,7 @@ def test_cli_config_kubernetes(tmp_path: Any) -> None:
             "--sharing",
             "mps",
             "--mig-config",
-            str(tmp_path / "mig" / "mig-parted.yaml"),
+            str(mig_parted),
             "--out",
             str(tmp_path / "k8s"),
         ],

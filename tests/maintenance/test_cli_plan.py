@@ -24,27 +24,27 @@ nodes:
 BASELINE = 'models:\n  h100-sxm:\n    driver: "550.90.07"\n'
 
 
-def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    (tmp_path / "fleet.yaml").write_text(FLEET)
-    (tmp_path / "baseline.yaml").write_text(BASELINE)
+def maintenance_plan(
+    baseline: str, sim: str, *args: str, columns: int = 200
+) -> subprocess.CompletedProcess[str]:
+    """``gpufleet maintenance plan --baseline BASELINE --sim SIM ARGS`` in a terminal of
+    ``columns`` columns: its exit code and output."""
     return subprocess.run(
         [
-            sys.executable,
-            "-m",
-            "gpufleet",
-            "maintenance",
-            "plan",
-            "--baseline",
-            str(tmp_path / "baseline.yaml"),
-            "--sim",
-            str(tmp_path / "fleet.yaml"),
-            *args,
+            *(sys.executable, "-m", "gpufleet", "maintenance", "plan"),
+            *("--baseline", baseline, "--sim", sim, *args),
         ],
         capture_output=True,
         text=True,
         timeout=60,
-        env={**os.environ, "COLUMNS": "200"},
+        env={**os.environ, "COLUMNS": str(columns)},
     )
+
+
+def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    (tmp_path / "fleet.yaml").write_text(FLEET)
+    (tmp_path / "baseline.yaml").write_text(BASELINE)
+    return maintenance_plan(str(tmp_path / "baseline.yaml"), str(tmp_path / "fleet.yaml"), *args)
 
 
 def plan_json(tmp_path: Path, *args: str) -> Any:
@@ -122,23 +122,7 @@ def test_a_wrong_file_is_quoted_short_and_as_written(tmp_path: Path) -> None:
     (no ":x:" turned into an emoji by the terminal library), not the whole file."""
     wrong = tmp_path / "passwd"
     wrong.write_text("".join(f"user{i}:x:{i}:{i}::/home/u{i}:/bin/sh\n" for i in range(200)))
-    r = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "gpufleet",
-            "maintenance",
-            "plan",
-            "--baseline",
-            str(wrong),
-            "--sim",
-            "1x8xh100-sxm",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env={**os.environ, "COLUMNS": "300"},
-    )
+    r = maintenance_plan(str(wrong), "1x8xh100-sxm", columns=300)
     assert r.returncode == 2
     assert "expected a mapping, got 'user0:x:0:0" in r.stderr
     assert len(r.stderr) < 300 and "user199" not in r.stderr

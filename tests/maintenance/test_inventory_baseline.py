@@ -6,16 +6,14 @@ match), and the errors for a bad baseline or --controller without it."""
 from __future__ import annotations
 
 import json
-import time
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
 from gpufleet.testing.testbed import Controller
+from tests.maintenance.conftest import push_inventory
 
 runner = CliRunner()
 OLD, NEW = "535.104.05", "550.90.07"
@@ -59,46 +57,26 @@ def test_all_at_baseline_exits_zero(tmp_path: Path) -> None:
     assert "0 of 1 node(s) out of baseline" in r.output
 
 
-def _push(ctl: Controller, node: str, info: dict[str, Any]) -> None:
-    body = {
-        "schema_version": 1,
-        "node": node,
-        "agent_id": f"a-{node}",
-        "seq": 1,
-        "sent_at_s": time.time(),
-        "devices": [{"index": 0, "uuid": f"GPU-{node}", "info": {"model": "h100-sxm", **info}}],
-    }
-    token = ctl.token("agent", node=node)
-    r = httpx.post(
-        ctl.url + "/api/v1/ingest", json=body, headers={"Authorization": f"Bearer {token}"}
-    )
-    assert r.status_code == 200, r.text
-
-
 @pytest.mark.process
-def test_controller_fleet_unknown_never_matches(tmp_path: Path) -> None:
+def test_controller_fleet_unknown_never_matches(tmp_path: Path, ctl: Controller) -> None:
     _fleet, base = _files(tmp_path)
-    ctl = Controller(tmp_path / "ctl").start()
-    try:
-        _push(ctl, "n-old", {"driver_version": OLD})
-        _push(ctl, "n-new", {"driver_version": NEW})
-        _push(ctl, "n-unknown", {})  # NVML gave no driver version
-        tok = tmp_path / "viewer.token"
-        tok.write_text(ctl.token("viewer"), encoding="utf-8")
-        args = ["inventory", "--baseline", str(base), "--controller", ctl.url]
-        r = runner.invoke(app, [*args, "--token-file", str(tok), "--json"])
-        assert r.exit_code == 1, r.output
-        doc = json.loads(r.output)
-        assert doc["nodes_total"] == 3 and doc["at_baseline"] == 1
-        out = {n["node"]: n for n in doc["out_of_baseline"]}
-        assert set(out) == {"n-old", "n-unknown"}
-        assert out["n-old"]["deviations"][0]["status"] == "differs"
-        assert out["n-old"]["verified"] is True
-        unknown = out["n-unknown"]["deviations"][0]
-        assert (unknown["found"], unknown["status"]) == (None, "unknown")
-        assert out["n-unknown"]["verified"] is False
-    finally:
-        ctl.stop()
+    push_inventory(ctl, "n-old", {"driver_version": OLD})
+    push_inventory(ctl, "n-new", {"driver_version": NEW})
+    push_inventory(ctl, "n-unknown", {})  # NVML gave no driver version
+    tok = tmp_path / "viewer.token"
+    tok.write_text(ctl.token("viewer"), encoding="utf-8")
+    args = ["inventory", "--baseline", str(base), "--controller", ctl.url]
+    r = runner.invoke(app, [*args, "--token-file", str(tok), "--json"])
+    assert r.exit_code == 1, r.output
+    doc = json.loads(r.output)
+    assert doc["nodes_total"] == 3 and doc["at_baseline"] == 1
+    out = {n["node"]: n for n in doc["out_of_baseline"]}
+    assert set(out) == {"n-old", "n-unknown"}
+    assert out["n-old"]["deviations"][0]["status"] == "differs"
+    assert out["n-old"]["verified"] is True
+    unknown = out["n-unknown"]["deviations"][0]
+    assert (unknown["found"], unknown["status"]) == (None, "unknown")
+    assert out["n-unknown"]["verified"] is False
 
 
 def test_bad_input_is_named(tmp_path: Path) -> None:

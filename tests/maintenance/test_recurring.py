@@ -21,6 +21,7 @@ from gpufleet.control.state.remediation import load_policy
 from gpufleet.errors import ConfigError
 from gpufleet.maintenance.recurring import MaintenancePolicy, nth_weekday
 from gpufleet.testing.testbed import Controller
+from tests.maintenance.conftest import register
 
 runner = CliRunner()
 OLD, NEW = "535.104.05", "550.90.07"
@@ -138,79 +139,51 @@ def test_yaml_on_key_and_baseline_next_to_the_policy(tmp_path: Path) -> None:
         MaintenancePolicy.model_validate({**p.model_dump(), "baseline": "b.yaml"})
 
 
-def _register(ctl: Controller, node: str, driver: str) -> None:
-    token = ctl.token("agent", node=node)
-    body = {
-        "schema_version": 1,
-        "node": node,
-        "agent_id": f"a-{node}",
-        "seq": 1,
-        "sent_at_s": time.time(),
-        "devices": [
-            {
-                "index": 0,
-                "uuid": f"GPU-{node}",
-                "info": {"model": "h100-sxm", "driver_version": driver},
-            }
-        ],
-    }
-    auth = {"Authorization": f"Bearer {token}"}
-    assert httpx.post(ctl.url + "/api/v1/ingest", json=body, headers=auth).status_code == 200
-    r = httpx.post(
-        ctl.url + "/api/v1/validation-results", json={"node": node, "verdict": "pass"}, headers=auth
-    )
-    assert r.status_code < 300, r.text
-
-
 @pytest.mark.process
-def test_policy_proposes_and_an_operator_starts_it(tmp_path: Path) -> None:
-    ctl = Controller(tmp_path / "ctl").start()
-    try:
-        _register(ctl, "old1", OLD)
-        _register(ctl, "old2", OLD)
-        _register(ctl, "new1", NEW)
-        admin = {"Authorization": f"Bearer {ctl.admin}"}
-        pol = httpx.get(ctl.url + "/api/v1/policy", headers=admin).json()
-        pol["maintenance"] = {  # weekly and proposed up to 8 days ahead: always due
-            "every": "weekly",
-            "on": "Saturday",
-            "window": "02:00-06:00 Europe/Berlin",
-            "baseline": BASELINE,
-            "update_command": "true",
-            "batch": "1",
-            "floor": "0%",
-            "propose_days_before": 8,
-        }
-        r = httpx.put(ctl.url + "/api/v1/policy", json=pol, headers=admin)
-        assert r.status_code == 200, r.text
-        proposal: dict[str, Any] = {}
-        end = time.monotonic() + 20
-        while time.monotonic() < end and not proposal:
-            rows = httpx.get(ctl.url + "/api/v1/maintenance/campaigns", headers=admin).json()
-            proposal = next((c for c in rows if c["state"] == "proposed"), {})
-            time.sleep(0.2)
-        assert proposal, "no campaign proposed within 20 s"
-        assert proposal["by_step"] == {"selected": 2}
-        assert proposal["created_by"].startswith("policy:maintenance@")
-        doc = httpx.get(
-            ctl.url + f"/api/v1/maintenance/campaigns/{proposal['id']}", headers=admin
-        ).json()
-        assert sorted(n["node"] for n in doc["nodes"]) == ["old1", "old2"]
-        assert doc["windows"] == ["Sat 02:00-06:00 Europe/Berlin"]
-        nxt = httpx.get(ctl.url + "/api/v1/maintenance/policy", headers=admin).json()["next"]
-        assert datetime.fromisoformat(nxt["start"]).astimezone(UTC).weekday() == 5
-        time.sleep(0.6)  # several ticks: it stays proposed, nothing is cordoned
+def test_policy_proposes_and_an_operator_starts_it(tmp_path: Path, ctl: Controller) -> None:
+    register(ctl, "old1", OLD)
+    register(ctl, "old2", OLD)
+    register(ctl, "new1", NEW)
+    admin = {"Authorization": f"Bearer {ctl.admin}"}
+    pol = httpx.get(ctl.url + "/api/v1/policy", headers=admin).json()
+    pol["maintenance"] = {  # weekly and proposed up to 8 days ahead: always due
+        "every": "weekly",
+        "on": "Saturday",
+        "window": "02:00-06:00 Europe/Berlin",
+        "baseline": BASELINE,
+        "update_command": "true",
+        "batch": "1",
+        "floor": "0%",
+        "propose_days_before": 8,
+    }
+    r = httpx.put(ctl.url + "/api/v1/policy", json=pol, headers=admin)
+    assert r.status_code == 200, r.text
+    proposal: dict[str, Any] = {}
+    end = time.monotonic() + 20
+    while time.monotonic() < end and not proposal:
         rows = httpx.get(ctl.url + "/api/v1/maintenance/campaigns", headers=admin).json()
-        assert [c["state"] for c in rows] == ["proposed"]  # one proposal per occurrence
-        viewer, op = tmp_path / "v.token", tmp_path / "op.token"
-        viewer.write_text(ctl.token("viewer"), encoding="utf-8")
-        op.write_text(ctl.token("operator"), encoding="utf-8")
-        args = ["maintenance", "start", "--proposal", str(proposal["id"]), "--controller", ctl.url]
-        res = runner.invoke(app, [*args, "--token-file", str(viewer)])
-        assert res.exit_code != 0 and "403" in str(res.exception)
-        res = runner.invoke(app, [*args, "--token-file", str(op), "--json"])
-        assert res.exit_code == 0, res.output
-        started = json.loads(res.output)
-        assert started["state"] == "running" and started["id"] == proposal["id"]
-    finally:
-        ctl.stop()
+        proposal = next((c for c in rows if c["state"] == "proposed"), {})
+        time.sleep(0.2)
+    assert proposal, "no campaign proposed within 20 s"
+    assert proposal["by_step"] == {"selected": 2}
+    assert proposal["created_by"].startswith("policy:maintenance@")
+    doc = httpx.get(
+        ctl.url + f"/api/v1/maintenance/campaigns/{proposal['id']}", headers=admin
+    ).json()
+    assert sorted(n["node"] for n in doc["nodes"]) == ["old1", "old2"]
+    assert doc["windows"] == ["Sat 02:00-06:00 Europe/Berlin"]
+    nxt = httpx.get(ctl.url + "/api/v1/maintenance/policy", headers=admin).json()["next"]
+    assert datetime.fromisoformat(nxt["start"]).astimezone(UTC).weekday() == 5
+    time.sleep(0.6)  # several ticks: it stays proposed, nothing is cordoned
+    rows = httpx.get(ctl.url + "/api/v1/maintenance/campaigns", headers=admin).json()
+    assert [c["state"] for c in rows] == ["proposed"]  # one proposal per occurrence
+    viewer, op = tmp_path / "v.token", tmp_path / "op.token"
+    viewer.write_text(ctl.token("viewer"), encoding="utf-8")
+    op.write_text(ctl.token("operator"), encoding="utf-8")
+    args = ["maintenance", "start", "--proposal", str(proposal["id"]), "--controller", ctl.url]
+    res = runner.invoke(app, [*args, "--token-file", str(viewer)])
+    assert res.exit_code != 0 and "403" in str(res.exception)
+    res = runner.invoke(app, [*args, "--token-file", str(op), "--json"])
+    assert res.exit_code == 0, res.output
+    started = json.loads(res.output)
+    assert started["state"] == "running" and started["id"] == proposal["id"]

@@ -11,37 +11,13 @@ import pytest
 
 from gpufleet.errors import ConfigError
 from gpufleet.plan.compute import tp_divides_heads
-from gpufleet.plan.cost import Cost, cost_per_million_tokens, hardware_over_horizon, plan_cost
+from gpufleet.plan.cost import cost_per_million_tokens, hardware_over_horizon
 from gpufleet.plan.facility import ImpossibleConstraint
 from gpufleet.plan.planner import plan
 from gpufleet.plan.spec import load_spec
+from tests.plan.builders import cost
 
 H100_USABLE = 85_520_809_984 * 0.9  # catalog NVML size x (1 - default headroom 0.10)
-
-
-def _cost(**kw: object) -> Cost:
-    args: dict[str, object] = dict(
-        gpus=8,
-        servers=1,
-        racks=1,
-        server_price=1_000_000.0,
-        switches=0,
-        transceivers=0,
-        switch_price=None,
-        transceiver_price=None,
-        facility_kw=10.0,
-        average_load=1.0,
-        energy_price_kwh=0.1,
-        support_per_year=None,
-        support_percent=None,
-        space_per_rack_month=None,
-        cloud_per_gpu_hour=None,
-        horizon_years=5,
-        utilization=1.0,
-        budget=None,
-    )
-    args.update(kw)
-    return plan_cost(**args)  # type: ignore[arg-type]
 
 
 def test_straight_line_refresh_and_residual() -> None:
@@ -58,7 +34,7 @@ def test_straight_line_refresh_and_residual() -> None:
 
 
 def test_tco_adds_staff_and_credits_residual() -> None:
-    c = _cost(staff_fte=2, staff_cost_per_fte=150_000.0, depreciation_years=3, residual_percent=10)
+    c = cost(staff_fte=2, staff_cost_per_fte=150_000.0, depreciation_years=3, residual_percent=10)
     # energy 10 kW x 8760 h x 0.1 = 8,760; staff 2 x 150,000 = 300,000
     assert c.staff_per_year == 300_000
     assert c.opex_per_year == pytest.approx(308_760)
@@ -67,10 +43,10 @@ def test_tco_adds_staff_and_credits_residual() -> None:
 
 
 def test_budget_overrun_is_a_warning_not_a_note() -> None:
-    c = _cost(budget=900_000.0)
+    c = cost(budget=900_000.0)
     assert c.warnings == ("capex 1,000,000 USD exceeds the budget 900,000 USD by 100,000 USD",)
     assert not any("budget" in n for n in c.notes)
-    assert _cost(budget=1_000_000.0).warnings == ()
+    assert cost(budget=1_000_000.0).warnings == ()
 
 
 def test_staff_needs_a_cost() -> None:

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from gpufleet.errors import UsageError
-from gpufleet.plan.fabric import Layout, cable_class, fat_tree, plan_fabric
+from gpufleet.plan.fabric import Layout, cable_class, fat_tree
+from tests.plan.builders import fabric
 
 # NVIDIA DGX SuperPOD B200 reference architecture: SU = 32 nodes, 8 compute NICs, 64-port switches.
 SUPERPOD = [  # (SUs, nodes, GPUs, leaves, spines, node-leaf cables, leaf-spine cables)
@@ -53,15 +54,7 @@ def test_reach_classes() -> None:
 
 
 def test_cables_cover_every_link_once_and_optics_come_in_pairs() -> None:
-    f = plan_fabric(
-        servers=128,
-        compute_nics=8,
-        storage_nics=2,
-        radix=64,
-        port_gbps=400,
-        layout=Layout(64, 2, 12, 0.6, 2.4),
-        pdus=128,
-    )
+    f = fabric(128, Layout(64, 2, 12, 0.6, 2.4), pdus=128)
     compute = [c for c in f.cables if c.network == "compute"]
     assert sum(c.count for c in compute if c.tier == "node-leaf") == 1024
     assert sum(c.count for c in compute if c.tier == "leaf-spine") == 1024
@@ -74,13 +67,5 @@ def test_cables_cover_every_link_once_and_optics_come_in_pairs() -> None:
 
 def test_big_site_needs_single_mode() -> None:
     # 4,000 racks in rows of 12: the far rows are > 50 m from the central spine row.
-    f = plan_fabric(
-        servers=8000,
-        compute_nics=8,
-        storage_nics=0,
-        radix=64,
-        port_gbps=400,
-        layout=Layout(4000, 2, 12, 0.6, 2.4),
-        pdus=0,
-    )
+    f = fabric(8000, Layout(4000, 2, 12, 0.6, 2.4), pdus=0, storage_nics=0)
     assert any(c.transceiver == "400G DR4" for c in f.cables)

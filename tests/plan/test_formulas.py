@@ -7,14 +7,7 @@ import math
 import pytest
 
 from gpufleet.plan.compute import gpus_for_deadline, train_flops, training_seconds
-from gpufleet.plan.cost import plan_cost
-from gpufleet.plan.facility import (
-    Facility,
-    ImpossibleConstraint,
-    circuit_kw,
-    circuits_per_rack,
-    plan_facility,
-)
+from gpufleet.plan.facility import ImpossibleConstraint, circuit_kw, circuits_per_rack
 from gpufleet.plan.memory import (
     activation_bytes_per_layer,
     count_parameters,
@@ -22,7 +15,7 @@ from gpufleet.plan.memory import (
     model_state_bytes,
 )
 from gpufleet.plan.spec import ModelShape
-from gpufleet.plan.storage import plan_storage
+from tests.plan.builders import cost, facility, storage
 
 
 def test_adam_states_16_bytes_per_param_divided_by_zero_stage() -> None:
@@ -96,30 +89,8 @@ def test_circuit_capacity_with_nec_derating() -> None:
     assert circuits_per_rack(30.6, 17.29, "2N") == 4
 
 
-def _facility(**kw: object) -> Facility:
-    args: dict[str, object] = dict(
-        servers=128,
-        server_kw=14.3,
-        server_ru=10,
-        server_name="NVIDIA DGX B200",
-        rack_limit_kw=40.0,
-        cooling="liquid",
-        pue=1.15,
-        usable_ru=38,
-        voltage_v=415.0,
-        current_a=60.0,
-        phases=3,
-        redundancy="2N",
-        racks_available=None,
-        network_kw=0.0,
-        average_load=1.0,
-    )
-    args.update(kw)
-    return plan_facility(**args)  # type: ignore[arg-type]
-
-
 def test_facility_racks_power_cooling() -> None:
-    f = _facility()
+    f = facility()
     assert f.servers_per_rack == 2  # floor(40 / 14.3)
     assert f.racks == 64
     assert f.it_kw == pytest.approx(128 * 14.3)  # 1830.4 kW
@@ -132,36 +103,23 @@ def test_facility_racks_power_cooling() -> None:
 
 def test_rack_limit_below_one_server_is_explained() -> None:
     with pytest.raises(ImpossibleConstraint) as exc:
-        _facility(rack_limit_kw=8.0, server_kw=10.2, server_name="NVIDIA DGX H100")
+        facility(rack_limit_kw=8.0, server_kw=10.2, server_name="NVIDIA DGX H100")
     assert "rack limit 8 kW is below one NVIDIA DGX H100 at 10.2 kW" in str(exc.value)
     assert exc.value.hint and "rack_power" in exc.value.hint
 
 
 def test_racks_available_exceeded() -> None:
     with pytest.raises(ImpossibleConstraint, match="need 64 racks"):
-        _facility(racks_available=10)
+        facility(racks_available=10)
 
 
 def test_cost_tco_and_breakeven() -> None:
-    c = plan_cost(
-        gpus=8,
-        servers=1,
-        racks=1,
+    c = cost(
         server_price=300_000.0,
-        switches=0,
-        transceivers=0,
-        switch_price=None,
-        transceiver_price=None,
-        facility_kw=10.0,
-        average_load=1.0,
-        energy_price_kwh=0.1,
         support_per_year=10_000.0,
-        support_percent=None,
         space_per_rack_month=1000.0,
         cloud_per_gpu_hour=3.0,
         horizon_years=4,
-        utilization=1.0,
-        budget=None,
     )
     assert c.energy_per_year == pytest.approx(8760.0)  # 10 kW x 8760 h x 0.1 $/kWh
     assert c.opex_per_year == pytest.approx(8760 + 10_000 + 12_000)
@@ -174,14 +132,7 @@ def test_cost_tco_and_breakeven() -> None:
 
 
 def test_checkpoint_and_bandwidth() -> None:
-    s = plan_storage(
-        parameters=70e9,
-        tokens_per_s=1e6,
-        checkpoint_time_s=300,
-        dataset_bytes_per_token=4,
-        nodes=128,
-        local_nvme_bytes=None,
-    )
+    s = storage()
     assert s.checkpoint_bytes == 70e9 * 14  # 980 GB
     assert s.checkpoint_write_bytes_per_s == pytest.approx(980e9 / 300)
     assert s.dataset_read_bytes_per_s == 4e6

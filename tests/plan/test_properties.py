@@ -6,11 +6,11 @@ from __future__ import annotations
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gpufleet.plan.fabric import Layout, fat_tree, plan_fabric
-from gpufleet.plan.facility import plan_facility
+from gpufleet.plan.fabric import Layout, fat_tree
 from gpufleet.plan.planner import plan
 from gpufleet.plan.spec import load_spec
 from tests.hypothesis_budget import examples
+from tests.plan.builders import fabric, facility
 
 
 def _spec(gpus: int) -> dict[str, object]:
@@ -56,15 +56,7 @@ def test_switch_ports_suffice(nodes: int, nics: int, k: int) -> None:
 @given(st.integers(1, 3000), st.integers(1, 6), st.integers(8, 30))  # < 2 km runs
 def test_every_endpoint_cabled_once(servers: int, per_rack: int, per_row: int) -> None:
     racks = -(-servers // per_rack)
-    f = plan_fabric(
-        servers=servers,
-        compute_nics=8,
-        storage_nics=2,
-        radix=64,
-        port_gbps=400,
-        layout=Layout(racks, per_rack, per_row, 0.6, 2.4),
-        pdus=racks,
-    )
+    f = fabric(servers, Layout(racks, per_rack, per_row, 0.6, 2.4), pdus=racks)
     for net, tree in (("compute", f.compute), ("storage", f.storage), ("in-band", f.inband)):
         lines = [c for c in f.cables if c.network == net]
         assert sum(c.count for c in lines if c.tier == "node-leaf") == tree.endpoints
@@ -75,7 +67,7 @@ def test_every_endpoint_cabled_once(servers: int, per_rack: int, per_row: int) -
 @settings(max_examples=examples(100), deadline=None)
 @given(st.integers(1, 5000), st.floats(10.3, 150))
 def test_racks_hold_all_servers_under_the_limit(servers: int, limit: float) -> None:
-    f = plan_facility(
+    f = facility(
         servers=servers,
         server_kw=10.2,
         server_ru=8,
@@ -83,12 +75,9 @@ def test_racks_hold_all_servers_under_the_limit(servers: int, limit: float) -> N
         rack_limit_kw=limit,
         cooling="air",
         pue=None,
-        usable_ru=38,
         voltage_v=208,
         current_a=60,
-        phases=3,
         redundancy="N+1",
-        racks_available=None,
         network_kw=0,
         average_load=1,
     )

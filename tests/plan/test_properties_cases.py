@@ -3,19 +3,17 @@ vs heads, HPC sizing, pilots, TCO with refresh and residual value, and the site 
 
 from __future__ import annotations
 
-from collections import Counter
-
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from gpufleet.plan.cablemap import cable_map
 from gpufleet.plan.cost import hardware_over_horizon
-from gpufleet.plan.fabric import Layout, fat_tree, plan_fabric
+from gpufleet.plan.fabric import Layout, fat_tree
 from gpufleet.plan.facility import ImpossibleConstraint
 from gpufleet.plan.planner import plan
-from gpufleet.plan.plant import plan_plant
 from gpufleet.plan.spec import load_spec
 from tests.hypothesis_budget import examples
+from tests.plan.builders import assert_cable_map_matches, fabric, plant
 
 
 @settings(max_examples=examples(200), deadline=None)
@@ -45,30 +43,10 @@ def test_cable_map_is_every_link_once(
 ) -> None:
     racks = -(-servers // per_rack)
     layout = Layout(racks, per_rack, per_row, 0.6, 2.4)
-    f = plan_fabric(
-        servers=servers,
-        compute_nics=nics,
-        storage_nics=2,
-        radix=64,
-        port_gbps=400,
-        layout=layout,
-        pdus=racks,
-        management_nodes=mgmt,
-    )
+    f = fabric(servers, layout, pdus=racks, compute_nics=nics, management_nodes=mgmt)
     cables = cable_map(f, layout, racks)
-    tiers = Counter((c.network, c.tier) for c in cables)
-    for net, tree in (("compute", f.compute), ("storage", f.storage), ("in-band", f.inband)):
-        assert tiers[(net, "node-leaf")] == tree.endpoint_links
-        assert tiers[(net, "leaf-spine")] == tree.leaf_spine_links
-        assert tiers[(net, "spine-core")] == tree.spine_core_links
-    ends = [(c.a_device, c.a_port) for c in cables] + [(c.b_device, c.b_port) for c in cables]
-    assert len(ends) == len(set(ends))  # no port used twice
+    assert_cable_map_matches(f, cables)  # every link once, as the BOM counts them
     assert all(1 <= int(c.b_port) <= 64 for c in cables if c.network != "out-of-band")
-    assert tiers[("out-of-band", "node-switch")] == f.oob_links
-    bom: Counter[tuple[str, str, float]] = Counter()
-    for line in f.cables:
-        bom[(line.network, line.tier, line.length_m)] += line.count
-    assert Counter((c.network, c.tier, c.length_m) for c in cables) == bom
 
 
 _SHAPES = [(h, kv) for h in (12, 20, 24, 40, 48, 64, 96) for kv in (1, 2, 4, 8, h) if h % kv == 0]
@@ -160,19 +138,7 @@ def test_hardware_cost_brackets(
     st.floats(0, 1),
 )
 def test_plant_covers_the_load(it: float, pue: float, red: str, cooling: str, frac: float) -> None:
-    p = plan_plant(
-        it_kw=it,
-        facility_kw=it * pue,
-        redundancy=red,
-        cooling=cooling,
-        runtime_s=300,
-        battery="li-ion",
-        generator_unit_kw=2000,
-        liquid_fraction=frac,
-        cdu_capacity_kw=1000,
-        coolant_delta_t=10,
-        air_delta_t=12,
-    )
+    p = plant(it_kw=it, facility_kw=it * pue, redundancy=red, cooling=cooling, liquid_fraction=frac)
     assert p.ups_installed_kva * 0.9 >= it - 1e-6
     spare = {"N": 0, "N+1": 1, "2N": 0}[red]
     units = p.generators if red != "2N" else p.generators // 2
@@ -186,16 +152,7 @@ def test_plant_covers_the_load(it: float, pue: float, red: str, cooling: str, fr
 @given(st.integers(1, 3), st.integers(0, 4))
 def test_tiny_sites_cable_every_bmc(servers: int, mgmt: int) -> None:
     layout = Layout(1, 4, 12, 0.6, 2.4)
-    f = plan_fabric(
-        servers=servers,
-        compute_nics=4,
-        storage_nics=1,
-        radix=64,
-        port_gbps=400,
-        layout=layout,
-        pdus=2,
-        management_nodes=mgmt,
-    )
+    f = fabric(servers, layout, pdus=2, compute_nics=4, storage_nics=1, management_nodes=mgmt)
     cables = cable_map(f, layout, 2)
     oob = [c for c in cables if c.network == "out-of-band"]
     assert len(oob) == f.oob_links == servers + mgmt + 2 + f.data_switches

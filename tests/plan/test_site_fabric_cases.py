@@ -14,45 +14,28 @@ from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
 from gpufleet.plan.cablemap import cable_map
-from gpufleet.plan.fabric import Layout, balanced_spines, fat_tree, plan_fabric
+from gpufleet.plan.fabric import Fabric, Layout, balanced_spines, fat_tree
 from gpufleet.plan.planner import plan
-from gpufleet.plan.plant import coolant_litres_per_min_per_kw, plan_plant
+from gpufleet.plan.plant import coolant_litres_per_min_per_kw
 from gpufleet.plan.spec import load_spec
-from gpufleet.plan.storage import plan_storage
+from tests.plan.builders import assert_cable_map_matches, fabric, plant, storage
 
 ROOT = Path(__file__).resolve().parents[2]
 runner = CliRunner()
 
 
 def test_multi_node_training_gets_a_parallel_fs_with_capacity() -> None:
-    s = plan_storage(
-        parameters=70e9,
-        tokens_per_s=1e6,
-        checkpoint_time_s=300,
-        dataset_bytes_per_token=4,
-        nodes=128,
-        local_nvme_bytes=None,
-        training_nodes=128,
-        tokens=1.5e12,
-        checkpoints_kept=3,
-    )
+    s = storage(training_nodes=128, tokens=1.5e12, checkpoints_kept=3)
     assert s.parallel_fs_recommended and "128 nodes" in s.reason
     # 3 x 980 GB checkpoints + 1.5e12 tokens x 4 bytes = 2.94 TB + 6 TB
     assert s.capacity_bytes == pytest.approx(3 * 980e9 + 6e12)
 
 
 def test_single_node_needs_no_parallel_fs_unless_fast() -> None:
-    args = dict(
-        tokens_per_s=1e5,
-        checkpoint_time_s=300,
-        dataset_bytes_per_token=4,
-        nodes=1,
-        local_nvme_bytes=None,
-        training_nodes=1,
-    )
-    assert not plan_storage(parameters=8e9, **args).parallel_fs_recommended  # type: ignore[arg-type]
+    args = dict(tokens_per_s=1e5, nodes=1, training_nodes=1)
+    assert not storage(parameters=8e9, **args).parallel_fs_recommended
     # 1e12 params x 14 B / 300 s = 46.7 GB/s > 10 GB/s: a parallel FS even on one node
-    assert plan_storage(parameters=1e12, **args).parallel_fs_recommended  # type: ignore[arg-type]
+    assert storage(parameters=1e12, **args).parallel_fs_recommended
 
 
 def test_1024_gpu_pretraining_gets_a_parallel_fs_and_a_bom_line(tmp_path: Path) -> None:
@@ -68,19 +51,7 @@ def test_1024_gpu_pretraining_gets_a_parallel_fs_and_a_bom_line(tmp_path: Path) 
 
 
 def test_plant_ups_generator_cdus_and_air() -> None:
-    p = plan_plant(
-        it_kw=1000,
-        facility_kw=1150,
-        redundancy="2N",
-        cooling="liquid",
-        runtime_s=300,
-        battery="li-ion",
-        generator_unit_kw=2000,
-        liquid_fraction=0.8,
-        cdu_capacity_kw=1000,
-        coolant_delta_t=10,
-        air_delta_t=12,
-    )
+    p = plant()
     assert p.ups_kva == pytest.approx(1000 / 0.9)  # 1,111 kVA at pf 0.9
     assert p.ups_systems == 2 and p.ups_installed_kva == pytest.approx(2000 / 0.9)
     assert p.battery_kwh == pytest.approx(1000 * 5 / 60 / 0.95)  # 87.7 kWh
@@ -92,19 +63,7 @@ def test_plant_ups_generator_cdus_and_air() -> None:
     assert p.cdus == 2  # ceil(800 / 1000) + 1 spare
     # 200 kW to air at dT 12 K: 200 x 3600 / (1.2 x 1.006 x 12) = 49,702 m3/h
     assert p.airflow_m3_per_h == pytest.approx(49_702, abs=1)
-    n1 = plan_plant(
-        it_kw=1000,
-        facility_kw=4500,
-        redundancy="N+1",
-        cooling="air",
-        runtime_s=600,
-        battery="vrla",
-        generator_unit_kw=2000,
-        liquid_fraction=0.8,
-        cdu_capacity_kw=1000,
-        coolant_delta_t=10,
-        air_delta_t=12,
-    )
+    n1 = plant(facility_kw=4500, redundancy="N+1", cooling="air", runtime_s=600, battery="vrla")
     # 4,500 / 0.8 = 5,625 kVA over 2,500 kVA sets = 3 (2.25 up) + 1
     assert (n1.generators, n1.cdus, n1.liquid_kw) == (4, 0, 0)
     assert n1.ups_installed_kva == pytest.approx(1000 / 0.9 * 1.25)
@@ -121,39 +80,19 @@ def test_spines_divide_each_leafs_uplinks() -> None:
     assert balanced_spines(16, 32, 64)[0] == 8  # SuperPOD 2 SU: already balanced
 
 
-def _fabric(servers: int, per_rack: int = 4) -> tuple[object, Layout]:
+def _fabric(servers: int, per_rack: int = 4) -> tuple[Fabric, Layout]:
     racks = -(-servers // per_rack)
     layout = Layout(racks, per_rack, 12, 0.6, 2.4)
-    f = plan_fabric(
-        servers=servers,
-        compute_nics=8,
-        storage_nics=2,
-        radix=64,
-        port_gbps=400,
-        layout=layout,
-        pdus=2 * racks,
-    )
-    return f, layout
+    return fabric(servers, layout, pdus=2 * racks), layout
 
 
 @pytest.mark.parametrize("servers", [128, 96, 264])  # 4 SU, unbalanced-by-default, 3 levels
 def test_cable_map_counts_equal_the_fabric_links(servers: int) -> None:
     f, layout = _fabric(servers)
-    cables = cable_map(f, layout, 2 * layout.racks)  # type: ignore[arg-type]
-    by_tier = Counter((c.network, c.tier) for c in cables)
-    for net, tree in (("compute", f.compute), ("storage", f.storage), ("in-band", f.inband)):  # type: ignore[attr-defined]
-        assert by_tier[(net, "node-leaf")] == tree.endpoint_links
-        assert by_tier[(net, "leaf-spine")] == tree.leaf_spine_links
-        assert by_tier[(net, "spine-core")] == tree.spine_core_links
-    assert by_tier[("out-of-band", "node-switch")] == f.oob_links  # type: ignore[attr-defined]
-    # per stock length the map equals the BOM's cable lines
-    bom: Counter[tuple[str, str, float]] = Counter()
-    for line in f.cables:  # type: ignore[attr-defined]
-        bom[(line.network, line.tier, line.length_m)] += line.count
-    assert Counter((c.network, c.tier, c.length_m) for c in cables) == bom
-    # no port is used twice and switch ports stay within the radix
-    ends = [(c.a_device, c.a_port) for c in cables] + [(c.b_device, c.b_port) for c in cables]
-    assert len(ends) == len(set(ends))
+    cables = cable_map(f, layout, 2 * layout.racks)
+    # per stock length the map equals the BOM's cable lines; no port is used twice
+    assert_cable_map_matches(f, cables)
+    # switch ports stay within the radix
     assert all(int(c.b_port) <= 64 for c in cables if c.network != "out-of-band")
 
 

@@ -14,18 +14,11 @@ from typer.testing import CliRunner
 from gpufleet.checklist import build_checklist, to_html, to_markdown
 from gpufleet.cli.app import app
 from gpufleet.errors import ConfigError
+from tests.cli import cli_json
 from tests.readiness.test_readiness_checks import HEALTHY, tree
 
 runner = CliRunner()
 PILOT = Path(__file__).parents[2] / "src" / "gpufleet" / "plan" / "examples" / "pilot-8gpu.yaml"
-
-
-def cli_json(*args: str) -> dict[str, Any]:
-    result = runner.invoke(app, [*args, "--json"])
-    assert result.exit_code == 0, result.output
-    doc = json.loads(result.stdout)
-    assert isinstance(doc, dict)
-    return doc
 
 
 @pytest.fixture(scope="module")

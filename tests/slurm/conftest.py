@@ -6,6 +6,7 @@ skip with the reason; with ``CI`` set they fail instead.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from collections.abc import Iterator
@@ -32,8 +33,10 @@ def require_slurm() -> None:
         pytest.skip(why)
 
 
-@pytest.fixture(scope="session")
-def slurm_cluster() -> Iterator[DevCluster]:
+@contextlib.contextmanager
+def running_cluster() -> Iterator[DevCluster]:
+    """A started 3-node dev cluster (2 H100 each), taken down and removed at the end; skips (or
+    fails under CI) where it cannot run (`require_slurm`)."""
     require_slurm()
     cluster = temp_cluster(nodes=3, gpus_per_node=2, gpu_type="h100")
     cluster.up()
@@ -42,3 +45,9 @@ def slurm_cluster() -> Iterator[DevCluster]:
     finally:
         cluster.down()
         shutil.rmtree(cluster.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[DevCluster]:
+    with running_cluster() as cluster:
+        yield cluster

@@ -32,6 +32,7 @@ from gpufleet.schedulers.slurm.backend import SlurmBackend
 from gpufleet.schedulers.slurm.devcluster import DevCluster, temp_cluster
 from gpufleet.schedulers.slurm.local_drain import HEALTH_PREFIX, drained_by_check
 from gpufleet.testing.timescale import scaled
+from tests.waiting import wait_truthy
 
 from .conftest import require_slurm
 
@@ -201,13 +202,7 @@ def _stop_holders(lock: Path) -> None:
 
 
 def _wait(cond: Callable[[], object], limit_s: float, what: str) -> object:
-    deadline = time.monotonic() + scaled(limit_s)
-    while True:
-        got = cond()
-        if got:
-            return got
-        assert time.monotonic() < deadline, f"timed out after {limit_s} s: {what}"
-        time.sleep(0.2)
+    return wait_truthy(cond, limit_s, what, step_s=0.2)
 
 
 def _states(b: SlurmBackend) -> dict[str, SchedNodeState]:

@@ -4,10 +4,9 @@ role, and a headless Debian `chromium` driven by Playwright (FAILS under CI when
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
-import threading
-import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -17,6 +16,8 @@ import pytest
 
 from gpufleet.testing.testbed import free_port as free_port  # re-exported for the suites
 from gpufleet.testing.timescale import scaled
+from tests.serving import serve_app
+from tests.waiting import wait_until
 
 CHROMIUM = os.environ.get("GPUFLEET_CHROMIUM", "/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -40,12 +41,7 @@ def artifacts_dir() -> Path:
 
 
 def wait_for(pred: Callable[[], bool], timeout: float) -> bool:
-    end = time.monotonic() + scaled(timeout)
-    while time.monotonic() < end:
-        if pred():
-            return True
-        time.sleep(0.1)
-    return pred()
+    return wait_until(pred, timeout, step_s=0.1)
 
 
 def chromium_or_fail() -> str:
@@ -125,8 +121,6 @@ class LiveFleet:
 
 def start_fleet(tmp: Path, spec: str, *, racks_of: int = 16) -> LiveFleet:
     """Controller + uvicorn + one thread of simulated agents (sample 1 s, push 1 s)."""
-    import uvicorn
-
     from gpufleet.agent.fleet import FleetConfig, FleetDriver
     from gpufleet.control.api.app import create_app
     from gpufleet.control.fleet import actions as act
@@ -140,21 +134,8 @@ def start_fleet(tmp: Path, spec: str, *, racks_of: int = 16) -> LiveFleet:
         role: store.tokens.create(role, name=f"web-{role}")[0]
         for role in ("admin", "operator", "viewer", "agent")
     }
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(svc),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-        )
-    )
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
-    if not wait_for(lambda: server.started, 20):
-        raise RuntimeError("uvicorn did not start")
+    served = contextlib.ExitStack()
+    port = served.enter_context(serve_app(create_app(svc), access_log=False))
     url = f"http://127.0.0.1:{port}"
     fleet = open_sim(spec, seed=7)
     fleet.sim.demo_activity()
@@ -182,19 +163,35 @@ def start_fleet(tmp: Path, spec: str, *, racks_of: int = 16) -> LiveFleet:
 
     def stop() -> None:
         driver.stop(flush=False)
-        server.should_exit = True
-        th.join(timeout=10)
+        served.close()
         svc.stop()
 
     return LiveFleet(url=url, service=svc, sim=fleet.sim, tokens=tokens, stop=stop)
 
 
+FleetStarter = Callable[[str, str], LiveFleet]
+
+
 @pytest.fixture(scope="module")
-def fleet64(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[LiveFleet]:
-    """64 simulated nodes x 8 H100 (browser first, so a missing chromium stops early)."""
+def live_fleet(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[FleetStarter]:
+    """``live_fleet(name, spec)``: `start_fleet` of ``spec`` in a fresh temporary directory
+    ``name``, for one test file (browser first, so a missing chromium stops early); each fleet
+    it started is stopped at the end of the file."""
     _ = browser
-    f = start_fleet(tmp_path_factory.mktemp("web"), "64x8xh100-sxm")
+    started: list[LiveFleet] = []
+
+    def start(name: str, spec: str) -> LiveFleet:
+        started.append(start_fleet(tmp_path_factory.mktemp(name), spec))
+        return started[-1]
+
     try:
-        yield f
+        yield start
     finally:
-        f.stop()
+        for f in started:
+            f.stop()
+
+
+@pytest.fixture(scope="module")
+def fleet64(live_fleet: FleetStarter) -> LiveFleet:
+    """64 simulated nodes x 8 H100."""
+    return live_fleet("web", "64x8xh100-sxm")

@@ -5,26 +5,20 @@ integral's share of uncovered time, idle part), not from the API's answer."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
 from sqlalchemy import select
 
 from gpufleet.control.db.models import EnergyMinute
-from tests.web.conftest import LiveFleet, start_fleet, wait_for
+from tests.web.conftest import FleetStarter, LiveFleet, wait_for
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
-def small(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[LiveFleet]:
-    _ = browser
-    f = start_fleet(tmp_path_factory.mktemp("web-energy"), "2x4xh100-sxm")
-    try:
-        yield f
-    finally:
-        f.stop()
+def small(live_fleet: FleetStarter) -> LiveFleet:
+    return live_fleet("web-energy", "2x4xh100-sxm")
 
 
 def _stored(fleet: LiveFleet) -> tuple[float, float]:

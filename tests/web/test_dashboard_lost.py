@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +14,7 @@ import httpx
 import pytest
 
 from gpufleet.devices.sim import Fault, FaultKind
-from tests.web.conftest import LiveFleet, artifacts_dir, start_fleet, wait_for
+from tests.web.conftest import FleetStarter, LiveFleet, artifacts_dir, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -24,13 +23,8 @@ WARN_NODE = "sim-02"
 
 
 @pytest.fixture(scope="module")
-def fleet4(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[LiveFleet]:
-    _ = browser
-    f = start_fleet(tmp_path_factory.mktemp("web-lost"), "4x2xh100-sxm")
-    try:
-        yield f
-    finally:
-        f.stop()
+def fleet4(live_fleet: FleetStarter) -> LiveFleet:
+    return live_fleet("web-lost", "4x2xh100-sxm")
 
 
 def _ghost_batch(seq: int) -> dict[str, Any]:

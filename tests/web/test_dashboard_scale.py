@@ -7,7 +7,6 @@ again; the nodes table pages through the fleet 100 rows at a time."""
 from __future__ import annotations
 
 import math
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -15,7 +14,8 @@ from typing import Any
 
 import pytest
 
-from tests.web.conftest import artifacts_dir, free_port, wait_for
+from tests.serving import serve_app
+from tests.web.conftest import artifacts_dir
 
 pytestmark = pytest.mark.slow
 
@@ -37,8 +37,6 @@ def big(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[dict
     """A controller holding 10,000 nodes (registered in bulk, one batch each through ingest);
     its background loop is not started, so no node goes lost while the browser looks."""
     _ = browser
-    import uvicorn
-
     from gpufleet.control.api.app import create_app
     from gpufleet.control.service import ControlService, ServiceConfig
     from gpufleet.control.state.remediation import RemediationPolicy
@@ -56,25 +54,10 @@ def big(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[dict
     bulkfleet.register(svc.store, names, now, racks_of=RACK)
     bulkfleet.fill(svc.store, names, now, devices=False, fail_every=FAIL_EVERY)
     token = svc.store.tokens.create("viewer", name="web-scale")[0]
-    port = free_port()
-    server = uvicorn.Server(
-        uvicorn.Config(
-            create_app(svc),
-            host="127.0.0.1",
-            port=port,
-            log_level="warning",
-            access_log=False,
-            lifespan="off",
-        )
-    )
-    th = threading.Thread(target=server.run, daemon=True)
-    th.start()
-    assert wait_for(lambda: server.started, 20)
     try:
-        yield {"url": f"http://127.0.0.1:{port}/#token={token}", "service": svc}
+        with serve_app(create_app(svc), access_log=False) as port:
+            yield {"url": f"http://127.0.0.1:{port}/#token={token}", "service": svc}
     finally:
-        server.should_exit = True
-        th.join(timeout=10)
         svc.ingest.stop()
         svc.engine.dispose()
 

@@ -6,29 +6,24 @@ refuses them the action. The operator presses Pause and the page shows the campa
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
-from tests.web.conftest import LiveFleet, artifacts_dir, start_fleet, wait_for
+from tests.web.conftest import FleetStarter, LiveFleet, artifacts_dir, wait_for
 
 pytestmark = pytest.mark.slow
 NODES = 6
 
 
 @pytest.fixture(scope="module")
-def fleet6(tmp_path_factory: pytest.TempPathFactory, browser: Any) -> Iterator[LiveFleet]:
-    _ = browser
-    f = start_fleet(tmp_path_factory.mktemp("web-maint"), f"{NODES}x2xh100-sxm")
+def fleet6(live_fleet: FleetStarter) -> LiveFleet:
+    f = live_fleet("web-maint", f"{NODES}x2xh100-sxm")
     store = f.service.store
     f.tokens["tenant_op"] = store.tokens.create("operator", name="t-op", tenant="t1")[0]
-    try:
-        yield f
-    finally:
-        f.stop()
+    return f
 
 
 def _post(f: LiveFleet, path: str, role: str, body: Any = None) -> httpx.Response:
