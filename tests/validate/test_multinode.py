@@ -173,6 +173,8 @@ def test_slurm_launcher_builds_the_srun_argument_list() -> None:
         "NCCL_DEBUG": "WARN",
     }
     assert slurm_port("12345") == 20000 + 12345 % 20000
+    # outside a job: torch's default, never a port picked free here and handed over
+    assert slurm_port(None) == slurm_port("") == 29500
 
 
 def test_ssh_launcher_one_quoted_command_per_host() -> None:

@@ -22,7 +22,6 @@ import contextlib
 import os
 import shlex
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -236,19 +235,18 @@ def make_launcher(name: str) -> Launcher:
     return LAUNCHERS[name]()
 
 
-def free_port(host: str = "127.0.0.1") -> int:
-    """A TCP port free on this host right now (for a rendezvous held on this host)."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+#: torch.distributed's customary rendezvous port, where nothing better is known
+DEFAULT_MASTER_PORT = 29500
 
 
 def slurm_port(job_id: str | None) -> int:
     """A rendezvous port from the Slurm job id (20000-39999), so every task of one job agrees
-    without talking first and two jobs sharing a first node rarely collide."""
+    without talking first and two jobs sharing a first node rarely collide; outside a job,
+    torch's default (a port "free here now" would say nothing of the allocation's first host,
+    where the rendezvous listens, and another process could take it before torch binds)."""
     if job_id and job_id.isdigit():
         return 20000 + int(job_id) % 20000
-    return free_port()
+    return DEFAULT_MASTER_PORT
 
 
 # ----- the default runner: real processes -----------------------------------------------------

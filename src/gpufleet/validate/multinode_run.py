@@ -237,7 +237,7 @@ def run_for_cli(
     import os
 
     from gpufleet.errors import UsageError
-    from gpufleet.validate.launch import make_launcher, slurm_port
+    from gpufleet.validate.launch import DEFAULT_MASTER_PORT, make_launcher, slurm_port
     from gpufleet.validate.suite import select_tests
 
     tests = [t for t in select_tests(level, only, skip, multi_node=True) if t in MULTINODE_TESTS]
@@ -253,9 +253,8 @@ def run_for_cli(
         port = int(port_env)
     elif launcher == "slurm":
         port = slurm_port(os.environ.get("SLURM_JOB_ID"))
-    else:
-        # torch.distributed's customary default (the local launcher meets through a file)
-        port = 29500
+    else:  # ssh; the local launcher meets through a file
+        port = DEFAULT_MASTER_PORT
     plan = MultiNodePlan(
         hosts=hosts, tests=tests, ranks_per_node=rpn, master_addr=master_addr, master_port=port
     )
