@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpufleet.plan.csvtext import csv_table
+from gpufleet.plan.csvtext import csv_table, num
 from gpufleet.plan.planner import CandidatePlan
 
 __all__ = ["BomRow", "bom_csv", "bom_rows"]
@@ -133,4 +133,6 @@ def bom_rows(cp: CandidatePlan) -> list[BomRow]:
 
 def bom_csv(rows: list[BomRow]) -> str:
     """CSV text with a header row."""
-    return csv_table(BOM_COLUMNS, rows)
+    return csv_table(
+        BOM_COLUMNS, rows, lambda r: (r.category, r.item, r.detail, num(r.length_m), r.quantity)
+    )

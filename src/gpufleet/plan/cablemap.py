@@ -210,4 +210,21 @@ def cable_map(fab: Fabric, layout: Layout, pdus: int) -> list[Cable]:
 
 def cable_map_csv(cables: list[Cable]) -> str:
     """CSV text with a header row."""
-    return csv_table(CABLE_COLUMNS, cables)
+    return csv_table(CABLE_COLUMNS, cables, _cable_row)
+
+
+def _cable_row(c: Cable) -> tuple[object, ...]:
+    return (
+        c.network,
+        c.tier,
+        c.a_device,
+        c.a_port,
+        c.b_device,
+        c.b_port,
+        c.medium,
+        f"{c.length_m:g}",
+        c.length_class,
+        c.optic,
+        c.optic_part,
+        c.fibre,
+    )
