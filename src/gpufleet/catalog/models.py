@@ -146,15 +146,22 @@ class MigProfile(_Record):
     """A GPU-instance profile (``nvidia-smi mig -lgip``) and its valid placements (``-lgipp``)."""
 
     name: str
-    profile_id: int
+    profile_id: int | None = None  # None: no capture or table gives it for this model
     compute_slices: int
     memory_slices: int
-    memory_mib: int
-    sm_count: int
+    memory_mib: int | None = None  # None: no -lgip capture for this model
+    sm_count: int | None = None
     max_instances: int
     placements: tuple[int, ...]
     placement_size: int
     media_extensions: bool = False
+    # Engines of the instance (MIG User Guide "Hardware Units" / -lgip DEC ENC CE JPEG OFA);
+    # None where the source gives no figure.
+    copy_engines: int | None = None
+    decoders: int | None = None
+    encoders: int | None = None
+    jpeg: int | None = None
+    ofa: int | None = None
 
     def slices_at(self, start: int) -> range:
         return range(start, start + self.placement_size)
@@ -168,6 +175,19 @@ class MigGeometry(_Record):
     compute_slices: int = 7
     profiles: tuple[MigProfile, ...]
     source: str
+    sources: dict[str, str] = Field(default_factory=dict)  # per aspect: placements, engines...
+
+    def source_of(self, aspect: str) -> str:
+        """The source of one aspect (``placements``, ``engines``...): its own, else the record's."""
+        return self.sources.get(aspect, self.source)
+
+    def instance_memory_mib(self, name: str, gpu_memory_bytes: int) -> int:
+        """A profile's memory: the catalog's figure, else (for simulators) its share of the GPU's
+        memory by memory slices -- an estimate, not a catalog fact."""
+        prof = self.profile(name)
+        if prof.memory_mib is not None:
+            return prof.memory_mib
+        return gpu_memory_bytes * prof.memory_slices // self.memory_slices // 2**20
 
     def profile(self, name: str) -> MigProfile:
         for p in self.profiles:

@@ -241,22 +241,36 @@ def mig(
         emit_json(geom.model_dump(mode="json"))
         return
     table = Table(title=f"MIG profiles: {gpu_model.key} ({geom.memory_slices} memory slices)")
-    for col in ("profile", "id", "compute", "memory slices", "MiB", "SMs", "max", "placements"):
+    cols = ("profile", "id", "SM share", "memory slices", "MiB", "SMs", "max", "placements")
+    for col in (*cols, "CE", "DEC", "ENC", "JPG", "OFA"):
         table.add_column(col, no_wrap=col in ("profile", "MiB", "placements"))
     for p in geom.profiles:
         starts = ",".join(str(s) for s in p.placements)
         table.add_row(
             p.name,
-            str(p.profile_id),
-            str(p.compute_slices),
-            str(p.memory_slices),
-            str(p.memory_mib),
-            str(p.sm_count),
+            _known(p.profile_id),
+            f"{p.compute_slices}/{geom.compute_slices}",
+            f"{p.memory_slices}/{geom.memory_slices}",
+            _known(p.memory_mib),
+            _known(p.sm_count),
             str(p.max_instances),
             f"{{{starts}}}:{p.placement_size}",
+            *(_known(v) for v in (p.copy_engines, p.decoders, p.encoders, p.jpeg, p.ofa)),
         )
     console.print(fit(table))
+    if any(p.media_extensions for p in geom.profiles):
+        console.print(
+            "+me: holds the media extensions; at most one +me instance per GPU", highlight=False
+        )
+    console.print("-: no source gives this figure", highlight=False)
     console.print(f"source: {geom.source}", highlight=False)
+    for aspect, text in geom.sources.items():
+        console.print(f"source ({aspect}): {text}", highlight=False)
+
+
+def _known(value: int | None) -> str:
+    """A figure for a table cell; ``-`` where the catalog has none (never a made-up 0)."""
+    return "-" if value is None else str(value)
 
 
 def _xid_row(x: XidEntry) -> dict[str, Any]:

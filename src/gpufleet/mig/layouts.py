@@ -5,7 +5,10 @@ A layout is a set of GPU instances, each a profile at one of its valid start sli
 
 - no two instances share a memory slice,
 - the compute slices of its instances add up to at most the geometry's ``compute_slices`` (7),
-- no profile has more instances than its ``max_instances`` (``nvidia-smi mig -lgip``).
+- no profile has more instances than its ``max_instances`` (``nvidia-smi mig -lgip``),
+- at most one instance holds the media extensions (a ``+me`` profile), whichever ``+me`` profile
+  it is: the guide's count for a ``+me`` profile reads "1 (A single 1g profile can include media
+  extensions)" and the GPU's JPEG/OFA engines go to that one instance.
 
 Source of the rules: NVIDIA Multi-Instance GPU User Guide, "Supported MIG Profiles" and
 "Placement" (docs.nvidia.com/datacenter/tesla/mig-user-guide/); the figures are the catalog's.
@@ -25,6 +28,7 @@ from gpufleet.catalog.models import MigGeometry
 from gpufleet.errors import ConfigError, UsageError
 
 __all__ = [
+    "MAX_MEDIA_EXTENSION_INSTANCES",
     "Layout",
     "Placement",
     "geometry_for",
@@ -32,6 +36,11 @@ __all__ = [
     "layout_space",
     "validate_placements",
 ]
+
+
+# NVIDIA MIG User Guide, Supported MIG Profiles: every +me row's instance count is
+# "1 (A single 1g profile can include media extensions)" (A30: "A single 2g profile ...").
+MAX_MEDIA_EXTENSION_INSTANCES = 1
 
 
 @dataclass(frozen=True, order=True)
@@ -121,9 +130,11 @@ def validate_placements(geo: MigGeometry, placements: list[Placement]) -> list[s
     problems: list[str] = []
     used = 0
     compute = 0
+    media = 0
     per_profile: dict[str, int] = {}
     for pl in placements:
         prof = geo.profile(pl.profile)
+        media += prof.media_extensions
         if pl.start not in prof.placements:
             problems.append(
                 f"{pl.profile} cannot start at slice {pl.start} (valid: {list(prof.placements)})"
@@ -139,6 +150,11 @@ def validate_placements(geo: MigGeometry, placements: list[Placement]) -> list[s
         limit = geo.profile(name).max_instances
         if n > limit:
             problems.append(f"{n} instances of {name}, at most {limit}")
+    if media > MAX_MEDIA_EXTENSION_INSTANCES:
+        problems.append(
+            f"{media} media-extension (+me) instances, at most {MAX_MEDIA_EXTENSION_INSTANCES} "
+            "per GPU (the +me instance holds the GPU's media engines)"
+        )
     return problems
 
 
@@ -155,9 +171,10 @@ def layout_space(model_key: str) -> tuple[Layout, ...]:
         for p in geo.profiles
         for start in p.placements
     )
+    media = {p.name for p in geo.profiles if p.media_extensions}
     seen: dict[tuple[tuple[str, int], ...], Layout] = {}
 
-    def visit(i: int, chosen: list[Placement], used: int, compute: int) -> None:
+    def visit(i: int, chosen: list[Placement], used: int, compute: int, me: int) -> None:
         layout = Layout(
             geo.model,
             tuple(chosen),
@@ -172,11 +189,14 @@ def layout_space(model_key: str) -> tuple[Layout, ...]:
                 continue
             if sum(1 for c in chosen if c.profile == pl.profile) >= limit:
                 continue
+            is_me = pl.profile in media
+            if is_me and me >= MAX_MEDIA_EXTENSION_INSTANCES:
+                continue
             chosen.append(pl)
-            visit(j + 1, chosen, used | pl.mask, compute + cs)
+            visit(j + 1, chosen, used | pl.mask, compute + cs, me + is_me)
             chosen.pop()
 
-    visit(0, [], 0, 0)
+    visit(0, [], 0, 0, 0)
     return tuple(seen.values())
 
 
@@ -190,4 +210,27 @@ def layout_for_counts(model_key: str, counts: dict[str, int], where: str = "layo
         if layout.key == wanted:
             return layout
     desc = ", ".join(f"{n}x{p}" for p, n in wanted)
-    raise ConfigError(f"{where}: {desc} is not a valid MIG layout of {geo.model}")
+    why = _count_problems(geo, dict(wanted))
+    reason = f" ({'; '.join(why)})" if why else ""
+    raise ConfigError(f"{where}: {desc} is not a valid MIG layout of {geo.model}{reason}")
+
+
+def _count_problems(geo: MigGeometry, counts: dict[str, int]) -> list[str]:
+    """The limits a count vector breaks whatever the placements (empty: only placement fails)."""
+    out = []
+    for name, n in counts.items():
+        prof = geo.profile(name)
+        if n > prof.max_instances:
+            out.append(f"at most {prof.max_instances}x {name}")
+    media = sum(n for name, n in counts.items() if geo.profile(name).media_extensions)
+    if media > MAX_MEDIA_EXTENSION_INSTANCES:
+        out.append(
+            f"at most {MAX_MEDIA_EXTENSION_INSTANCES} media-extension (+me) instance per GPU"
+        )
+    compute = sum(geo.profile(name).compute_slices * n for name, n in counts.items())
+    if compute > geo.compute_slices:
+        out.append(f"{compute} compute slices, the GPU has {geo.compute_slices}")
+    memory = sum(geo.profile(name).placement_size * n for name, n in counts.items())
+    if memory > geo.memory_slices:
+        out.append(f"{memory} memory slices, the GPU has {geo.memory_slices}")
+    return out

@@ -35,7 +35,13 @@ import numpy as np
 from gpufleet.errors import GpufleetError, UnknownNameError
 from gpufleet.mig.demand import Demand
 from gpufleet.mig.fleet import FleetGpu
-from gpufleet.mig.layouts import Layout, Placement, geometry_for, layout_space
+from gpufleet.mig.layouts import (
+    MAX_MEDIA_EXTENSION_INSTANCES,
+    Layout,
+    Placement,
+    geometry_for,
+    layout_space,
+)
 
 __all__ = ["Assignment", "GpuResult", "MigPlan", "plan_exact", "plan_first_fit", "plan_mix"]
 
@@ -155,6 +161,36 @@ def _check_profiles(gpus: Sequence[FleetGpu], demand: Demand) -> dict[str, int]:
         if name not in offered:
             raise UnknownNameError(f"MIG profile for {', '.join(models)}", name, sorted(offered))
     return {p: offered[p] for p in demand.totals()}
+
+
+def _media_notes(
+    gpus: Sequence[FleetGpu], demand: Demand, unplaced: dict[str, dict[str, int]]
+) -> list[str]:
+    """Why unplaced ``+me`` demand did not fit, when the one-``+me``-per-GPU limit is the cause:
+    more ``+me`` instances asked for than there are GPUs offering one."""
+    me_names: set[str] = set()
+    offering = 0
+    for g in gpus:
+        try:
+            names = {p.name for p in geometry_for(g.model).profiles if p.media_extensions}
+        except GpufleetError:
+            continue
+        me_names |= names
+        offering += bool(names)
+    wanted = sum(n for p, n in demand.totals().items() if p in me_names)
+    missing: dict[str, int] = {}
+    for wants in unplaced.values():
+        for p, n in wants.items():
+            if p in me_names:
+                missing[p] = missing.get(p, 0) + n
+    if not missing or wanted <= offering * MAX_MEDIA_EXTENSION_INSTANCES:
+        return []
+    desc = ", ".join(f"{n}x {p}" for p, n in missing.items())
+    return [
+        f"{desc} not placed: {wanted} media-extension (+me) instances asked for, but a GPU holds "
+        f"at most {MAX_MEDIA_EXTENSION_INSTANCES} (NVIDIA MIG User Guide, Supported MIG "
+        f"Profiles) and {offering} GPU(s) here offer one; add GPUs or ask for fewer +me"
+    ]
 
 
 def _fair_share(demand: Demand, placed_total: dict[str, int]) -> dict[str, dict[str, int]]:
@@ -351,17 +387,19 @@ def plan_exact(gpus: Sequence[FleetGpu], demand: Demand, *, time_limit_s: float 
     t0 = time.perf_counter()
     layouts, placed_total, optimal = _solve(gpus, demand, time_limit_s)
     results, placed = _hand_out(layouts, demand, placed_total)
-    notes = () if optimal else ("HiGHS hit its time limit: best plan found, not proved optimal",)
+    unplaced = _unplaced(demand, placed)
+    notes = [] if optimal else ["HiGHS hit its time limit: best plan found, not proved optimal"]
+    notes += _media_notes(gpus, demand, unplaced)
     return MigPlan(
         "exact",
         OBJECTIVE,
         results,
         demand,
         placed,
-        _unplaced(demand, placed),
+        unplaced,
         optimal,
         time.perf_counter() - t0,
-        notes,
+        tuple(notes),
     )
 
 
@@ -405,6 +443,7 @@ def plan_first_fit(gpus: Sequence[FleetGpu], demand: Demand) -> MigPlan:
     chosen: list[list[Placement]] = [[] for _ in gpus]
     masks = [0] * len(gpus)
     compute = [0] * len(gpus)
+    media = [0] * len(gpus)  # media-extension (+me) instances per GPU
     first: dict[str, int] = {}
     geos = {}
     for g in gpus:
@@ -423,12 +462,15 @@ def plan_first_fit(gpus: Sequence[FleetGpu], demand: Demand) -> MigPlan:
             return False
         if sum(1 for c in chosen[i] if c.profile == prof.name) >= prof.max_instances:
             return False
+        if prof.media_extensions and media[i] >= MAX_MEDIA_EXTENSION_INSTANCES:
+            return False
         for start in prof.placements:
             pl = Placement(start, prof.placement_size, prof.name)
             if not pl.mask & masks[i]:
                 chosen[i].append(pl)
                 masks[i] |= pl.mask
                 compute[i] += prof.compute_slices
+                media[i] += prof.media_extensions
                 return True
         return False
 

@@ -159,7 +159,9 @@ def combine_mig_profiles(
 
     ``gpu`` selects one GPU's listing (default: the first GPU listed). Memory MiB is the table's
     GiB (2 decimals) * 1024, rounded; max instances is the Total column; compute slices come from
-    the name (``3g.`` -> 3) and memory slices from the placement size.
+    the name (``3g.`` -> 3) and memory slices from the placement size; the engine counts are
+    the DEC/ENC and CE/JPEG/OFA columns. A ``+me`` name (``1g.23gb+me``, ``1g.24gb+me.all``)
+    marks the media extensions; ``-me`` (no media engines) does not.
     """
     if not lgip:
         return []
@@ -195,6 +197,11 @@ def combine_mig_profiles(
                 placements=place.starts,
                 placement_size=place.size,
                 media_extensions="+me" in prof.name,
+                copy_engines=prof.copy_engines,
+                decoders=prof.decoders,
+                encoders=prof.encoders,
+                jpeg=prof.jpeg,
+                ofa=prof.ofa,
             )
         )
     return out

@@ -551,11 +551,13 @@ def infer_mig_profiles(devices: tuple[MigDevice, ...], model: str | None) -> tup
             out.append(d)
             continue
         mib = d.memory_total_bytes // MIB
+        # (SMs, profile) of the non-+me profiles of this size whose SM count the catalog knows
         fits = sorted(
-            (p for p in geo.profiles if p.memory_mib == mib and not p.media_extensions),
-            key=lambda p: p.sm_count,
+            (p.sm_count, p.name)
+            for p in geo.profiles
+            if p.memory_mib == mib and p.sm_count is not None and not p.media_extensions
         )
         need = sms.get(d.gpu_instance_id, 0)
-        chosen = next((p for p in fits if p.sm_count >= need), None)
+        chosen = next((geo.profile(n) for sm, n in fits if sm >= need), None)
         out.append(d if chosen is None else replace(d, profile_name=chosen.name))
     return tuple(out)
