@@ -51,6 +51,14 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.pop("LINES", None)
 
 
+# The simulator's update states (`gpufleet.devices.sim.state`) of this run go to a temporary
+# directory, not the user's ~/.local/state; the processes the tests start inherit it.
+if "GPUFLEET_SIM_STATE_DIR" not in os.environ:
+    import tempfile
+
+    os.environ["GPUFLEET_SIM_STATE_DIR"] = tempfile.mkdtemp(prefix="gpufleet-sim-state-")
+
+
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects by the marks added here
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     mark_by_fixtures(items)

@@ -328,6 +328,7 @@ def test_h200_geometry_matches_real_capture(cat: Catalog) -> None:
     geom = cat.mig["h200-sxm"]
     assert {p.profile_id for p in geom.profiles} == set(lgip)
     for p in geom.profiles:
+        assert p.profile_id is not None, p.name  # captured GPUs know every id
         name, total, gib, sms = lgip[p.profile_id]
         assert p.name == name
         assert p.max_instances == total
@@ -395,13 +396,16 @@ def test_geometry_rules(cat: Catalog, key: str) -> None:
             assert s % p.placement_size == 0
             assert s + p.placement_size <= geom.memory_slices
         assert p.name.startswith(f"{p.compute_slices}g.")
+        assert p.memory_mib is not None, p.name  # these models' -lgip figures are known
         assert p.memory_mib * MiB < gpu.memory_bytes
     whole = geom.profile(f"7g.{EXPECTED_NAMES.get(key, EXPECTED_NAMES['h200-sxm'])[-1][3:]}")
     # The whole-GPU instance holds almost all of the frame buffer (>= 97 %).
+    assert whole.memory_mib is not None
     assert whole.memory_mib * MiB >= 0.97 * gpu.memory_bytes
     # Two memory slices hold twice one slice's memory, give or take a few hundred MiB.
     one = next(p for p in geom.profiles if p.memory_slices == 1)
     two = next(p for p in geom.profiles if p.memory_slices == 2)
+    assert one.memory_mib is not None and two.memory_mib is not None
     assert 1.9 <= two.memory_mib / one.memory_mib <= 2.1
 
 

@@ -168,7 +168,7 @@ def test_mig_devices_match_the_h200_profiles() -> None:
     lgip = parse_mig_lgip((FIX / "nvidia-h200" / "nvidia-smi-mig-lgip.txt").read_text())
     lgipp = parse_mig_lgipp((FIX / "nvidia-h200" / "nvidia-smi-mig-lgipp.txt").read_text())
     # 1g.18gb+me has the same shape as 1g.18gb plus the media engines: leave it out
-    by_shape: dict[tuple[int | None, int], str] = {
+    by_shape: dict[tuple[int | None, int | None], str] = {
         (p.sm_count, p.memory_mib): p.name
         for p in combine_mig_profiles(lgip, lgipp)
         if not p.media_extensions

@@ -29,6 +29,7 @@ EXPECTED_TABLES = {
     "findings",
     "gpus",
     "ingested_batches",
+    "job_progress",  # jobs' reported progress (revision 0011)
     "leader_lease",  # leader election among replicas (revision 0008)
     "maint_campaigns",  # maintenance campaigns (revision 0006)
     "maint_nodes",
@@ -55,7 +56,7 @@ def test_migrations_from_empty(db_config: dict[str, Any]) -> None:
     engine = make_engine(database_url(db_config.get("data_dir"), db_config.get("db_url")))
     assert current_revision(engine) is None
     rev = migrate(engine)
-    assert rev == head_revision() == "0010"
+    assert rev == head_revision() == "0011"
     assert set(table_names(engine)) == EXPECTED_TABLES
     assert migrate(engine) == rev  # a second run changes nothing
     engine.dispose()

@@ -1,8 +1,9 @@
 """A campaign on `gpufleet up` (a real process whose agents run inside it, over a simulated
-fleet file): the update command is the simulator's update, which rewrites the fleet file with
-the new driver; each in-process agent closes NVML for the update, reopens it once the result
-is reported, and pushes the new versions, so the campaign completes (it used to stall in
-`verifying`). `up` itself keeps running: the command gets no GPUFLEET_AGENT_PID to signal."""
+fleet file): the update command is the simulator's update, which records the new driver in the
+simulator's state directory (the fleet file is not written); each in-process agent closes NVML
+for the update, reopens it once the result is reported, and pushes the new versions, so the
+campaign completes (it used to stall in `verifying`). `up` itself keeps running: the command
+gets no GPUFLEET_AGENT_PID to signal."""
 
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.process]
 OLD, NEW = "535.104.05", "550.90.07"
 FLEET = f"""\
 seed: 7
-nodes:  # one entry per node: the simulator's update rewrites the node's own entry
+nodes:
   - {{name: u-00, model: h100-sxm, gpus: 2, driver_version: "{OLD}"}}
   - {{name: u-01, model: h100-sxm, gpus: 2, driver_version: "{OLD}"}}
 """
@@ -29,6 +30,7 @@ nodes:  # one entry per node: the simulator's update rewrites the node's own ent
 def test_campaign_on_up_completes_with_the_new_versions(tmp_path: Path) -> None:
     proc, url, token = _start_up(tmp_path, FLEET)
     fleet = tmp_path / "fleet.yaml"
+    written = fleet.read_bytes()
     client = httpx.Client(
         base_url=f"{url}/api/v1", headers={"Authorization": f"Bearer {token}"}, timeout=10
     )
@@ -64,6 +66,9 @@ def test_campaign_on_up_completes_with_the_new_versions(tmp_path: Path) -> None:
         assert {n["node"]: n["step"] for n in doc["nodes"]} == dict.fromkeys(names, "done")
         gpus = client.get("/gpus").json()
         assert {g["info"]["driver_version"] for g in gpus} == {NEW}
+        # 550.x reports CUDA 12.4 (CUDA Toolkit Release Notes, Table 3: 12.4 GA >= 550.54.14)
+        assert {g["info"]["cuda_driver_version"] for g in gpus} == {"12.4"}
+        assert fleet.read_bytes() == written  # the user's fleet file is not written
         assert len(gpus) == 4
         assert proc.poll() is None, "gpufleet up ended during the campaign"
         # the chart's samples: one per step at least, never above the fleet's GPUs

@@ -1,5 +1,5 @@
 """What an in-process agent sees when it reopens after a simulated update: the simulator's
-update command rewrites the node's entry of the fleet file, `SimFleet.reload_node` takes the
+update command records the node's state (not in the fleet file), `SimFleet.reload_node` takes the
 node's new versions and the faults the update left (a GPU off the bus), and a backend reopened
 over the same simulated library reads them through NVML; other nodes are untouched."""
 

@@ -56,7 +56,9 @@ def test_from_plan_two_level_tree() -> None:
         assert line in conf.splitlines()
     gres = cg.gres_conf(cl).splitlines()
     assert gres[1] == "AutoDetect=off"
-    assert gres[2:] == ["NodeName=gpu[001-064] Name=gpu Type=h100 Count=8 File=/dev/nvidia[0-7]"]
+    # no catalog system in this plan: no affinity, said in a comment instead of Cores=
+    assert gres[2].startswith("# gpu[001-064]: GPU-to-CPU affinity unknown: Cores= left out")
+    assert gres[3:] == ["NodeName=gpu[001-064] Name=gpu Type=h100 Count=8 File=/dev/nvidia[0-7]"]
 
 
 def test_from_plan_three_levels_and_single_switch() -> None:
@@ -85,7 +87,7 @@ def test_from_inventory_types_and_errors() -> None:
         "NodeName=a Gres=gpu:h100:2 Features=h100 State=UNKNOWN",
         "NodeName=b Gres=gpu:h100:1,gpu:l4:1 Features=h100,l4 State=UNKNOWN",
     ]
-    assert cg.gres_conf(cl).splitlines()[3:] == [
+    assert cg.gres_conf(cl).splitlines()[4:] == [  # header, AutoDetect, comment, a's line
         "NodeName=b Name=gpu Type=h100 Count=1 File=/dev/nvidia0",
         "NodeName=b Name=gpu Type=l4 Count=1 File=/dev/nvidia1",
     ]

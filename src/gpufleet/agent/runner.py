@@ -106,6 +106,21 @@ class AgentConfig:
     # how often the power limits of fleet power orders are checked and set again where a
     # reboot, a driver reload or `nvidia-smi -pl` changed them (`gpufleet.agent.power_enforce`)
     power_check_interval_s: float = DEFAULT_CHECK_INTERVAL_S
+    # where `power sweep --clocks` records the clocks it locks (`gpufleet.energy.clocks`): at
+    # start the agent resets those a crashed sweep left locked; None: not looked at
+    clock_state_file: Path | None = None
+
+
+def _recover_clocks(backend: GpuBackend, state: Path) -> list[int]:
+    """Reset clocks a crashed `power sweep --clocks` left locked; a failure is logged, never
+    stops the agent."""
+    from gpufleet.energy.clocks import recover_locked_clocks
+
+    try:
+        return recover_locked_clocks(backend, state)
+    except Exception as exc:
+        log.warning("locked clocks left by a crashed sweep not reset: %s", exc)
+        return []
 
 
 def finding_to_wire(f: Finding) -> wire.WireFinding:
@@ -153,6 +168,9 @@ class Agent:
         self.config = cfg = config or AgentConfig()
         self.clock = clock
         self.backend = backend
+        self.clocks_reset: list[int] = []  # GPUs whose crashed-sweep clock locks were reset
+        if cfg.clock_state_file is not None:
+            self.clocks_reset = _recover_clocks(backend, cfg.clock_state_file)
         self.sampler = Sampler(
             backend,
             fast_interval_s=cfg.fast_interval_s,

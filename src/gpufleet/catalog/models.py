@@ -10,7 +10,7 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 PRECISIONS = ("fp64", "fp64_tensor", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4")
 Precision = Literal["fp64", "fp64_tensor", "fp32", "tf32", "bf16", "fp16", "fp8", "fp4"]
@@ -138,8 +138,30 @@ class SystemModel(_Record):
     local_nvme_bytes: int | None = None
     cooling: Literal["air", "liquid"] = "air"
     weight_kg: float | None = None
+    # CPU topology as Slurm's NodeName line counts it (slurm.conf(5) SocketsPerBoard,
+    # CoresPerSocket, ThreadsPerCore); None where no public source gives it
+    cpu_sockets: int | None = None
+    cpu_cores_per_socket: int | None = None
+    cpu_threads_per_core: int | None = None
+    # the CPU socket each GPU (by index) is attached to; None where no public source gives it
+    gpu_sockets: tuple[int, ...] | None = None
     source: str
     sources: dict[str, str] = Field(default_factory=dict)
+
+    def source_of(self, field: str) -> str:
+        """The source of one figure: its own if it has one, else the record's."""
+        return self.sources.get(field, self.source)
+
+    @model_validator(mode="after")
+    def _gpu_sockets_fit(self) -> SystemModel:
+        if self.gpu_sockets is not None:
+            if len(self.gpu_sockets) != self.gpus:
+                raise ValueError(f"gpu_sockets lists {len(self.gpu_sockets)} GPUs, not {self.gpus}")
+            if self.cpu_sockets is None or any(
+                not 0 <= s < self.cpu_sockets for s in self.gpu_sockets
+            ):
+                raise ValueError("gpu_sockets needs cpu_sockets and each socket below it")
+        return self
 
 
 class MigProfile(_Record):

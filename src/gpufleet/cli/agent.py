@@ -148,6 +148,7 @@ def register(app: typer.Typer) -> None:
             host_findings=() if sim else _readiness(backend),
             host=None if sim else read_host(),
             validate_argv=_validate_argv(sim, seed, backend.node_name),
+            clock_state_file=None if sim else _clock_state_file(),
         )
         client = httpx.Client(timeout=5.0, verify=verify) if controller else None
         agent = Agent(backend, cfg, client=client)
@@ -190,6 +191,13 @@ def register(app: typer.Typer) -> None:
             import sys
 
             os.execv(sys.executable, [sys.executable, "-m", "gpufleet", *sys.argv[1:]])
+
+
+def _clock_state_file() -> Path:
+    """Where `power sweep --clocks` records locks (reset at start if a sweep crashed)."""
+    from gpufleet.energy.clocks import default_clock_state_file
+
+    return default_clock_state_file()
 
 
 def _validate_argv(sim: str | None, seed: int, node: str) -> tuple[str, ...]:

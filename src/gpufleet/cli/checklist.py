@@ -37,9 +37,9 @@ def checklist(
     """Site (power circuits, UPS, cooling, floor load with the plan's numbers), racking,
     cabling, firmware/driver baseline, software stack, readiness per node, validation levels
     and sign-off. Items proven by a supplied file are ticked with the evidence; the rest stay
-    open. Prints Markdown unless --html, --md or --json."""
-    if html is not None and md is not None:
-        raise UsageError("give --html or --md, not both")
+    open. Prints Markdown unless --html, --md (both at once write both files) or --json."""
+    if html is not None and md is not None and html.resolve() == md.resolve():
+        raise UsageError(f"--html and --md name the same file {html}: give two files")
     doc = load_json(plan, "--plan")
     inv = load_json(inventory, "--inventory") if inventory is not None else None
     vals = [(p.name, load_json(p, "--validation")) for p in validation or []]
@@ -48,20 +48,20 @@ def checklist(
     if as_json:
         emit_json(to_jsonable(result))
         return
-    for target, render in ((html, to_html), (md, to_markdown)):
-        if target is None:
-            continue
+    targets = [(t, render) for t, render in ((html, to_html), (md, to_markdown)) if t]
+    c = result.counts()
+    for target, render in targets:
         try:
             target.write_text(render(result), encoding="utf-8")
         except OSError as exc:
             raise ConfigError(f"{target}: cannot write: {exc.strerror or exc}") from exc
-        c = result.counts()
         console.print(
             f"wrote {target}: {c['done']} done, {c['warn']} warn, {c['failed']} failed, "
-            f"{c['open']} open"
+            f"{c['open']} open",
+            highlight=False,
         )
-        return
-    typer.echo(to_markdown(result), nl=False)
+    if not targets:
+        typer.echo(to_markdown(result), nl=False)
 
 
 def register(app: typer.Typer) -> None:

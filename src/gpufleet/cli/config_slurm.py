@@ -27,6 +27,14 @@ def _inventory_doc(sim: str | None, seed: int) -> dict[str, Any]:
     finally:
         fleet.close()
     doc: dict[str, Any] = to_jsonable(inventory_document(nodes, [], notes))
+    if fleet.kind == "nvml":  # this host: each GPU's nearby cores from /sys (gres.conf Cores=)
+        from gpufleet.schedulers.slurm.node_facts import gpu_cores
+
+        for node in doc.get("nodes") or []:
+            gpus = node.get("gpus") or []
+            cores = gpu_cores([g.get("pci_bus_id") for g in gpus])
+            for g, c in zip(gpus, cores or [], strict=False):
+                g["cores"] = c
     return doc
 
 

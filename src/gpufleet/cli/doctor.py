@@ -4,6 +4,8 @@ to fix if not."""
 from __future__ import annotations
 
 import socket
+import tempfile
+from dataclasses import replace
 from pathlib import Path
 
 import typer
@@ -12,6 +14,7 @@ from rich.table import Table
 from gpufleet.checklist.inputs import load_json, plan_port_gbps
 from gpufleet.cli.common import JsonOption, SeedOption, SimOption
 from gpufleet.cli.output import console, emit_json, fit, to_jsonable
+from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.discovery import open_fleet
 from gpufleet.devices.doctor import (
     Check,
@@ -20,7 +23,7 @@ from gpufleet.devices.doctor import (
     check_environment,
     overall_status,
 )
-from gpufleet.errors import NoDeviceError, UsageError
+from gpufleet.errors import GpufleetError, NoDeviceError, UsageError
 from gpufleet.readiness import (
     Expectations,
     FileRunner,
@@ -30,6 +33,7 @@ from gpufleet.readiness import (
     nvml_facts,
     run_readiness,
 )
+from gpufleet.readiness.simhost import SimHost, sim_host, write_tree
 
 _STYLE = {"ok": "green", "warn": "yellow", "fail": "bold red", "unknown": "magenta", "skip": "dim"}
 EXIT = {"ok": 0, "warn": 1, "fail": 2, "unknown": 3}
@@ -118,12 +122,17 @@ def doctor(
     readiness: bool = typer.Option(
         True,
         "--readiness/--no-readiness",
-        help="Run the day-one readiness checks (not with --sim).",
+        help="Run the day-one readiness checks (with --sim: on the simulated host).",
     ),
 ) -> None:
     """NVML present and loadable, driver/library match, functions not found, permissions,
     persistence mode and ECC; then the readiness of this host by phase (driver, cuda,
     containers, gpudirect, network, host); each problem with a hint.
+
+    --sim covers both parts without a GPU: the NVML checks on every simulated node, and the
+    readiness checks on a healthy simulated host shaped like the first node (its driver,
+    fabric manager on 8-GPU SXM boards, the catalog system's InfiniBand ports and memory, a
+    container runtime), against which --cuda, --ib-rate, --link-layer and --mtu are judged.
 
     Exit 0 ok, 1 warnings, 2 failures (no GPU, no NVML: a failure too), 3 unknown or bad input."""
     expect = _expectations(cuda, ib_rate, link_layer, mtu, nvswitch, containers, plan)
@@ -132,6 +141,7 @@ def doctor(
     env: list[Check] = []
     reports: list[DoctorReport] = []
     facts = NvmlFacts()
+    simulated: SimHost | None = None
     if root is None:
         env = check_environment(simulated=bool(sim))
         try:
@@ -142,14 +152,19 @@ def doctor(
         if fleet is not None:
             try:
                 reports = [check_backend(b) for b in fleet.backends]
-                if not sim and fleet.backends:
+                if fleet.backends:
                     facts = nvml_facts(fleet.backends[0])
+                if sim and fleet.backends:
+                    simulated = _sim_host(fleet.backends[0], facts)
             finally:
                 fleet.close()
     ready: list[Check] = []
-    if readiness and (root is not None or not sim):
+    if readiness and simulated is not None:
+        ready = _sim_readiness(simulated, expect)
+    elif readiness and (root is not None or not sim):
         host = Host(root, FileRunner(root)) if root is not None else Host(Path("/"), SystemRunner())
         ready = run_readiness(host, facts, expect)
+    here = root.resolve().name if root else simulated.name if simulated else None
     all_checks = env + [c for r in reports for c in r.checks] + ready
     overall = overall_status(all_checks)
     if as_json:
@@ -162,16 +177,35 @@ def doctor(
                     for r in reports
                 ],
                 "readiness": {
-                    "node": root.resolve().name if root else socket.gethostname(),
+                    "node": here or socket.gethostname(),
                     "status": overall_status(ready),
                     "checks": to_jsonable(ready),
                 },
             }
         )
     else:
-        _print(overall, env, reports, ready, root.resolve().name if root else "(host)")
+        _print(overall, env, reports, ready, here or "(host)")
     if overall != "ok":
         raise typer.Exit(EXIT[overall])
+
+
+def _sim_host(backend: GpuBackend, facts: NvmlFacts) -> SimHost | None:
+    """The simulated host of a simulated node (None when its GPUs cannot be read)."""
+    try:
+        model = backend.device_info(0).model if facts.gpu_count else None
+    except GpufleetError:
+        return None
+    return sim_host(backend.node_name, model, facts)
+
+
+def _sim_readiness(simulated: SimHost, expect: Expectations) -> list[Check]:
+    """The readiness checks on the healthy tree of a simulated host (written to a temporary
+    directory and read back as `--root` reads a captured one)."""
+    if expect.nvswitch is None:
+        expect = replace(expect, nvswitch=simulated.nvswitch)
+    with tempfile.TemporaryDirectory(prefix="gpufleet-simhost-") as tmp:
+        tree = write_tree(simulated, Path(tmp))
+        return run_readiness(Host(tree, FileRunner(tree)), simulated.nvml, expect)
 
 
 def _print(

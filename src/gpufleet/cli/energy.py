@@ -1,5 +1,6 @@
 """``gpufleet energy report``: the controller's energy accounting (kWh, cost, CO2, idle waste)
-per job, tenant, node, GPU model or day, as a table, ``--json`` or ``--csv``."""
+per job, tenant, node, GPU model or day, as a table, ``--json`` or ``--csv``, with what the
+power orders of the window saved; ``gpufleet energy progress``: a job's work done so far."""
 
 from __future__ import annotations
 
@@ -74,6 +75,95 @@ def report(
             f"{_num(r.get('co2_kg'), 2):>9} {_num(r['gpu_hours'], 2):>9} "
             f"{r['method'] or '-':>8} {_num(r['idle_kwh']):>9} {_num(r.get('idle_cost'), 2):>9}"
         )
+    print_savings(d.get("power_orders") or [], cur)
+
+
+def _money(v: float) -> str:
+    """Savings are often cents: 3 significant digits below 1, else 2 decimals."""
+    return f"{v:.3g}" if abs(v) < 1 else f"{v:.2f}"
+
+
+def _pct(v: Any) -> str:
+    return "unknown" if v is None else f"{v:.1%}"
+
+
+def _where(x: dict[str, Any]) -> str:
+    return str(x["node"]) + ("" if x.get("gpu") is None else f" GPU {x['gpu']}")
+
+
+def saving_line(sv: dict[str, Any], cur: str) -> str:
+    """One order's savings in words (docs/energy.md): watts per GPU before and during, the
+    energy and cost saved, the slowdown ("unknown" when its jobs reported no progress)."""
+    if not sv.get("gpus"):
+        why = "; ".join(_where(x) + f": {x['reason']}" for x in (sv.get("not_compared") or [])[:3])
+        return "saved: unknown (no GPU to compare" + (f": {why})" if why else ")")
+    cost = sv.get("cost_saved")
+    out = (
+        f"saved {sv['saved_kwh']:.3f} kWh"
+        + ("" if cost is None else f" ({_money(cost)} {cur})")
+        + f" over {sv['gpu_hours']:.2f} GPU-h, {sv['saved_kwh_per_gpu_hour']:.3f} kWh per GPU-h: "
+        f"{sv['before_w']:.0f} W -> {sv['during_w']:.0f} W per GPU ({sv['gpus']} GPU(s), "
+        f"basis {sv['basis']}); slowdown {_pct(sv.get('slowdown'))}"
+    )
+    if sv.get("slowdown") is None:
+        out += " (no job progress reported)"
+    elif sv["slowdown_gpus"] < sv["gpus"]:
+        out += f" (from {sv['slowdown_gpus']} of {sv['gpus']} GPUs)"
+    if sv.get("energy_per_work_saved") is not None:
+        same = sv.get("cost_saved_same_work")
+        out += (
+            f"; energy per unit of work {sv['energy_per_work_saved']:.1%} less, "
+            f"{sv['saved_kwh_same_work']:.3f} kWh"
+            + ("" if same is None else f" ({_money(same)} {cur})")
+            + " for the same work"
+        )
+    return out
+
+
+def print_savings(orders: list[dict[str, Any]], cur: str) -> None:
+    """The power orders of the window and what each saved."""
+    if not orders:
+        return
+    console.print("power orders (mean power per GPU, the hour before vs during):")
+    for o in orders:
+        console.print(
+            f"  order {o['order']} ({o['state']}): {saving_line(o, cur)}",
+            markup=False,
+            highlight=False,
+            soft_wrap=True,
+        )
+
+
+@energy_app.command("progress")
+@option_groups(remote=job_remote)
+def progress(
+    job: str = typer.Argument(..., help="The job's id (as `gpufleet jobs list` shows it)."),
+    done: float = typer.Argument(..., help="Work done so far: a count that grows (samples...)."),
+    unit: str = typer.Option("units", "--unit", help="What DONE counts: samples, steps, tokens."),
+    *,
+    remote: Remote,
+    as_json: bool = JsonOption,
+) -> None:
+    """Report a job's progress (its work done so far): two reports give its throughput, by
+    which a power order's slowdown is measured (`gpufleet energy report`, `power status`)."""
+    if not remote.controller:
+        raise UsageError("energy progress needs --controller URL (and --token-file)")
+    if not done >= 0:
+        raise UsageError(f"DONE {done!r}: expected a count of work done, 0 or more")
+    with remote.client() as client:
+        d = client.request(
+            "POST", "/energy/progress", json={"job": job, "done": done, "unit": unit}
+        )
+    if as_json:
+        emit_json(d)
+        return
+    console.print(
+        f"job {job}: {done:g} {unit} recorded"
+        if d.get("accepted")
+        else f"job {job}: not recorded (within 10 s of its previous report)",
+        markup=False,
+        highlight=False,
+    )
 
 
 def register(app: typer.Typer) -> None:

@@ -77,14 +77,24 @@ def _summary(result: object, compare: bool) -> None:
         "circuits",
         f"{f.circuits_per_rack}/rack x {f.circuit_kw:.1f} kW ({f.redundancy}), {f.pdus} PDUs",
     )
-    t.add_row("cooling", f"{f.heat_load_kw:,.0f} kW = {f.heat_load_tons:,.0f} tons")
+    t.add_row(
+        "cooling", f"{f.heat_load_kw:,.0f} kW = {f.heat_load_tons:,.0f} tons ({f.cooling} cooled)"
+    )
+    t.add_row(
+        "rack weight",
+        "not known (see the notes)"
+        if f.rack_weight_kg is None or f.floor_load_kg_m2 is None
+        else f"{f.rack_weight_kg:,.0f} kg per full rack, floor {f.floor_load_kg_m2:,.0f} kg/m^2 "
+        f"over {f.rack_footprint_m2:.2f} m^2 (rating {f.floor_rating_kg_m2:,.0f} kg/m^2)",
+    )
     if best.plant:
         pl = best.plant
         t.add_row(
             "UPS / generators",
             f"{pl.ups_systems} x {pl.ups_kva:,.0f} kVA, {pl.ups_runtime_s / 60:g} min "
             f"({pl.battery_kwh:,.1f} kWh, {pl.ups_battery}); {pl.generators} x "
-            f"{pl.generator_unit_kw:,.0f} kW gensets for {pl.generator_kva:,.0f} kVA",
+            f"{pl.generator_unit_kw:,.0f} kW gensets for {pl.generator_kva:,.0f} kVA "
+            f"({pl.generator_unit_basis}, at most {pl.generator_loading:.0%} loaded)",
         )
         if pl.cdus:
             t.add_row(
@@ -96,12 +106,17 @@ def _summary(result: object, compare: bool) -> None:
     ct = fab.compute
     t.add_row(
         "compute fabric",
-        "none: one node (NVLink/PCIe inside the server)"
+        f"none: {fab.compute_reason or 'one node (NVLink/PCIe inside the server)'}"
         if ct.levels == 0
         else f"{ct.levels}-level, {ct.leaves} leaf, {ct.spines} spine, "
         f"{ct.cores} core; {ct.endpoint_links} + {ct.leaf_spine_links} + "
-        f"{ct.spine_core_links} links",
+        f"{ct.spine_core_links} links"
+        + (f" ({ct.management_links} of them UFM)" if ct.management_links else ""),
     )
+    if ct.levels and fab.compute_reason:
+        t.add_row("fabric need", fab.compute_reason)
+    if fab.management_reason:
+        t.add_row("management", fab.management_reason)
     if ct.spine_reason:
         t.add_row("spines", ct.spine_reason)
     t.add_row("optics", f"{fab.transceivers:,} transceivers")
@@ -112,6 +127,8 @@ def _summary(result: object, compare: bool) -> None:
             f"{s.checkpoint_write_bytes_per_s / 1e9:.1f} GB/s, dataset read "
             f"{_rate(s.dataset_read_bytes_per_s)}",
         )
+    if s.hpc_read_bytes_per_s is not None:
+        t.add_row("HPC input read", f"{_rate(s.hpc_read_bytes_per_s)} from shared storage")
     t.add_row(
         "shared storage",
         ("parallel file system " if s.parallel_fs_recommended else "no parallel FS ")

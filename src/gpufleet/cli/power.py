@@ -78,8 +78,8 @@ def _runner(
 
 
 def sweep_cmd(
-    limits: str = typer.Option(
-        ..., "--limits", help="Watts: 700,650,...,350, a list, or CURRENT (set nothing)."
+    limits: str | None = typer.Option(
+        None, "--limits", help="Watts: 700,650,...,350, a list, or CURRENT (set nothing)."
     ),
     gpus: str | None = GpusOption,
     workload: str = typer.Option(
@@ -91,21 +91,48 @@ def sweep_cmd(
     unit: str = typer.Option("units/s", "--unit", help="Unit of a COMMAND's rate."),
     seconds: float = typer.Option(30.0, "--seconds", min=0.1, help="Measured seconds per limit."),
     max_slowdown: str = typer.Option("5%", "--max-slowdown", help="Slowdown budget, e.g. 5%."),
+    clocks: str | None = typer.Option(
+        None,
+        "--clocks",
+        help="Also sweep locked SM clocks, MHz: 1980,1830,...,990, a list, or auto; "
+        "then name the knob that saves more.",
+    ),
+    clock_state: Path | None = typer.Option(
+        None, "--clock-state", help="Locked-clock record (default ~/.local/state/gpufleet)."
+    ),
     html: Path | None = typer.Option(None, "--html", help="Write an HTML report here."),
     sim: str | None = SimOption,
     seed: int = SeedOption,
     as_json: bool = JsonOption,
 ) -> None:
-    """Run a workload at each power limit; print the curve and the recommended limit."""
+    """Run a workload at each power limit (and locked clock); print the curves and the
+    recommended setting."""
+    from gpufleet.cli import power_clocks
     from gpufleet.energy import report
     from gpufleet.energy.advise import advise, parse_slowdown
     from gpufleet.energy.sweep import parse_limits, sweep
 
-    wanted = parse_limits(limits)
+    if limits is None and clocks is None:
+        raise UsageError("--limits: give power limits (e.g. 700,650,...,350) and/or --clocks")
+    wanted = parse_limits(limits) if limits is not None else None
     budget = parse_slowdown(max_slowdown)
     backend, node, clock = _open(sim, seed)
     chosen = _gpus(gpus, backend)
     runner = _runner(workload, rate_regex, unit, backend, node, clock)
+    planned = None
+    if clocks is not None:  # checked (and leftovers reset) before anything is swept
+        planned = power_clocks.plan(backend, chosen, clocks, clock_state, as_json)
+    if planned is None and limits is None:  # pragma: no cover - refused above
+        raise UsageError("--clocks: nothing to sweep")
+    if limits is None and planned is not None:
+        only = power_clocks.clock_sweep(backend, chosen, planned, runner, seconds, budget, as_json)
+        doc: dict[str, Any] = {"workload": workload, "unit": runner.unit, "gpus": chosen}
+        power_clocks.add_to_doc(doc, None, only, budget, node is not None)
+        if as_json:
+            emit_json(doc)
+        else:
+            power_clocks.print_clocks(workload, chosen, None, only, budget, node is not None)
+        return
     steps = 1 if wanted is None else len(wanted)
     with Progress(console=err_console, transient=True, disable=as_json) as bar:
         task = bar.add_task("sweeping", total=steps)
@@ -116,7 +143,13 @@ def sweep_cmd(
 
         result = sweep(backend, chosen, wanted, runner, seconds, progress=progress)
     advice = advise(result, budget)
+    clock_run = None
+    if planned is not None:
+        clock_run = power_clocks.clock_sweep(
+            backend, chosen, planned, runner, seconds, budget, as_json
+        )
     doc = report.to_json(result, advice, workload)
+    power_clocks.add_to_doc(doc, advice, clock_run, budget, node is not None)
     if html is not None:
         try:
             html.write_text(report.to_html(result, advice, workload), encoding="utf-8")
@@ -125,7 +158,8 @@ def sweep_cmd(
     if as_json:
         emit_json(doc)
         return
-    table = Table(title=f"power sweep: {workload} on GPU(s) {','.join(map(str, chosen))}")
+    tag = " (modelled)" if node is not None else ""
+    table = Table(title=f"power sweep{tag}: {workload} on GPU(s) {','.join(map(str, chosen))}")
     for col in ("limit W", result.unit, "power W", f"{result.unit}/W", "energy"):
         table.add_column(col, justify="right")
     for p in doc["points"]:
@@ -149,6 +183,8 @@ def sweep_cmd(
         )
     if result.restored and wanted is not None:
         console.print("original limits restored")
+    if clock_run is not None:
+        power_clocks.print_clocks(workload, chosen, advice, clock_run, budget, node is not None)
 
 
 StateOption = typer.Option(None, "--state", help="State file (default ~/.local/state/gpufleet).")

@@ -99,6 +99,13 @@ def print_order(doc: dict[str, Any]) -> None:
                 (n["error"] or "") if g is None else (g["error"] or ""),
             )
     console.print(fit(table))
+    if doc.get("savings") is not None:
+        from gpufleet.cli.energy import saving_line
+
+        cur = doc["savings"].get("currency") or ""
+        console.print(
+            saving_line(doc["savings"], cur), markup=False, highlight=False, soft_wrap=True
+        )
     held = [(n["node"], h) for n in doc["nodes"] for h in reversed(n.get("held") or [])]
     if held:  # the agents set the limits again after a reboot (or failed to)
         console.print("kept in force:", highlight=False)
@@ -145,13 +152,17 @@ def status_cmd(
         emit_json({"orders": docs})
         return
     table = Table()
-    for col in ("order", "state", "by", "limits", "nodes by outcome"):
+    for col in ("order", "state", "by", "limits", "nodes by outcome", "saved kWh", "slowdown"):
         table.add_column(col)
     for d in docs:
         spec = d["spec"]
         limit = f"{spec['limit_w']:g} W" if "limit_w" in spec else "per GPU (budget)"
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(d["by_outcome"].items()))
-        table.add_row(str(d["id"]), d["state"], d["created_by"], limit, outcomes)
+        sv = d.get("savings") or {}
+        saved = "-" if sv.get("saved_kwh") is None else f"{sv['saved_kwh']:.3f}"
+        slow = sv.get("slowdown")
+        slowdown = "unknown" if slow is None else f"{slow:.1%}"
+        table.add_row(str(d["id"]), d["state"], d["created_by"], limit, outcomes, saved, slowdown)
     console.print(fit(table))
 
 

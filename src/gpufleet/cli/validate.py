@@ -118,6 +118,11 @@ def validate(
     ),
     token_file: Path | None = TokenFileOption,
     ca: Path | None = CaOption,
+    topology: Path | None = typer.Option(
+        None,
+        "--topology",
+        help="Cable map CSV (gpufleet plan) or Slurm topology.conf: group pairwise by leaf/rail.",
+    ),
 ) -> None:
     """Validate GPUs: health, bandwidth, memory, matmuls, stress, collectives, stragglers."""
     from gpufleet.hostlist import expand
@@ -147,6 +152,9 @@ def validate(
     post = _poster(controller, token_file, ca, level) if controller else None
     host_list = expand(nodes, unique=True) if nodes else _slurm_nodes() if slurm else None
     thr = load_thresholds(config)
+    from gpufleet.validate.fabric_groups import load_topology
+
+    fabric = load_topology(topology) if topology else None
     engine: Any
     if sim:
         from gpufleet import simvalidate  # noqa: F401  (registers the "sim" engine)
@@ -177,6 +185,7 @@ def validate(
                 thr=thr,
                 ranks_per_node=ranks_per_node,
                 master_addr=master_addr,
+                topology=fabric,
                 progress=lambda t, c, s, m: st.update(f"{t} {c} {s.value if s else ''}"),
             )
         _finish(report, out, html, as_json, post)
@@ -198,6 +207,7 @@ def validate(
         power_s=min(120.0, stress_s),
         gpus=selected,
         thresholds=thr,
+        topology=fabric,
     )
     report = run_suite(engine, opts) if as_json else _run_with_progress(engine, opts, run_suite)
     _finish(report, out, html, as_json, post)

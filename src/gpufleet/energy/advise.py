@@ -51,3 +51,37 @@ def advise(result: SweepResult, max_slowdown: float) -> Advice | None:
     best = min(ok, key=lambda p: p.energy_per_work or 0.0)
     edp = min(pts, key=lambda p: (p.energy_per_work or 0.0) / p.throughput)
     return Advice(base, best, edp, max_slowdown)
+
+
+KNOBS = ("power_limit", "locked_clock")
+
+
+@dataclass(frozen=True)
+class KnobComparison:
+    """Each knob's advice at the same slowdown budget and the one that saves more energy per
+    unit of work (None: neither's saving is known)."""
+
+    power_limit: Advice | None
+    locked_clock: Advice | None
+    winner: str | None  # "power_limit" or "locked_clock"
+
+    @property
+    def margin(self) -> float | None:
+        """The winner's saving minus the other's (fractions of the baseline's energy/work)."""
+        a = self.power_limit.energy_saved if self.power_limit else None
+        b = self.locked_clock.energy_saved if self.locked_clock else None
+        return None if a is None or b is None else abs(a - b)
+
+
+def compare_knobs(power_limit: Advice | None, locked_clock: Advice | None) -> KnobComparison:
+    """The knob whose recommendation saves more; a tie goes to the power limit (it needs no
+    clock lock that must be undone)."""
+    a = power_limit.energy_saved if power_limit else None
+    b = locked_clock.energy_saved if locked_clock else None
+    if a is None and b is None:
+        winner = None
+    elif b is None or (a is not None and a >= b):
+        winner = "power_limit"
+    else:
+        winner = "locked_clock"
+    return KnobComparison(power_limit, locked_clock, winner)

@@ -1,5 +1,6 @@
 """`power sweep`: run a workload at each power limit, measure throughput and energy, and put
-the original limits back afterwards, whatever happens (error, Ctrl-C).
+the original limits back afterwards, whatever happens (error, Ctrl-C). The second knob, locked
+SM clocks, sweeps with the same measurement step: `gpufleet.energy.clocks`.
 
 A sweep of ``CURRENT`` (``limits=None``) measures at the limit in force and never calls NVML's
 set-limit function.
@@ -11,7 +12,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from gpufleet.energy.counter import window_energy
-from gpufleet.energy.workloads import Runner
+from gpufleet.energy.workloads import Runner, RunResult
 from gpufleet.errors import DeviceError, UsageError
 
 WARMUP_FRACTION = 0.1  # of each step, to let clocks and power settle before measuring
@@ -97,6 +98,33 @@ def _check_range(backend: object, gpus: Sequence[int], limits: Sequence[float]) 
             )
 
 
+def limit_in_force(backend: object, gpus: Sequence[int]) -> float | None:
+    """The GPUs' common power limit; None when they differ."""
+    now = {backend.power_limit_w(g) for g in gpus}  # type: ignore[attr-defined]
+    return now.pop() if len(now) == 1 else None
+
+
+def measure(
+    backend: object, gpus: Sequence[int], runner: Runner, seconds: float
+) -> tuple[RunResult, float | None, str | None]:
+    """One step of a sweep: warm up, run ``seconds``, and the energy of the GPUs together
+    (the counter's, else integrated power: `gpufleet.energy.counter`) and how it was got."""
+    b = backend
+    warm = seconds * WARMUP_FRACTION
+    if warm > 0:
+        runner.run(gpus, warm)
+    before = {g: b.total_energy_mj(g) for g in gpus}  # type: ignore[attr-defined]
+    res = runner.run(gpus, seconds)
+    after = {g: b.total_energy_mj(g) for g in gpus}  # type: ignore[attr-defined]
+    joules: float | None = 0.0
+    methods = set()
+    for g in gpus:
+        e = window_energy(before[g], after[g], res.power_j.get(g))
+        methods.add(e.method)
+        joules = None if joules is None or e.joules is None else joules + e.joules
+    return res, joules, "+".join(sorted(m for m in methods if m)) or None
+
+
 def sweep(
     backend: object,
     gpus: Sequence[int],
@@ -130,29 +158,14 @@ def sweep(
                     if original[g] is None or abs(float(b.power_limit_w(g) or 0) - limit) > 0.5:  # type: ignore[attr-defined]
                         changed = True
                         b.set_power_limit_w(g, limit)  # type: ignore[attr-defined]
-            warm = seconds * WARMUP_FRACTION
-            if warm > 0:
-                runner.run(gpus, warm)
-            before = {g: b.total_energy_mj(g) for g in gpus}  # type: ignore[attr-defined]
-            res = runner.run(gpus, seconds)
-            after = {g: b.total_energy_mj(g) for g in gpus}  # type: ignore[attr-defined]
-            joules: float | None = 0.0
-            methods = set()
-            for g in gpus:
-                e = window_energy(before[g], after[g], res.power_j.get(g))
-                methods.add(e.method)
-                joules = None if joules is None or e.joules is None else joules + e.joules
-            in_force = limit
-            if limit is None:
-                now = {b.power_limit_w(g) for g in gpus}  # type: ignore[attr-defined]
-                in_force = now.pop() if len(now) == 1 else None
+            res, joules, method = measure(b, gpus, runner, seconds)
             points.append(
                 SweepPoint(
-                    limit_w=in_force,
+                    limit_w=limit if limit is not None else limit_in_force(b, gpus),
                     seconds=res.seconds,
                     work=sum(res.work.values()),
                     energy_j=joules,
-                    energy_method="+".join(sorted(m for m in methods if m)) or None,
+                    energy_method=method,
                 )
             )
         if progress:

@@ -26,6 +26,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict
 
 from gpufleet.catalog import load_catalog
+from gpufleet.catalog.cuda import pair_problem
 from gpufleet.devices.types import NodeInventory
 from gpufleet.yamldoc import FieldError, field_error, read_text_file, read_yaml, validate
 from gpufleet.yamldoc import did_you_mean as _did_you_mean
@@ -101,6 +102,11 @@ def load_baseline(path: Path) -> BaselineFile:
             raise FieldError(doc.source, f"models.{key}", problem, doc.key_line(("models", key)))
         if not target.model_dump(exclude_none=True):
             raise field_error(doc, ("models", key), "no target version given")
+        # a driver reports one CUDA version, its own: a pair it cannot report never verifies
+        if target.driver and target.cuda:
+            pair = pair_problem(target.driver, target.cuda)
+            if pair:
+                raise field_error(doc, ("models", key, "cuda"), pair)
     return baseline
 
 

@@ -42,7 +42,8 @@ def bom_rows(cp: CandidatePlan) -> list[BomRow]:
         BomRow(
             "rack",
             "rack",
-            f"{f.servers_per_rack} servers, {f.rack_load_kw:g} kW max, {f.cooling} cooled",
+            f"{f.servers_per_rack} servers, {f.rack_load_kw:g} kW max, {f.cooling} cooled"
+            + (f", {f.rack_weight_kg:,.0f} kg loaded" if f.rack_weight_kg is not None else ""),
             None,
             f.racks,
         ),
@@ -111,8 +112,8 @@ def bom_rows(cp: CandidatePlan) -> list[BomRow]:
                 BomRow(
                     "power",
                     "standby generator",
-                    f"{p.generator_unit_kw:,.0f} kW "
-                    f"({p.generator_unit_kw / 0.8:,.0f} kVA at 0.8 pf)",
+                    f"{p.generator_unit_kw:,.0f} kW standby "
+                    f"({p.generator_unit_kw / 0.8:,.0f} kVA at 0.8 pf), {p.generator_unit_basis}",
                     None,
                     p.generators,
                 )

@@ -5,8 +5,11 @@ equal the fabric's link counts and counts per stock length equal the bill of mat
 numbering (rail-optimized, radix k): a leaf's ports 1..k/2 face nodes (node n of its group on port
 n), k/2+1..k face spines; a spine takes each leaf's links on consecutive ports. Three levels: each
 leaf links once to every aggregation switch of its pod, aggregation uplinks go round-robin to the
-cores. Node-to-leaf lengths are per rack (``rack_run``); switch-to-switch lengths are the fabric's
-stock lengths taken in order (the row-by-row split of the BOM). Pure: rows in, CSV text out.
+cores. Management (UFM) links on the compute fabric take the node slot after the last node
+(link j on rail j mod ports-per-node; DGX SuperPOD RA: one node's slot goes to UFM), from
+``mgmt001``... port ``ib1``... in turn. Node-to-leaf lengths are per rack (``rack_run``);
+switch-to-switch lengths are the fabric's stock lengths taken in order (the row-by-row split of
+the BOM). Pure: rows in, CSV text out.
 
 Optic parts (NVIDIA LinkX, "LinkX User Guide for 400Gbps 100G-PAM4 OSFP & QSFP112-based Cables
 and Transceivers", docs.nvidia.com/networking/display/400g100gpam4ovpub): 400G SR4 multimode 50 m
@@ -98,12 +101,25 @@ def _lengths(fab: Fabric, net: str, tier: str) -> Iterator[float]:
                 yield line.length_m
 
 
+def _management_ends(
+    tree: FatTree, fab: Fabric, layout: Layout
+) -> Iterator[tuple[int, int, int, float]]:
+    """(slot, rail, management node, run) of each management link on the compute tree."""
+    m = max(fab.management_nodes, 1)
+    for j in range(tree.management_links):
+        mgmt = fab.servers + j % m
+        run = rack_run(layout, node_rack(layout, mgmt))
+        yield tree.nodes + j // tree.ports_per_node, j % tree.ports_per_node, mgmt, run
+
+
 def _tree(net: str, tree: FatTree, fab: Fabric, layout: Layout) -> Iterator[Cable]:
     k, half, ppn = tree.radix, tree.radix // 2, tree.ports_per_node
     port = _PORT[net]
     if tree.levels == 0:
         return
     servers = fab.servers  # compute nodes; in-band also holds management nodes past them
+    m = max(fab.management_nodes, 1)
+    mgmt_ends = list(_management_ends(tree, fab, layout))
     if tree.levels == 1:
         for i in range(tree.nodes):
             run = rack_run(layout, node_rack(layout, i))
@@ -117,8 +133,13 @@ def _tree(net: str, tree: FatTree, fab: Fabric, layout: Layout) -> Iterator[Cabl
                     str(i * ppn + r + 1),
                     run,
                 )
+        for j, (_, _, mgmt, run) in enumerate(mgmt_ends):
+            name, p = node_name(mgmt, servers), f"ib{j // m + 1}"
+            yield _cable(
+                net, "node-leaf", name, p, f"{net}-leaf001", str(tree.nodes * ppn + j + 1), run
+            )
         return
-    groups = -(-tree.nodes // half)
+    groups = -(-(tree.nodes + tree.management_slots) // half)
     for i in range(tree.nodes):
         run = rack_run(layout, node_rack(layout, i))
         for r in range(ppn):
@@ -132,6 +153,12 @@ def _tree(net: str, tree: FatTree, fab: Fabric, layout: Layout) -> Iterator[Cabl
                 str(i % half + 1),
                 run,
             )
+    for j, (slot, r, mgmt, run) in enumerate(mgmt_ends):
+        leaf = r * groups + slot // half
+        name, p = node_name(mgmt, servers), f"ib{j // m + 1}"
+        yield _cable(
+            net, "node-leaf", name, p, f"{net}-leaf{leaf + 1:03d}", str(slot % half + 1), run
+        )
     up = _lengths(fab, net, "leaf-spine")
     if tree.levels == 2:
         per = half // tree.spines

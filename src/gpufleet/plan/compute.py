@@ -222,6 +222,9 @@ class InferenceSizing:
     prefill_tokens_per_s: float
     fits: bool
     notes: tuple[str, ...]
+    # Nodes one replica spans: 1 when tensor (and pipeline) parallelism stays inside a server,
+    # so replicas exchange nothing and need no compute (east-west) fabric.
+    nodes_per_replica: int = 1
 
 
 def _decode_rate(
@@ -350,4 +353,5 @@ def size_inference(
         prefill_tokens_per_s=n * peak / fpt,
         fits=fits,
         notes=tuple(notes),
+        nodes_per_replica=-(-r // max(gpus_per_server, 1)),
     )

@@ -11,6 +11,18 @@ Sources:
   the spine count divides k/2 (equal-cost multipath over leaf-spine links; a leaf with 32 uplinks
   and 12 spines would send 3 links to some spines and 2 to others). The smallest such count whose
   ports hold every uplink is chosen: it fills the spines' ports best.
+- Management nodes on the compute fabric: NVIDIA DGX SuperPOD with DGX B200 (and DGX H100)
+  Reference Architecture, "Network Fabrics", Table 4 "Compute fabric component count": 1/2/3/4 SU
+  hold 31/63/95/127 nodes, 8/16/24/32 leaf + 4/8/16/16 spine switches and 252/508/764/1,020
+  "Compute and UFM" cables (8 per node + 4 for UFM) with 256/512/768/1,024 spine-leaf cables;
+  footnote: "a DGX system must be removed to accommodate for UFM connectivity". So the UFM
+  appliances take 4 compute-fabric ports, in one node slot (of 8 rail ports) of the tree.
+- East-west need: a compute fabric carries traffic between nodes, so it is planned only when a
+  workload's parallelism spans nodes (multi-node training: data-parallel gradient all-reduce, or
+  tensor/pipeline groups larger than a node; inference replicas larger than a node; coupled HPC
+  codes); replicas that fit in one node talk over NVLink inside it and reach users and storage
+  over the storage and in-band networks (NVIDIA DGX SuperPOD RA: the compute fabric is the
+  InfiniBand fabric "for multi-node" traffic; storage and in-band are separate networks).
 - Reach classes: passive DAC to 3 m (IEEE 802.3ck/NVIDIA LinkX DAC lengths), multimode SR4 optics
   50 m on OM4 (NVIDIA LinkX 400G OSFP SR4, MMA4Z00-NS), single-mode DR4 500 m on OS2
   (400GBASE-DR4, IEEE 802.3bs), FR4 2 km on OS2 (400GBASE-FR4, 100G Lambda MSA).
@@ -20,9 +32,14 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from gpufleet.errors import UsageError
+
+if TYPE_CHECKING:
+    from gpufleet.plan.sizing import WorkloadPlan
 
 __all__ = [
     "CableLine",
@@ -31,6 +48,7 @@ __all__ = [
     "Layout",
     "balanced_spines",
     "cable_class",
+    "compute_fabric_need",
     "fat_tree",
     "node_rack",
     "plan_fabric",
@@ -67,6 +85,7 @@ REACH_CLASSES: tuple[tuple[float, str, str | None, str | None], ...] = (
     (2000.0, "SM optics", "400G FR4", "OS2 duplex LC"),
 )
 OOB_SWITCH_PORTS = 48  # 1 GbE management switch
+RA_UFM_COMPUTE_LINKS = 4  # DGX SuperPOD RA Table 4: "Compute and UFM" = 8 x nodes + 4
 VERTICAL_SLACK_M = 3.0  # up into the tray and down into the rack, plus service loop
 
 
@@ -85,14 +104,21 @@ class FatTree:
     leaf_spine_links: int
     spine_core_links: int
     spine_reason: str = ""
+    management_links: int = 0  # management-node (UFM) links on leaf ports, after the nodes'
 
     @property
     def uplinks_per_leaf(self) -> int:
         return self.leaf_spine_links // self.leaves if self.leaves and self.levels > 1 else 0
 
     @property
+    def management_slots(self) -> int:
+        """Node slots the management links take (RA: UFM's 4 links take one node's slot)."""
+        ppn = self.ports_per_node
+        return -(-self.management_links // ppn) if ppn else 0
+
+    @property
     def endpoints(self) -> int:
-        return self.nodes * self.ports_per_node
+        return self.nodes * self.ports_per_node + self.management_links
 
     @property
     def switches(self) -> int:
@@ -116,25 +142,30 @@ def balanced_spines(leaves: int, uplinks: int, radix: int) -> tuple[int, str]:
     return spines, why
 
 
-def fat_tree(nodes: int, ports_per_node: int, radix: int) -> FatTree:
+def fat_tree(nodes: int, ports_per_node: int, radix: int, management_links: int = 0) -> FatTree:
     """Counts for ``nodes`` x ``ports_per_node`` endpoints on radix-``radix`` switches.
 
     One switch when all endpoints fit on it. Otherwise rail-optimized leaves: each rail gets one
     leaf per group of k/2 nodes, every leaf has k/2 uplinks; two levels while leaves <= k (spines
     = leaves*k/2/k), three levels beyond (an aggregation switch per leaf, cores = aggregation/2),
-    up to k^3/4 endpoints.
+    up to k^3/4 endpoints. ``management_links`` (UFM) take node slots after the nodes, one slot
+    per ``ports_per_node`` links (the DGX SuperPOD RA gives UFM one node's slot).
     """
     k = radix
-    e = nodes * ports_per_node
+    links = management_links if nodes and ports_per_node else 0
+    slots = -(-links // ports_per_node) if links else 0
+    e = nodes * ports_per_node + links
     if e == 0:
         return FatTree(nodes, ports_per_node, k, 0, 0, 0, 0, 0, 0, 0)
     if e <= k:
-        return FatTree(nodes, ports_per_node, k, 1, 1, 0, 0, e, 0, 0)
+        return FatTree(nodes, ports_per_node, k, 1, 1, 0, 0, e, 0, 0, management_links=links)
     half = k // 2
-    leaves = ports_per_node * math.ceil(nodes / half)
+    leaves = ports_per_node * math.ceil((nodes + slots) / half)
     if leaves <= k:
         spines, why = balanced_spines(leaves, half, k)
-        return FatTree(nodes, ports_per_node, k, 2, leaves, spines, 0, e, leaves * half, 0, why)
+        return FatTree(
+            nodes, ports_per_node, k, 2, leaves, spines, 0, e, leaves * half, 0, why, links
+        )
     if leaves > k * half:
         raise UsageError(
             f"{e} endpoints exceed a three-level fat tree of radix {k} ({k**3 // 4} endpoints)",
@@ -155,6 +186,7 @@ def fat_tree(nodes: int, ports_per_node: int, radix: int) -> FatTree:
         spines * half,
         f"three levels: one aggregation switch per leaf ({half} leaves + {half} aggregation a "
         f"pod, one link from each leaf to each aggregation switch), {cores} cores",
+        links,
     )
 
 
@@ -276,9 +308,11 @@ def _spread(total: int, fractions: dict[float, float]) -> dict[float, int]:
 def cables_for(network: str, tree: FatTree, layout: Layout) -> list[CableLine]:
     """Cables of one tree: every endpoint link once, every switch-to-switch link once."""
     per_server = _endpoint_lengths(layout, tree.nodes)
-    lines = _lines(
-        network, "node-leaf", {length: n * tree.ports_per_node for length, n in per_server.items()}
-    )
+    by_length = {length: n * tree.ports_per_node for length, n in per_server.items()}
+    if tree.management_links:  # management nodes stand in the last rack's row (node_rack)
+        run = rack_run(layout, max(layout.racks - 1, 0))
+        by_length[run] = by_length.get(run, 0) + tree.management_links
+    lines = _lines(network, "node-leaf", by_length)
     if tree.leaf_spine_links:
         lines += _lines(network, "leaf-spine", _spread(tree.leaf_spine_links, _row_lengths(layout)))
     if tree.spine_core_links:
@@ -302,6 +336,9 @@ class Fabric:
     data_switches: int
     servers: int = 0
     management_nodes: int = 0
+    compute_reason: str = ""
+    management_reason: str = ""
+    management_grew: bool = False  # the management links added switches to the compute tree
 
     @property
     def transceivers(self) -> int:
@@ -318,12 +355,17 @@ def plan_fabric(
     layout: Layout,
     pdus: int,
     management_nodes: int = 0,
+    management_compute_links: int = 0,
+    compute_reason: str = "",
 ) -> Fabric:
-    """All networks for ``servers`` nodes laid out as ``layout``."""
+    """All networks for ``servers`` nodes laid out as ``layout``; ``compute_nics`` 0 plans no
+    compute fabric; ``management_compute_links`` UFM links join the compute tree's leaves."""
     # One node needs no data switches: its GPUs talk over NVLink/PCIe inside the server and its
     # NICs uplink to the site network; the out-of-band switch stays.
     n = servers if servers > 1 else 0
-    compute = fat_tree(n, compute_nics, radix)
+    links = management_compute_links if management_nodes else 0
+    compute = fat_tree(n, compute_nics, radix, links)
+    why = _management_reason(n, compute_nics, radix, compute) if links else ""
     storage = fat_tree(n, storage_nics, radix)
     inband = fat_tree(n + management_nodes if n else 0, 1, radix)  # + head/UFM nodes
     cables = (
@@ -348,4 +390,87 @@ def plan_fabric(
         data_switches=data_switches,
         servers=servers,
         management_nodes=management_nodes,
+        compute_reason=compute_reason,
+        management_reason=why,
+        management_grew=bool(links)
+        and compute.switches > fat_tree(n, compute_nics, radix).switches,
+    )
+
+
+def _management_reason(nodes: int, nics: int, radix: int, tree: FatTree) -> str:
+    """Where the management (UFM) links sit on the compute leaves, and what they cost."""
+    links = tree.management_links
+    if not links:
+        return "management nodes: no compute fabric to join"
+    bare = fat_tree(nodes, nics, radix)
+    head = f"management (UFM) nodes take {links} compute-fabric leaf ports"
+    if (bare.leaves, bare.spines, bare.cores) == (tree.leaves, tree.spines, tree.cores):
+        return head + ", in free node ports (no extra switch)"
+    down = bare.leaves * (radix // 2) if bare.levels > 1 else radix
+    return (
+        f"{head}; the {nodes} nodes leave too few free node ports ({nodes * nics} of {down} "
+        f"used), so the tree grows from {bare.leaves} leaf / {bare.spines} spine to "
+        f"{tree.leaves} / {tree.spines}; the NVIDIA DGX SuperPOD RA gives UFM one node's slot "
+        f"instead (127 nodes in 4 SU): {down // nics - tree.management_slots} nodes keep "
+        f"{bare.leaves} / {bare.spines}"
+    )
+
+
+def compute_fabric_need(
+    workloads: Sequence[WorkloadPlan],
+    gpus_per_server: int,
+    servers: int,
+    coupled: Sequence[bool] = (),
+) -> tuple[bool, str]:
+    """Whether any workload's parallelism spans nodes (a compute fabric is needed), and why.
+
+    ``coupled[i]`` False marks HPC workload ``i`` as independent tasks (render frames, sweeps)."""
+    if servers <= 1:
+        return False, "one node: its GPUs talk over NVLink/PCIe inside the server"
+    g = max(gpus_per_server, 1)
+    spans: list[str] = []
+    local: list[str] = []
+    for i, w in enumerate(workloads):
+        nodes = -(-w.gpus // g)
+        if w.training:
+            m = w.training.memory
+            tp, pp, dp = m.tensor_parallel, m.pipeline_parallel, m.data_parallel
+            group = tp * pp
+            if nodes <= 1:
+                local.append(f"{w.name} trains on one node")
+                continue
+            where = "inside a node" if group <= g else f"across {-(-group // g)} nodes"
+            why = f"{w.name} over {nodes} nodes: tp {tp} x pp {pp} = {group} GPUs {where}"
+            if dp > 1:
+                why += f", data parallel {dp} all-reduces gradients between nodes"
+            spans.append(why)
+        elif w.inference:
+            inf = w.inference
+            if inf.nodes_per_replica > 1:
+                spans.append(
+                    f"{w.name}: each {inf.gpus_per_replica}-GPU replica spans "
+                    f"{inf.nodes_per_replica} nodes (tensor/pipeline parallel between nodes)"
+                )
+            else:
+                local.append(
+                    f"{w.name}: {inf.replicas} replicas of {inf.gpus_per_replica} GPUs, each "
+                    f"inside one {g}-GPU node (tensor parallel over NVLink)"
+                )
+        elif w.hpc and nodes > 1 and (coupled[i] if i < len(coupled) else True):
+            spans.append(f"{w.name}: one coupled run over {nodes} nodes (MPI between nodes)")
+        elif w.hpc:
+            local.append(
+                f"{w.name}: independent tasks of one node each"
+                if nodes > 1
+                else f"{w.name} runs on one node"
+            )
+        elif nodes > 1:
+            spans.append(f"{w.name}: {nodes} nodes of unknown parallelism, planned as multi-node")
+        else:
+            local.append(f"{w.name} fits one node")
+    if spans:
+        return True, "traffic between nodes: " + "; ".join(spans)
+    return False, (
+        "no workload spans nodes (" + "; ".join(local) + "): no compute (east-west) fabric; "
+        "the storage and in-band (front-end) networks remain"
     )

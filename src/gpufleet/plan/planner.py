@@ -16,7 +16,13 @@ from gpufleet.plan.compute import (
     MFU_RANGE,
 )
 from gpufleet.plan.cost import Cost, cost_per_million_tokens, plan_cost
-from gpufleet.plan.fabric import Fabric, Layout, plan_fabric
+from gpufleet.plan.fabric import (
+    RA_UFM_COMPUTE_LINKS,
+    Fabric,
+    Layout,
+    compute_fabric_need,
+    plan_fabric,
+)
 from gpufleet.plan.facility import (
     DEFAULT_PUE,
     DEFAULT_RACK_KW,
@@ -27,14 +33,16 @@ from gpufleet.plan.facility import (
 from gpufleet.plan.hardware import PILOT_FORM_FACTORS, Server, resolve_candidate
 from gpufleet.plan.memory import resolve_architecture
 from gpufleet.plan.plant import Plant, plan_plant
+from gpufleet.plan.site_checks import candidate_cooling, site_notes, site_warnings
 from gpufleet.plan.sizing import WorkloadPlan, size_workload
 from gpufleet.plan.spec import (
     GpuCountWorkload,
+    HpcWorkload,
     InferenceWorkload,
     PlanSpec,
     TrainingWorkload,
 )
-from gpufleet.plan.storage import Storage, plan_storage
+from gpufleet.plan.storage import HpcIo, Storage, plan_storage
 
 __all__ = ["CandidatePlan", "Plan", "WorkloadPlan", "plan"]
 
@@ -174,6 +182,12 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
     def infeasible(problem: str) -> CandidatePlan:
         return _infeasible(server, problem, sized, gpus, servers, tuple(notes))
 
+    # Cooling follows the catalog system unless the spec says otherwise (site_checks.py).
+    system = catalog.systems.get(server.key)
+    cooling, cooling_warning, cooling_note = candidate_cooling(c.cooling, system)
+    if cooling_note:
+        notes.append(cooling_note)
+
     def facility(
         *,
         rack_limit_kw: float | None,
@@ -187,7 +201,7 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
             server_ru=server.rack_units,
             server_name=server.name,
             rack_limit_kw=rack_limit_kw,
-            cooling=c.cooling,
+            cooling=cooling,
             pue=c.pue,
             usable_ru=c.rack_units - c.reserved_rack_units,
             voltage_v=c.circuit.voltage,
@@ -198,6 +212,11 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
             network_kw=network_kw,
             average_load=p.utilization,
             rack_units=rack_units,
+            server_weight_kg=system.weight_kg if system is not None else None,
+            rack_tare_kg=c.rack_tare_kg,
+            rack_width_m=c.rack_width,
+            rack_depth_m=c.rack_depth,
+            floor_rating_kg_m2=c.floor_rating_kg_m2,
         )
 
     if not fits:
@@ -207,6 +226,11 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         )
     # Head nodes / UFM appliances: management_nodes_per_su for every started scalable unit.
     mgmt = math.ceil(servers / c.scalable_unit) * c.management_nodes_per_su
+    # A compute (east-west) fabric only where a workload's parallelism spans nodes (fabric.py).
+    coupled = [getattr(w, "coupled", True) for w in spec.workloads]
+    east_west, east_west_why = compute_fabric_need(sized, server.gpus, servers, coupled)
+    links = c.management_compute_links
+    mgmt_links = RA_UFM_COMPUTE_LINKS if links == "auto" else links
     # Servers per rack first (network power depends on the switch count, which depends on racks).
     try:
         fac0 = facility(
@@ -219,16 +243,20 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         )
         fabric = plan_fabric(
             servers=servers,
-            compute_nics=server.compute_nics,
+            compute_nics=server.compute_nics if east_west else 0,
             storage_nics=server.storage_nics,
             radix=c.switch_radix,
             port_gbps=c.switch_port_gbps,
             layout=layout,
             pdus=fac0.pdus,
             management_nodes=mgmt,
+            management_compute_links=mgmt_links,
+            compute_reason=east_west_why,
         )
     except UsageError as exc:
         return infeasible(str(exc))
+    if fabric.management_grew:
+        notes.append(fabric.management_reason)
     fac = facility(
         rack_limit_kw=fac0.rack_limit_kw,
         racks_available=None,
@@ -240,6 +268,17 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         (w.architecture.parameters for w in sized if w.training and w.architecture), default=0.0
     )
     training_nodes = max((math.ceil(w.gpus / server.gpus) for w in sized if w.training), default=0)
+    hpc_io = [
+        HpcIo(
+            w.name,
+            math.ceil(w.gpus / server.gpus),
+            ws.dataset if ws.dataset is not None else w.hpc.working_set_bytes,
+            ws.read_time,
+            ws.dataset_per_node,
+        )
+        for ws, w in zip(spec.workloads, sized, strict=True)
+        if isinstance(ws, HpcWorkload) and w.hpc
+    ]
     storage = plan_storage(
         parameters=train_params,
         tokens_per_s=sum(t.tokens_per_s for t in trainings),
@@ -253,6 +292,7 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         ),
         checkpoints_kept=spec.storage.checkpoints_kept,
         dataset_bytes=spec.storage.dataset,
+        hpc=hpc_io,
     )
     storage_capex = (
         storage.capacity_bytes / 1e12 * p.pfs_per_tb
@@ -265,10 +305,11 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         it_kw=fac.it_kw,
         facility_kw=fac.facility_kw,
         redundancy=c.redundancy,
-        cooling=c.cooling,
+        cooling=cooling,
         runtime_s=c.ups_runtime,
         battery=c.ups_battery,
-        generator_unit_kw=c.generator_size / 1000,
+        generator_unit_kw=c.generator_size / 1000 if c.generator_size is not None else None,
+        loading=c.generator_loading,
         liquid_fraction=c.liquid_fraction,
         cdu_capacity_kw=c.cdu_capacity / 1000,
         coolant_delta_t=c.coolant_delta_t,
@@ -317,6 +358,8 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         cpm = cost_per_million_tokens(cost.tco * share, served, spec.horizon_years, p.utilization)
     if server.generic:
         notes.append(f"{server.name}: {server.source}")
+    notes.extend(site_notes(fac, plant))
+    site_warned = ((cooling_warning,) if cooling_warning else ()) + site_warnings(fac)
     return CandidatePlan(
         server.candidate,
         server,
@@ -335,7 +378,7 @@ def _plan_candidate(spec: PlanSpec, server: Server, catalog: Catalog) -> Candida
         tuple(notes + list(cost.notes)),
         plant,
         cpm,
-        cost.warnings,
+        cost.warnings + site_warned,
         layout,
         mgmt,
     )
@@ -351,12 +394,16 @@ def _assumptions(spec: PlanSpec, cands: list[CandidatePlan]) -> tuple[str, ...]:
         f"average load {spec.prices.utilization:.0%} of maximum power for energy",
         f"switch power {c.switch_power / 1000:g} kW each with optics (constraints.switch_power)",
     ]
-    if c.pue is None:
-        out.append(f"PUE {DEFAULT_PUE[c.cooling]} (default for {c.cooling} cooling)")
-    if c.rack_power is None:
-        out.append(
-            f"rack power limit {DEFAULT_RACK_KW[c.cooling]:g} kW (default for {c.cooling} cooling)"
-        )
+    coolings = sorted({cp.facility.cooling for cp in cands if cp.facility} or {c.cooling or "air"})
+    if c.cooling is None:
+        out.append("cooling follows each candidate system's catalog cooling type (generic: air)")
+    for cool in coolings:
+        if c.pue is None:
+            out.append(f"PUE {DEFAULT_PUE[cool]} (default for {cool} cooling)")
+        if c.rack_power is None:
+            out.append(
+                f"rack power limit {DEFAULT_RACK_KW[cool]:g} kW (default for {cool} cooling)"
+            )
     for w in spec.workloads:
         if isinstance(w, TrainingWorkload | InferenceWorkload) and w.model.layers is None:
             a = resolve_architecture(w.model)

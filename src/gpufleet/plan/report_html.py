@@ -11,7 +11,12 @@ from collections.abc import Callable
 from html import escape
 
 from gpufleet.plan.planner import CandidatePlan, Plan
-from gpufleet.plan.report_sections import elevations_section, plant_section, storage_section
+from gpufleet.plan.report_sections import (
+    elevations_section,
+    fabric_need_section,
+    plant_section,
+    storage_section,
+)
 from gpufleet.svgchart import Fmt, Series, bar_chart, fmt_money, fmt_num, line_chart
 
 __all__ = ["bar_chart_svg", "line_chart_svg", "render_html"]
@@ -22,7 +27,7 @@ table{border-collapse:collapse;margin:.6em 0}td,th{border:1px solid #ccc;padding
 text-align:right}th{background:#eef5ee}td:first-child,th:first-child{text-align:left}
 .kpi{display:inline-block;border:1px solid #ccc;border-radius:6px;padding:.5em 1em;margin:.3em}
 .kpi b{display:block;font-size:1.4em}.note{color:#a60}svg{margin:.5em 0;max-width:100%;
-height:auto}.scroll{overflow-x:auto;max-width:100%}"""
+height:auto}.scroll{overflow-x:auto;max-width:100%}.warning{color:#b00;font-weight:bold}"""
 _COLORS = ("#3a6", "#37a", "#c63", "#a3a", "#aa3", "#3aa")
 
 
@@ -157,6 +162,21 @@ def _facility_section(cp: CandidatePlan) -> str:
             f"{f.heat_load_kw:,.1f} kW = {f.heat_load_tons:,.1f} tons ({f.cooling} cooling)",
         ],
         ["energy", f"{f.annual_mwh:,.0f} MWh per year"],
+        [
+            "rack weight",
+            "not known (see the notes)"
+            if f.rack_weight_kg is None
+            else f"{f.rack_weight_kg:,.1f} kg per full rack ({f.servers_per_rack} x "
+            f"{f.server_weight_kg:g} kg + {f.rack_tare_kg:g} kg enclosure)",
+        ],
+        [
+            "floor loading",
+            "not known"
+            if f.floor_load_kg_m2 is None
+            else f"{f.floor_load_kg_m2:,.0f} kg/m^2 over {f.rack_footprint_m2:.2f} m^2 "
+            f"(floor rating {f.floor_rating_kg_m2:,.0f} kg/m^2"
+            + (", exceeded)" if f.floor_overloaded else ")"),
+        ],
     ]
     chart = bar_chart_svg(
         "Power",
@@ -309,6 +329,7 @@ def render_html(plan: Plan) -> str:
         else:
             work.append([w.name, w.kind, str(w.gpus), "given"])
     notes = "".join(f'<li class="note">{escape(n)}</li>' for n in best.notes)
+    warned = "".join(f'<li class="warning">{escape(w)}</li>' for w in best.warnings)
     assumptions = "".join(f"<li>{escape(a)}</li>" for a in plan.assumptions)
     return (
         f'<!DOCTYPE html><html lang="en"><head><meta charset="utf-8"><title>{escape(plan.name)}'
@@ -339,7 +360,9 @@ def render_html(plan: Plan) -> str:
         + plant_section(best)
         + storage_section(best)
         + _network_section(best)
+        + fabric_need_section(best)
         + elevations_section(best)
+        + (f"<h2>Warnings</h2><ul>{warned}</ul>" if warned else "")
         + (f"<h2>Notes</h2><ul>{notes}</ul>" if notes else "")
         + f"<h2>Assumptions and sources</h2><ul>{assumptions}</ul>"
         + "<p>Formulas and their sources: see docs/plan.md.</p></body></html>"

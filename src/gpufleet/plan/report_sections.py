@@ -13,7 +13,13 @@ from html import escape
 
 from gpufleet.plan.planner import CandidatePlan
 
-__all__ = ["elevation_svg", "elevations_section", "plant_section", "storage_section"]
+__all__ = [
+    "elevation_svg",
+    "elevations_section",
+    "fabric_need_section",
+    "plant_section",
+    "storage_section",
+]
 
 _U_PX = 9
 _KINDS = {"server": "#3a6", "switch": "#37a", "reserved": "#ccc", "empty": "#fff"}
@@ -44,9 +50,13 @@ def plant_section(cp: CandidatePlan) -> str:
         [
             "generators",
             f"{p.generators} x {p.generator_unit_kw:,.0f} kW for {p.generator_kva:,.0f} kVA "
-            "(facility load at pf 0.8)",
+            f"(facility load at pf 0.8); {p.generator_unit_basis}, each at most "
+            f"{p.generator_loading:.0%} loaded ({p.generator_required_kw:,.1f} kW of rating "
+            "needed)",
         ],
     ]
+    if p.generator_note:
+        rows.append(["site backup", p.generator_note])
     if p.cdus:
         rows.append(
             [
@@ -73,7 +83,13 @@ def storage_section(cp: CandidatePlan) -> str:
         ["parallel file system", "recommended" if s.parallel_fs_recommended else "not needed"],
         ["why", s.reason],
     ]
+    for io in s.workloads:
+        if io.kind == "hpc":
+            rate = "unknown" if io.read_bytes_per_s is None else _gbs(io.read_bytes_per_s)
+            head.append([f"{io.name} input read", f"{rate} ({io.nodes} nodes)"])
     if not s.checkpoint_bytes:
+        if s.hpc_read_bytes_per_s is not None:
+            head.append(["capacity", f"{s.capacity_bytes / 1e12:,.1f} TB of inputs"])
         return "<h2>Shared storage</h2>" + _rows(["item", "value"], head)
     rows = [
         *head,
@@ -87,6 +103,29 @@ def storage_section(cp: CandidatePlan) -> str:
         ["local NVMe per node", f"{s.local_nvme_needed_bytes_per_node / 1e12:,.2f} TB needed"],
     ]
     return "<h2>Shared storage</h2>" + _rows(["item", "value"], rows)
+
+
+def _gbs(bytes_per_s: float) -> str:
+    return f"{bytes_per_s / 1e9:,.2f} GB/s"
+
+
+def fabric_need_section(cp: CandidatePlan) -> str:
+    """Why the plan has (or lacks) a compute fabric, and where management nodes sit on it."""
+    fab = cp.fabric
+    if fab is None or not (fab.compute_reason or fab.management_reason):
+        return ""
+    rows = [["compute (east-west) fabric", fab.compute_reason or "-"]]
+    if fab.compute.management_links:
+        rows.append(
+            [
+                "management nodes on the compute fabric",
+                f"{fab.compute.management_links} UFM links of "
+                f"{fab.compute.endpoint_links} node-leaf cables",
+            ]
+        )
+    if fab.management_reason:
+        rows.append(["management", fab.management_reason])
+    return _rows(["item", "value"], rows)
 
 
 def elevation_svg(title: str, units: int, items: list[tuple[int, int, str, str]]) -> str:

@@ -168,6 +168,20 @@ class HpcWorkload(_Spec):
     memory: Size | None = None
     values: float | None = Field(default=None, gt=0)
     gpus: int | None = Field(default=None, gt=0)
+    # Input read from shared storage at the start of a run (a simulation's mesh and initial or
+    # restart state, a render's scene and textures); default: the working set (memory/values).
+    dataset: Size | None = None
+    dataset_per_node: bool = Field(
+        default=False,
+        description="every node reads the whole dataset (a render node loads the whole scene) "
+        "instead of its share (a simulation rank reads its partition)",
+    )
+    read_time: Duration = Field(default=300.0, gt=0, description="time to read the dataset")
+    coupled: bool = Field(
+        default=True,
+        description="ranks exchange data between nodes every step (MPI: CFD, molecular "
+        "dynamics); false for independent tasks (render frames, sweeps): no compute fabric",
+    )
 
     @model_validator(mode="after")
     def _enough(self) -> HpcWorkload:
@@ -207,7 +221,9 @@ class Constraints(_Spec):
     """Facility and network limits. ``None`` means "use the default for the cooling type"."""
 
     rack_power: Power | None = None
-    cooling: Literal["air", "liquid"] = "air"
+    # None follows each candidate system's catalog cooling (generic servers: air); a choice
+    # against a catalog system's cooling is planned as asked and warned (plan/planner.py).
+    cooling: Literal["air", "liquid"] | None = None
     pue: float | None = Field(default=None, ge=1.0, le=3.0)
     circuit: Circuit = Circuit()
     redundancy: Literal["N", "N+1", "2N"] = "N+1"
@@ -222,12 +238,18 @@ class Constraints(_Spec):
     switch_power: Power = 1500.0
     gpus_per_server: int | None = Field(default=None, ge=1, le=8)
     management_nodes_per_su: int = Field(default=0, ge=0, le=64)
+    # Compute-fabric (InfiniBand) ports the management nodes (UFM appliances) take, in total;
+    # "auto" follows the NVIDIA DGX SuperPOD RA (4 when management nodes are planned), 0 keeps
+    # them off the compute fabric (plan/fabric.py, RA_UFM_COMPUTE_LINKS).
+    management_compute_links: int | Auto = "auto"
     scalable_unit: int = Field(default=32, ge=1, description="compute nodes per SU")
     management_node_power: Power = 1000.0
     pilot_host_overhead: Power = 1000.0
     ups_runtime: Duration = 300.0
     ups_battery: Literal["li-ion", "vrla"] = "li-ion"
-    generator_size: Power = 2_000_000.0
+    # None sizes each genset from the load: the smallest standard standby rating (plan/plant.py)
+    generator_size: Power | None = None
+    generator_loading: float = Field(default=0.8, gt=0, le=1, description="of standby rating")
     liquid_fraction: float = Field(default=0.80, ge=0, le=1)
     cdu_capacity: Power = 1_000_000.0
     coolant_delta_t: float = Field(default=10.0, gt=0, le=40, description="kelvin")
@@ -235,6 +257,11 @@ class Constraints(_Spec):
     racks_per_row: int = Field(default=12, gt=0)
     rack_width: Length = 0.6
     row_pitch: Length = 2.4
+    # Rack footprint depth, empty enclosure weight and the floor's distributed load rating
+    # (plan/facility.py: APC NetShelter SX AR3300 600 x 1200 mm, 134.09 kg; ANSI/TIA-942 12 kPa)
+    rack_depth: Length = 1.2
+    rack_tare_kg: float = Field(default=134.09, ge=0)
+    floor_rating_kg_m2: float = Field(default=1224.0, gt=0)
 
     @model_validator(mode="after")
     def _radix(self) -> Constraints:
@@ -242,6 +269,9 @@ class Constraints(_Spec):
             raise ValueError(f"switch_radix must be even, not {self.switch_radix}")
         if self.reserved_rack_units >= self.rack_units:
             raise ValueError("reserved_rack_units leaves no space for servers")
+        links = self.management_compute_links
+        if isinstance(links, int) and not 0 <= links <= 256:
+            raise ValueError(f"management_compute_links must be 'auto' or 0-256, not {links}")
         return self
 
 

@@ -310,7 +310,9 @@ class SimEngine:
         model = targets[0].model
         assert model is not None
         expected = perf.expected_busbw_by_op(model, 1, len(targets))
-        noise = self._noise(node, "coll")
+        # a ring or tree waits for its slowest hop: one GPU's bad NVLink slows every rank
+        slowest = min(self._gpu(t.node, t.gpu).nvlink_fraction() for t in targets)
+        noise = self._noise(node, "coll") * slowest
         rows, seconds = self._collective_rows(
             len(targets), {op: v * noise for op, v in expected.items()}, node
         )

@@ -9,8 +9,8 @@ from gpufleet.catalog import GpuModel
 from gpufleet.devices.types import ClockEventReason as R
 from gpufleet.devices.types import decode_clock_reasons
 from gpufleet.validate import thresholds as th
-from gpufleet.validate.analysis import analyse_pairs
 from gpufleet.validate.collectives import peak_busbw
+from gpufleet.validate.nvlink import nvlink_pairs as nvlink_pairs  # judged there
 from gpufleet.validate.results import CollectiveRow, Metric, Status, TestResult, TracePoint, worst
 
 HW_REASONS = R.HW_SLOWDOWN | R.HW_THERMAL_SLOWDOWN | R.HW_POWER_BRAKE_SLOWDOWN
@@ -245,58 +245,3 @@ def collectives(
         metrics=metrics,
         details={"ranks": n_ranks, "expected_busbw": {k: round(v, 3) for k, v in expected.items()}},
     )
-
-
-def nvlink_pairs(
-    node: str,
-    matrix: dict[int, dict[int, float]],
-    expected: float | None,
-    thr: th.Thresholds,
-) -> list[TestResult]:
-    """NVLink peer-to-peer results from a GPU x GPU bandwidth matrix (GB/s, one direction, the
-    slower of the two): one result per GPU (a GPU whose median pair is below the pass line is
-    the bad one), one per bad pair otherwise (as the node pairwise test attributes links)."""
-    lim = thr.limits("nvlink_p2p")
-    named = {f"gpu{a}": {f"gpu{b}": v for b, v in row_.items()} for a, row_ in matrix.items()}
-    verdict = analyse_pairs(named, expected or 0.0, lim.pass_fraction) if expected else None
-    out: list[TestResult] = []
-    for a in sorted(matrix):
-        vals = sorted(v for b, v in matrix[a].items() if b != a)
-        med = vals[len(vals) // 2] if vals else 0.0
-        low = min(vals) if vals else 0.0
-        m = thr.judge("nvlink_p2p", "median_pair", med, expected, "GB/s")
-        if verdict is not None and f"gpu{a}" in verdict.bad_nodes:
-            m.status = Status.FAIL
-            msg = (
-                f"every NVLink peer copy of GPU {a} is slow: median {med:.1f} GB/s, expected "
-                f"{expected or 0:.1f} GB/s (its NVLinks: see `health` nvlink findings)"
-            )
-        else:
-            msg = f"median peer copy {med:.1f} GB/s, slowest {low:.1f} GB/s over {len(vals)} peers"
-        out.append(
-            TestResult(
-                "nvlink_p2p",
-                node,
-                m.status,
-                msg,
-                gpu=a,
-                metrics=[m, Metric("min_pair", low, "GB/s")],
-                details={"pairs_gbps": {str(b): round(v, 2) for b, v in matrix[a].items()}},
-            )
-        )
-    for link in verdict.bad_links if verdict else ():
-        ga, gb = (int(x[3:]) for x in link.split("<->"))
-        v = matrix[ga][gb]
-        exp = expected or 0.0
-        m = Metric("bandwidth", v, "GB/s", exp, lim.pass_fraction * exp, Status.FAIL)
-        out.append(
-            TestResult(
-                "nvlink_p2p",
-                node,
-                Status.FAIL,
-                f"GPU {ga} <-> GPU {gb} at {v:.1f} GB/s, expected {exp:.1f} GB/s",
-                link=f"{node}/gpu{ga}<->{node}/gpu{gb}",
-                metrics=[m],
-            )
-        )
-    return out

@@ -20,9 +20,10 @@ from typing import Any
 
 from gpufleet.catalog import GpuModel, load_catalog
 from gpufleet.errors import GpufleetError
-from gpufleet.validate import analysis, judge
+from gpufleet.validate import analysis, fabric_groups, judge
 from gpufleet.validate import thresholds as th
 from gpufleet.validate.collectives import row
+from gpufleet.validate.fabric_groups import Topology
 from gpufleet.validate.launch import Launcher, LaunchSpec, ProcessOutcome
 from gpufleet.validate.multinode import RESULT_MARK, SCHEMA
 from gpufleet.validate.pairwise import (
@@ -59,6 +60,7 @@ class MultiNodePlan:
     master_addr: str | None = None
     master_port: int = 29500
     env: dict[str, str] = field(default_factory=dict)
+    topology: Topology | None = None  # leaf switches and rails to group pairwise results by
 
     def worker_args(self) -> list[str]:
         wanted = [{"multinode_collectives": "collectives"}.get(t, t) for t in self.tests]
@@ -179,9 +181,19 @@ def report_from_result(
                 f"pairwise: measured twice (slow the first time), the better pass kept: "
                 f"{', '.join(doc['rechecked'])}"
             )
-        for r in judge_pairs(matrix, nodes, expected, pthr):
+        pair_results = judge_pairs(matrix, nodes, expected, pthr)
+        for r in pair_results:
             r.details.update(details)
-            report.results.append(r)
+        rails = plan.topology is not None and plan.topology.rails
+        by_rail, by_node = fabric_groups.port_gbps, fabric_groups.node_port_gbps
+        ports = by_rail(samples) if rails else by_node(matrix)
+        # a rail carries one rank's share; without a catalog figure the ports judge each other
+        port_expected = (expected / rpn if rails else expected) if model else None
+        grouped, notes = fabric_groups.group(
+            ports, plan.topology, port_expected, pthr.limits("pairwise").pass_fraction
+        )
+        report.notes.extend(notes)
+        report.results.extend(fabric_groups.apply(pair_results, grouped))
     if doc.get("slow_send_hook"):
         report.notes.append(f"test hook active: GPUFLEET_TEST_SLOW_SEND={doc['slow_send_hook']}")
     report.notes.append(
@@ -232,6 +244,7 @@ def run_for_cli(
     ranks_per_node: int | None = None,
     master_addr: str | None = None,
     progress: Progress = _noop,
+    topology: Topology | None = None,
 ) -> ValidationReport:
     """What ``gpufleet validate --nodes/--slurm`` runs on real nodes."""
     import os
@@ -256,7 +269,12 @@ def run_for_cli(
     else:  # ssh; the local launcher meets through a file
         port = DEFAULT_MASTER_PORT
     plan = MultiNodePlan(
-        hosts=hosts, tests=tests, ranks_per_node=rpn, master_addr=master_addr, master_port=port
+        hosts=hosts,
+        tests=tests,
+        ranks_per_node=rpn,
+        master_addr=master_addr,
+        master_port=port,
+        topology=topology,
     )
     return run_multinode(make_launcher(launcher), plan, thr, level, progress)
 

@@ -11,9 +11,12 @@ from typing import Protocol
 from gpufleet.catalog import GpuModel
 from gpufleet.devices.backend import GpuBackend
 from gpufleet.devices.deadline import with_deadlines
-from gpufleet.validate import analysis, checks_quick
+from gpufleet.devices.types import Sample
+from gpufleet.validate import analysis, checks_quick, fabric_groups
 from gpufleet.validate import thresholds as th
-from gpufleet.validate.judge import Target, nvlink_pairs
+from gpufleet.validate.fabric_groups import Topology
+from gpufleet.validate.judge import Target
+from gpufleet.validate.nvlink import link_errors, nvlink_pairs
 from gpufleet.validate.results import (
     CollectiveRow,
     GpuEnv,
@@ -74,6 +77,7 @@ class RunOptions:
     power_s: float = DEFAULT_POWER_S
     gpus: list[int] | None = None
     thresholds: th.Thresholds = field(default_factory=th.Thresholds)
+    topology: Topology | None = None  # leaf switches (and rails) to group pairwise results by
 
 
 def _noop(test: str, component: str, status: Status | None, message: str) -> None:
@@ -189,7 +193,9 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
     phase("matmul", lambda: engine.matmul(targets, thr))
     if "nvlink_p2p" in wanted:
         for node, ts in by_node.items():
-            add(_nvlink_p2p(engine, node, ts, thr, progress))
+            add(_nvlink_p2p(engine, node, ts, thr, progress, backends.get(node)))
+        for backend in backends.values():
+            backend.release()
     phase("stress", lambda: engine.stress(targets, thr, opts.stress_s, report.traces))
     phase("targeted_power", lambda: engine.targeted_power(targets, thr, opts.power_s))
     if "collectives" in wanted:
@@ -200,7 +206,7 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
             progress("collectives", node, None, "")
             res, rows = engine.collectives(node, ts, thr)
             report.collectives[node] = rows
-            add([res])
+            add([_explain_collective(res, report.results)])
     multi = len(by_node) > 1
     if "multinode_collectives" in wanted and multi:
         progress("multinode_collectives", "fleet", None, "")
@@ -209,14 +215,20 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
         add([res])
     if "pairwise" in wanted and multi:
         progress("pairwise", "fleet", None, "")
-        add(_pairwise(engine, sorted(by_node), by_node, thr, report))
+        add(_pairwise(engine, sorted(by_node), by_node, thr, report, opts.topology))
 
     # ----- fleet analysis ------------------------------------------------------------------
     models = {f"{t.node}/gpu{t.gpu}": (t.model.key if t.model else "unknown") for t in targets}
     for node, ts in by_node.items():
         models[node] = ts[0].model.key if ts[0].model else "unknown"
+    # a node figure already put down to one of its GPUs (`_explain_collective`) is that
+    # GPU's straggler line, not a second one for the node
     obs = analysis.observations_from(
-        [r for r in report.results if r.test in TESTS and TESTS[r.test].level > 1],
+        [
+            r
+            for r in report.results
+            if r.test in TESTS and TESTS[r.test].level > 1 and "slowed_by" not in r.details
+        ],
         models,
     )
     report.stragglers = analysis.find_stragglers(obs, thr.straggler_z, thr.straggler_min_deviation)
@@ -226,7 +238,12 @@ def run_suite(engine: Engine, opts: RunOptions, progress: Progress = _noop) -> V
 
 
 def _nvlink_p2p(
-    engine: Engine, node: str, ts: list[Target], thr: th.Thresholds, progress: Progress
+    engine: Engine,
+    node: str,
+    ts: list[Target],
+    thr: th.Thresholds,
+    progress: Progress,
+    backend: GpuBackend | None = None,
 ) -> list[TestResult]:
     """Every GPU pair of a node over NVLink, judged against the catalog's NVLink bandwidth x the
     peer-copy efficiency (`gpufleet.catalog.performance.p2p_gbps`)."""
@@ -237,7 +254,42 @@ def _nvlink_p2p(
     if model is not None and expected is None:
         return [TestResult("nvlink_p2p", node, Status.SKIP, f"{model.key} has no NVLink")]
     progress("nvlink_p2p", node, None, "")
-    return nvlink_pairs(node, engine.nvlink_p2p(node, ts), expected, thr)
+    gpus = [t.gpu for t in ts]
+    before = _slow_samples(backend, gpus)
+    matrix = engine.nvlink_p2p(node, ts)
+    after = _slow_samples(backend, gpus)
+    errors = {g: link_errors(before.get(g), after.get(g)) for g in gpus}
+    return nvlink_pairs(node, matrix, expected, thr, errors)
+
+
+def _explain_collective(res: TestResult, results: list[TestResult]) -> TestResult:
+    """A node's collective waits for its slowest GPU: where it is below its pass line and the
+    node's NVLink test named bad GPUs (or GPU pairs), the result says which, with their links."""
+    if res.status is Status.PASS:
+        return res
+    named = [
+        r
+        for r in results
+        if r.test == "nvlink_p2p" and r.node == res.node and r.status is Status.FAIL
+    ]
+    if not named:
+        return res
+    parts = []
+    for r in named:
+        links = r.details.get("links")
+        parts.append(r.component + (f" (NVLink {', '.join(map(str, links))})" if links else ""))
+    res.message += f"; slowed by {', '.join(parts)}: see nvlink_p2p"
+    res.details["slowed_by"] = [r.component for r in named]
+    return res
+
+
+def _slow_samples(backend: GpuBackend | None, gpus: list[int]) -> dict[int, Sample]:
+    """Each GPU's slow-tier sample (its per-link NVLink counters), within one NVML deadline;
+    a GPU that does not answer is left out (its links are then not named)."""
+    if backend is None:
+        return {}
+    got = with_deadlines(backend).each("sample_slow", gpus)
+    return {g: s for g, s in got.items() if isinstance(s, Sample)}
 
 
 def _pairwise(
@@ -246,12 +298,27 @@ def _pairwise(
     by_node: dict[str, list[Target]],
     thr: th.Thresholds,
     report: ValidationReport,
+    topology: Topology | None = None,
 ) -> list[TestResult]:
     matrix = engine.pairwise(nodes)
     report.pair_matrix = matrix
     model = by_node[nodes[0]][0].model
     expected = th.node_network_gbps(model, len(by_node[nodes[0]])) if model else 0.0
-    return judge_pairs(matrix, nodes, expected, thr)
+    results = judge_pairs(matrix, nodes, expected, thr)
+    if topology is not None and topology.rails:
+        report.notes.append(
+            f"pairwise: {topology.source} maps rails, but this engine measures whole nodes; "
+            "not grouped by leaf or rail"
+        )
+        return results
+    grouped, notes = fabric_groups.group(
+        fabric_groups.node_port_gbps(matrix),
+        topology,
+        expected,
+        thr.limits("pairwise").pass_fraction,
+    )
+    report.notes.extend(notes)
+    return fabric_groups.apply(results, grouped)
 
 
 def judge_pairs(

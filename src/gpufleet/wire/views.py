@@ -495,9 +495,61 @@ class EnergyRow(EnergyFigures):
     name: str | None = None
 
 
+class JobSlowdown(_View):
+    """One job on a power order's GPUs: its reported throughput before and during the order
+    (``unit`` per second), the slowdown and its energy per unit of work; None: unknown (the job
+    reported no progress in that window)."""
+
+    job: str
+    name: str | None = None
+    gpus: int
+    unit: str | None = None
+    rate_before: float | None = None
+    rate_during: float | None = None
+    slowdown: float | None = None
+    energy_per_unit_before_j: float | None = None
+    energy_per_unit_during_j: float | None = None
+
+
+class PowerSavings(_View):
+    """What a power order saved (issue 31; docs/energy.md): its GPUs' mean power in the
+    ``baseline_s`` before it against during it, the energy (and, with a price, cost) saved over
+    the measured GPU-hours, and the jobs' slowdown (None: unknown, never 0). Figures are None
+    when no GPU could be compared (``not_compared`` says why)."""
+
+    baseline_s: float
+    currency: str | None = None
+    basis: str | None = None
+    gpus: int = 0
+    before: dict[str, float] | None = None
+    during: dict[str, float] | None = None
+    before_w: float | None = None
+    during_w: float | None = None
+    gpu_hours: float | None = None
+    saved_kwh: float | None = None
+    saved_kwh_per_gpu_hour: float | None = None
+    cost_saved: float | None = None
+    slowdown: float | None = None
+    slowdown_gpus: int = 0
+    energy_per_work_saved: float | None = None
+    saved_kwh_same_work: float | None = None
+    cost_saved_same_work: float | None = None
+    jobs: list[JobSlowdown] = []
+    not_compared: list[dict[str, Any]] = []
+    not_compared_count: int = 0
+
+
+class PowerOrderSavings(PowerSavings):
+    """A power order in force during an energy report's window and what it saved there."""
+
+    order: int
+    state: str
+    spec: dict[str, Any] = {}
+
+
 class EnergyReport(_View):
-    """The energy report: rows per ``by`` key since ``since_s``, largest first, and the
-    total."""
+    """The energy report: rows per ``by`` key since ``since_s``, largest first, the total, and
+    what the power orders in force in the window saved."""
 
     by: str
     since_s: float
@@ -508,3 +560,4 @@ class EnergyReport(_View):
     idle_util_pct: float
     rows: list[EnergyRow]
     total: EnergyFigures
+    power_orders: list[PowerOrderSavings] = []

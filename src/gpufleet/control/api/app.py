@@ -106,7 +106,7 @@ def create_app(service: ControlService) -> FastAPI:
     api.include_router(ingest.router(service, _handle_ingest))
     api.include_router(stream.router(service, auth))
     api.include_router(maintenance.router(store, auth))
-    api.include_router(power.router(store, auth))
+    api.include_router(power.router(store, auth, service.scheduler))
     api.include_router(energy.router(service, auth))
     api_jobs.register(api, service, auth.need)
     app.include_router(api)

@@ -364,3 +364,20 @@ class EnergyCounter(Base):
     t_s: Mapped[float] = mapped_column(Float)
     # millijoules as float64: NVML's counter is 64-bit unsigned, the wire carries JSON numbers
     counter_mj: Mapped[float] = mapped_column(Float)
+
+
+class JobProgress(Base):
+    """A job's own progress as it reported it (issue 31): the work done so far (a cumulative
+    count in its own ``unit``: samples, steps, tokens...) at ``t_s``. Two readings give the
+    job's rate over a window, the throughput a power order's slowdown is measured by
+    (`gpufleet.control.energy.savings`). ``tenant`` is the job's tenant when reported."""
+
+    __tablename__ = "job_progress"
+    job: Mapped[str] = mapped_column(String(64), primary_key=True)
+    t_s: Mapped[float] = mapped_column(Float, primary_key=True)
+    done: Mapped[float] = mapped_column(Float)
+    unit: Mapped[str] = mapped_column(String(32))
+    tenant: Mapped[str | None] = mapped_column(String(128), nullable=True)
+
+
+Index("ix_job_progress_t", JobProgress.t_s)

@@ -15,7 +15,7 @@ from sqlalchemy import delete, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
-from gpufleet.control.db.models import EnergyCounter, EnergyMinute
+from gpufleet.control.db.models import EnergyCounter, EnergyMinute, JobProgress
 from gpufleet.control.state.energy_ledger import COLUMNS, EnergyLedger
 from gpufleet.control.state.lifecycle import NodeState
 
@@ -117,6 +117,8 @@ def load_counters(store: ControlStore) -> None:
 
 
 def retain(store: ControlStore, before_s: float) -> None:
-    """Delete energy minutes older than ``before_s`` (writer thread)."""
+    """Delete energy minutes (and jobs' progress readings) older than ``before_s`` (writer
+    thread)."""
     with store.sessions.begin() as s:
         s.execute(delete(EnergyMinute).where(EnergyMinute.minute_s < before_s))
+        s.execute(delete(JobProgress).where(JobProgress.t_s < before_s))

@@ -20,6 +20,7 @@ from typing import Any
 from gpufleet.catalog import load_catalog
 from gpufleet.devices.backend import register_backend
 from gpufleet.devices.nvml import fields as F
+from gpufleet.devices.nvml.clocks import ClockControl
 from gpufleet.devices.nvml.errors import NvmlSeverity, error_name, mismatch_error, severity_of
 from gpufleet.devices.nvml.gpm import GpmReadings
 from gpufleet.devices.types import DeviceInfo, GpuEvent, NvLinkCounters, Sample
@@ -47,7 +48,7 @@ def _text(value: Any) -> str:
 
 
 @register_backend("nvml")
-class NvmlBackend(GpmReadings):
+class NvmlBackend(GpmReadings, ClockControl):
     """The GPUs of one node through NVML (real or simulated)."""
 
     def __init__(

@@ -6,6 +6,7 @@ once), optionally ends after ``duration_s``, and its effects are fixed by its pa
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -58,8 +59,71 @@ class Fault:
             return False
         return self.duration_s is None or elapsed_s < self.at_s + self.duration_s
 
-    def param(self, name: str, default: Any) -> Any:
-        return self.params.get(name, default)
+    def param(self, name: str, default: Any = None) -> Any:
+        """The parameter as given, else the kind's visible default (`DEFAULTS`), else
+        ``default``."""
+        if name in self.params:
+            return self.params[name]
+        return default_params(self.kind, self.params).get(name, default)
+
+    def effective_params(self) -> dict[str, Any]:
+        """The parameters the simulator acts on: those given plus the kind's defaults."""
+        return {**default_params(self.kind, self.params), **self.params}
+
+
+@dataclass(frozen=True)
+class Default:
+    """Values a fault kind takes when none of ``keys`` is given (the keys are alternatives:
+    ``ecc_sbe`` with a ``count`` gets no default rate)."""
+
+    keys: frozenset[str]
+    values: dict[str, Any]
+
+
+def _d(values: dict[str, Any], *alternatives: str) -> Default:
+    return Default(frozenset(values) | frozenset(alternatives), values)
+
+
+# What each fault kind does when the fleet file names only its kind. Every default is large
+# enough that `gpufleet health --sim` (a 3 s window) or `gpufleet validate --sim` at the
+# level that can see it reports it (tests/test_fault_defaults.py checks every kind).
+DEFAULTS: dict[FaultKind, tuple[Default, ...]] = {
+    FaultKind.XID: (_d({"xid": 13}),),  # XID 13: graphics engine exception (NVIDIA XID list)
+    # 120 corrected errors a minute: 7,200/h against the 10/h of the `sbe_rate` health rule
+    # (gpufleet.health.rules_memory.SbeRateParams); 6 in the default 3 s health window
+    FaultKind.ECC_SBE: (_d({"rate_per_min": 120.0}, "count"),),
+    FaultKind.ECC_DBE: (_d({"count": 1}),),  # one uncorrectable error fails the GPU
+    # 64 pages retired for double-bit errors: above the 63 of the `retired_pages` health rule
+    # (issue 3), the end of a pre-Hopper GPU's retirement table
+    FaultKind.RETIRED_PAGES: (_d({"sbe": 0, "dbe": 64}),),
+    # 300 replays a minute: ~10x the Gen5 x16 threshold of the `pcie_replay_rate` health rule
+    # (1.92 per lane per minute x 16 = 30.7/min, issue 3)
+    FaultKind.PCIE_REPLAYS: (_d({"rate_per_min": 300.0}),),
+    # pcie_downgrade with neither `gen` nor `width` halves the width (x16 -> x8; it depends on
+    # the model, so `SimGpu.pcie_link` applies it): a narrow link counts idle or busy, while a
+    # generation below max counts only on a busy GPU (an idle GPU trains its link down)
+    FaultKind.SLOW_GPU: (_d({"fraction": 0.85}),),  # 15 % slow: a clear matmul straggler
+    FaultKind.HUNG_CALL: (_d({"seconds": 30.0}),),  # 6x the 5 s NVML deadline
+    FaultKind.MEMORY_ERRORS: (_d({"count": 3}),),
+    FaultKind.SLOW_LINK: (_d({"fraction": 0.5}),),
+    # 10 CRC errors a second on link 0, the GPU's peer-to-peer bandwidth at 60 % while it replays
+    FaultKind.NVLINK_ERRORS: (
+        _d({"link": 0}),
+        _d({"rate_per_min": 600.0}),
+        _d({"recovery": 0}),
+        _d({"down": False}),
+        _d({"fraction": 0.6}),
+    ),
+}
+
+
+def default_params(kind: FaultKind, given: Mapping[str, Any]) -> dict[str, Any]:
+    """The defaults ``kind`` takes given the parameters ``given`` (none where all are given)."""
+    out: dict[str, Any] = {}
+    for d in DEFAULTS.get(kind, ()):
+        if not d.keys & given.keys():
+            out.update(d.values)
+    return out
 
 
 UPDATE_FAULTS = frozenset(

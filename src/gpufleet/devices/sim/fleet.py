@@ -6,6 +6,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from gpufleet.catalog import load_catalog
+from gpufleet.catalog.cuda import driver_cuda, nvml_cuda_version
 from gpufleet.devices.sim.clock import SimClock, real_clock
 from gpufleet.devices.sim.faults import Fault
 from gpufleet.devices.sim.gpu import DEFAULT_CUDA, DEFAULT_DRIVER, Load, SimGpu
@@ -33,7 +34,8 @@ class SimNode:
     clock: SimClock
     rack: str | None = None
     driver_version: str = DEFAULT_DRIVER
-    cuda_driver_version: int = DEFAULT_CUDA
+    # the CUDA version the driver reports (NVML's encoding, 12040 for 12.4; None: not known)
+    cuda_driver_version: int | None = DEFAULT_CUDA
     # whether NVML's set calls succeed (root or a granted capability); False: NoPermission
     power_admin: bool = True
     nvml: SimNvml = field(init=False)
@@ -42,7 +44,9 @@ class SimNode:
         self.nvml = SimNvml(self)
 
     @property
-    def nvml_version(self) -> str:
+    def nvml_version(self) -> str | None:
+        if self.cuda_driver_version is None:
+            return None
         return f"{self.cuda_driver_version // 1000}.{self.driver_version}"
 
     def backend(self) -> NvmlBackend:
@@ -50,6 +54,13 @@ class SimNode:
         from gpufleet.devices.nvml.backend import NvmlBackend
 
         return NvmlBackend(lib=self.nvml, node_name=self.name, clock=self.clock)
+
+
+def cuda_of(driver: str) -> int | None:
+    """The CUDA version (NVML's encoding) a simulated node with ``driver`` reports: the
+    driver's own, from the catalog's table (`gpufleet.catalog.cuda.driver_cuda`)."""
+    release = driver_cuda(driver)
+    return None if release is None else nvml_cuda_version(release)
 
 
 class SimFleet:
@@ -91,6 +102,7 @@ class SimFleet:
             clock=self.clock,
             rack=ns.rack,
             driver_version=driver,
+            cuda_driver_version=cuda_of(driver),
             power_admin=ns.power_admin,
         )
 
@@ -101,14 +113,16 @@ class SimFleet:
 
     def reload_node(self, name: str, spec: FleetSpec) -> None:
         """Take one node's versions and its new faults from ``spec`` (the fleet file read
-        again after a simulated update rewrote it, `gpufleet.devices.sim.update`): what an
-        agent restarted after the update would see."""
+        again after a simulated update, `gpufleet.devices.sim.update`, recorded the node's new
+        state beside it: `gpufleet.devices.sim.state`): what an agent restarted after the
+        update would see."""
         node = self.node(name)
         ns = next((n for n in spec.nodes if n.name == name), None)
         if ns is None:
             return
         driver = ns.driver_version or DEFAULT_DRIVER
         node.driver_version = driver
+        node.cuda_driver_version = cuda_of(driver)
         for gpu in node.gpus:
             with gpu.lock:
                 gpu.driver_version = driver

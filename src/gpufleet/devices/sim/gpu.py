@@ -24,8 +24,6 @@ INFOROM_DEFAULT = "G520.0282.02.02"
 # NVLinks per GPU by NVLink generation: V100 6 (gen 2), A100 12 (gen 3), H100/H200 18 (gen 4),
 # B200 18 (gen 5). Sources: NVIDIA A100 and H100 datasheets, NVIDIA Blackwell datasheet.
 NVLINKS_BY_GENERATION = {2: 6, 3: 12, 4: 18, 5: 18}
-NVLINK_CRC_RATE_PER_MIN = 600.0  # default of an nvlink_errors fault: 10 CRC errors a second
-NVLINK_FAULT_FRACTION = 0.6  # default P2P bandwidth of a GPU whose link replays or retrains
 
 
 @dataclass(frozen=True)
@@ -77,6 +75,8 @@ class SimGpu:
     mig_enabled: bool = False
     mig_layout: tuple[str, ...] = ()
     faults: list[Fault] = field(default_factory=list)
+    # (min, max) MHz set by nvmlDeviceSetGpuLockedClocks; None: unlocked (the driver default)
+    locked_clocks_mhz: tuple[int, int] | None = None
 
     def __post_init__(self) -> None:
         rng = random.Random(f"{self.seed}:{self.node}:{self.index}")
@@ -114,6 +114,7 @@ class SimGpu:
         self.ecc_dbe_volatile = 0
         self.ecc_sbe_aggregate = rng.randrange(0, 3)
         self.ecc_dbe_aggregate = 0
+        self._sbe_due = 0.0  # corrected errors accrued by a rate, not yet whole
         self.remapped_cor = 0
         self.remapped_unc = 0
         self.pcie_replays = 0.0
@@ -148,7 +149,8 @@ class SimGpu:
         if geometry is None:
             return []
         names = self.mig_layout or (geometry.profiles[0].name,) * geometry.profiles[0].max_instances
-        return [(i + 1, name, geometry.profile(name).memory_mib) for i, name in enumerate(names)]
+        mem = self.model.memory_bytes
+        return [(i + 1, n, geometry.instance_memory_mib(n, mem)) for i, n in enumerate(names)]
 
     def energy_counter_mj(self) -> int:
         """NVML's total energy counter: unsigned 64-bit, so it wraps."""
@@ -199,15 +201,16 @@ class SimGpu:
 
     def slow_fraction(self) -> float:
         f = self.has_fault(FaultKind.SLOW_GPU)
-        return float(f.param("fraction", 0.85)) if f else 1.0
+        return float(f.param("fraction")) if f else 1.0
 
     def pcie_link(self) -> tuple[int, int]:
         f = self.has_fault(FaultKind.PCIE_DOWNGRADE)
         gen, width = self.model.pcie_generation, self.model.pcie_lanes
-        if f:
-            default_gen = gen if "width" in f.params else gen - 1
-            return int(f.param("gen", default_gen)), int(f.param("width", width))
-        return gen, width
+        if f is None:
+            return gen, width
+        if "gen" not in f.params and "width" not in f.params:
+            return gen, max(1, width // 2)  # the kind's default (faults.DEFAULTS)
+        return int(f.param("gen", gen)), int(f.param("width", width))
 
     def nvlink_fault_link(self) -> int | None:
         """The link an active nvlink_errors fault is on (None: no such fault)."""
@@ -223,14 +226,14 @@ class SimGpu:
     def nvlink_fraction(self) -> float:
         """Peer-to-peer bandwidth of this GPU relative to a healthy one."""
         f = self.has_fault(FaultKind.NVLINK_ERRORS)
-        return float(f.param("fraction", NVLINK_FAULT_FRACTION)) if f else 1.0
+        return float(f.param("fraction", 1.0)) if f else 1.0
 
     def memory_error_addresses(self) -> list[int]:
         f = self.has_fault(FaultKind.MEMORY_ERRORS)
         if not f:
             return []
         rng = random.Random(f"{self.seed}:{self.uuid}:memerr")
-        n = int(f.param("count", 3))
+        n = int(f.param("count"))
         return sorted(rng.randrange(0, self.model.memory_bytes // 8) * 8 for _ in range(n))
 
     def _fire_fault_events(self, t: float) -> None:
@@ -247,7 +250,7 @@ class SimGpu:
             self._fired.add(i)
             when = self.t0 + f.at_s
             if f.kind == FaultKind.XID:
-                self.pending_events.append((when, int(f.param("xid", 13))))
+                self.pending_events.append((when, int(f.param("xid"))))
             elif f.kind in xid_of:
                 self.pending_events.append((when, xid_of[f.kind]))
             if f.kind == FaultKind.ECC_DBE:
@@ -313,6 +316,9 @@ class SimGpu:
         if brake:
             clock_cap = min(clock_cap or p.max_sm_clock_mhz, 0.3 * p.max_sm_clock_mhz)
             reasons |= R.HW_POWER_BRAKE_SLOWDOWN | R.HW_SLOWDOWN
+        locked = self.locked_clocks_mhz
+        if locked is not None:  # the power cap and slowdowns still apply (physics module doc)
+            clock_cap = min(clock_cap or p.max_sm_clock_mhz, float(locked[1]))
         if load is not None and load.util > 0:
             clock, power_target, capped = ph.steady_clock_and_power(
                 p, limit, load.util, load.intensity, clock_cap, load.static
@@ -330,6 +336,9 @@ class SimGpu:
         elif self._last_load_end is not None and t - self._last_load_end < ph.LINGER_S:
             clock = p.max_sm_clock_mhz if clock_cap is None else clock_cap
             power_target = p.idle_w + p.linger_w
+        elif locked is not None and locked[0] > ph.IDLE_SM_CLOCK_MHZ:  # held up while idle
+            clock = min(float(locked[0]), clock_cap or p.max_sm_clock_mhz)
+            power_target = ph.clocked_idle_power(p, clock / p.max_sm_clock_mhz)
         else:
             clock = ph.IDLE_SM_CLOCK_MHZ
             power_target = p.idle_w
@@ -350,12 +359,17 @@ class SimGpu:
         for f in self.active_faults(t):
             rate = float(f.param("rate_per_min", 0.0))
             if f.kind == FaultKind.PCIE_REPLAYS:
-                self.pcie_replays += (rate or 30.0) * dt / 60.0
+                self.pcie_replays += rate * dt / 60.0
             elif f.kind == FaultKind.ECC_SBE and rate:
-                self.ecc_sbe_volatile += int(self._rng.random() < rate * dt / 60.0)
+                # whole errors at a steady rate (deterministic, as every fault is)
+                self._sbe_due += rate * dt / 60.0
+                n = int(self._sbe_due)
+                self._sbe_due -= n
+                self.ecc_sbe_volatile += n
+                self.ecc_sbe_aggregate += n
             elif f.kind == FaultKind.NVLINK_ERRORS and self.nvlink_count:
                 link = min(int(f.param("link", 0)), self.nvlink_count - 1)
-                crc = (rate or NVLINK_CRC_RATE_PER_MIN) * dt / 60.0
+                crc = rate * dt / 60.0
                 self.nvlink_crc[link] += crc
                 self.nvlink_replay[link] += crc / 10.0  # a replay per ~10 CRC-failed flits
         if load is not None and load.nvlink_bytes_per_s and self.nvlink_count:

@@ -22,6 +22,7 @@ import pynvml
 
 from gpufleet.devices.nvml.fields import RawFieldValue
 from gpufleet.devices.sim.faults import FaultKind
+from gpufleet.devices.sim.nvml_clocks import SimClockCalls
 
 if TYPE_CHECKING:
     from gpufleet.devices.sim.fleet import SimNode
@@ -74,7 +75,7 @@ def _err(code: int) -> pynvml.NVMLError:
     return pynvml.NVMLError(code)
 
 
-class SimNvml:
+class SimNvml(SimClockCalls):
     """The NVML API of one simulated node."""
 
     NVMLError = pynvml.NVMLError
@@ -134,10 +135,14 @@ class SimNvml:
 
     def nvmlSystemGetNVMLVersion(self) -> str:
         self._check_init()
+        if self._node.nvml_version is None:
+            raise _err(_NS)  # a driver older than the catalog's CUDA table
         return self._node.nvml_version
 
     def nvmlSystemGetCudaDriverVersion(self) -> int:
         self._check_init()
+        if self._node.cuda_driver_version is None:
+            raise _err(_NS)  # a driver older than the catalog's CUDA table
         return self._node.cuda_driver_version
 
     def nvmlSystemGetCudaDriverVersion_v2(self) -> int:

@@ -268,10 +268,13 @@ def parse_faults_yaml(text: str, source: str, nodes: Iterable[str]) -> tuple[Fau
 
 
 def parse_fleet_spec(spec: str, seed: int = 7) -> FleetSpec:
-    """A short spec or the path of a YAML fleet file."""
+    """A short spec or the path of a YAML fleet file (as its simulated updates left it:
+    `gpufleet.devices.sim.state`)."""
     path = Path(spec)
     if spec.endswith((".yaml", ".yml")) or path.is_file():
         if not path.is_file():
             raise ConfigError(f"{spec}: no such fleet file")
-        return parse_fleet_yaml(read_text_file(path, "fleet file"), source=spec)
+        from gpufleet.devices.sim.state import with_sim_state
+
+        return with_sim_state(parse_fleet_yaml(read_text_file(path, "fleet file"), spec), path)
     return parse_short_spec(spec, seed=seed)

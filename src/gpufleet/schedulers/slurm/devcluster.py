@@ -30,7 +30,8 @@ from pathlib import Path
 from gpufleet.errors import GpufleetError
 from gpufleet.schedulers.slurm import config_gen
 from gpufleet.schedulers.slurm.commands import SlurmBinaries, SlurmCommands
-from gpufleet.schedulers.slurm.config_gen import ClusterSpec, NodeSpec
+from gpufleet.schedulers.slurm.config_gen import ClusterSpec
+from gpufleet.schedulers.slurm.node_spec import NodeSpec
 
 STATE_FILE = "devcluster.json"
 
@@ -74,7 +75,8 @@ class DevCluster:
     nodes: int = 3
     gpus_per_node: int = 2
     gpu_type: str = "h100"
-    base_port: int = 0
+    base_port: int = 0  # slurmctld's port; 0: a free range is picked (slurmd after it)
+    slurmd_ports: tuple[int, ...] = ()  # one per node; (): the ports after base_port
     binaries: SlurmBinaries = field(default_factory=SlurmBinaries)
     cluster: ClusterSpec | None = None  # default: gpu1..gpuN with gpus_per_node each
     extra_conf: Mapping[str, str] = field(default_factory=dict)
@@ -125,14 +127,30 @@ class DevCluster:
             key.write_bytes(os.urandom(1024))
         os.chmod(key, 0o600)
         cl = self._cluster()
-        if not self.base_port:
-            self.base_port = find_free_ports(len(cl.nodes) + 1)
         most = max((n.gpu_count for n in cl.nodes), default=0)
         for j in range(most):
             dev = r / "dev" / f"nvidia{j}"
             if not dev.exists():
                 os.mknod(dev, 0o666 | 0o020000, os.makedev(1, 3))  # char 1:3, like /dev/null
-        placed = config_gen.on_loopback(cl, self.base_port + 1, r / "dev")
+        (r / "etc" / "plugstack.conf").write_text("")
+        for name, text in self.render_files().items():
+            (r / "etc" / name).write_text(text)
+
+    def render_files(self) -> dict[str, str]:
+        """slurm.conf, gres.conf and (if switches) topology.conf as text, writing nothing (picks
+        free ports first when none were given)."""
+        r = self.root
+        cl = self._cluster()
+        if self.slurmd_ports and len(self.slurmd_ports) != len(cl.nodes):
+            raise GpufleetError(
+                f"{len(self.slurmd_ports)} slurmd port(s) for {len(cl.nodes)} node(s): "
+                "give one per node, or one base port"
+            )
+        if not self.base_port:
+            self.base_port = find_free_ports(len(cl.nodes) + 1)
+        placed = config_gen.on_loopback(
+            cl, self.base_port + 1, r / "dev", ports=self.slurmd_ports or None
+        )
         host = socket.gethostname().split(".")[0]
         base = {
             "ClusterName": "gpufleetdev",
@@ -164,18 +182,18 @@ class DevCluster:
             "SlurmdTimeout": "300",  # Slurm's default (slurm.conf(5)), so (b) measures defaults
         }
         base.update(self.extra_conf)
-        (r / "etc" / "plugstack.conf").write_text("")
-        self.slurm_conf.write_text(
-            config_gen.slurm_conf(
+        files = {
+            "slurm.conf": config_gen.slurm_conf(
                 placed,
                 base,
                 health_check_program=self.health_check_program,
                 health_check_interval_s=self.health_check_interval_s,
-            )
-        )
-        (r / "etc" / "gres.conf").write_text(config_gen.gres_conf(placed))
+            ),
+            "gres.conf": config_gen.gres_conf(placed),
+        }
         if placed.switches:
-            (r / "etc" / "topology.conf").write_text(config_gen.topology_conf(placed))
+            files["topology.conf"] = config_gen.topology_conf(placed)
+        return files
 
     # --- daemons ----------------------------------------------------------------------------
     def _spawn(self, tag: str, argv: list[str], env: Mapping[str, str] | None = None) -> None:
@@ -375,26 +393,116 @@ def _wait(cond: Callable[[], bool], timeout_s: float, what: str, cluster: DevClu
     )
 
 
+def parse_ports(text: str, what: str) -> list[int]:
+    """``6817``, ``6818,6820`` or ``6818-6820`` -> the ports, each 1-65535; a clear error naming
+    the option otherwise."""
+    out: list[int] = []
+    for part in text.split(","):
+        lo, sep, hi = part.strip().partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise GpufleetError(f"{what} {text!r}: expected a port, PORT,PORT or PORT-PORT")
+        out.extend(range(int(lo), int(hi if sep else lo) + 1))
+    bad = [p for p in out if not 1 <= p <= 65535]
+    if bad or not out:
+        raise GpufleetError(f"{what} {text!r}: ports must be 1-65535")
+    return out
+
+
+def cluster_ports(ctld: int | None, slurmd: str | None, nodes: int) -> tuple[int, tuple[int, ...]]:
+    """slurmctld's port (0: pick free ones) and one slurmd port per node from the options: one
+    slurmd port is the first of ``nodes`` consecutive ones; several give one per node. Ports
+    must not repeat (each daemon binds its own)."""
+    base = ctld or 0
+    if ctld is not None and not 1 <= ctld <= 65535:
+        raise GpufleetError(f"--slurmctld-port {ctld}: ports must be 1-65535")
+    if slurmd is None:
+        if base and base + nodes > 65535:
+            raise GpufleetError(f"--slurmctld-port {ctld}: no room for {nodes} slurmd after it")
+        return base, ()
+    listed = parse_ports(slurmd, "--slurmd-port")
+    if len(listed) == 1:
+        listed = list(range(listed[0], listed[0] + nodes))
+        if listed[-1] > 65535:
+            raise GpufleetError(f"--slurmd-port {slurmd}: no room for {nodes} consecutive ports")
+    if len(listed) != nodes:
+        raise GpufleetError(
+            f"--slurmd-port {slurmd}: {len(listed)} ports for {nodes} nodes (give one per node, "
+            "or the first of consecutive ones)"
+        )
+    if len(set(listed)) != len(listed) or base in listed:
+        raise GpufleetError(f"--slurmd-port {slurmd}: ports repeat (or equal --slurmctld-port)")
+    if not base:
+        raise GpufleetError("--slurmd-port needs --slurmctld-port too")
+    return base, tuple(listed)
+
+
 def main(argv: list[str] | None = None) -> int:
-    """``python -m gpufleet.schedulers.slurm.devcluster up|down|status [--dir DIR] [--nodes N]``;
-    prints the SLURM_CONF to export after ``up``."""
+    """A real Slurm cluster on loopback: ``up``, ``status`` or ``down``. Prints the SLURM_CONF to
+    export after ``up``; ``up --print-config`` prints the configuration it would write and
+    starts nothing. Two clusters run side by side with their own --dir and ports."""
     import argparse
     import sys
 
     ap = argparse.ArgumentParser(prog="slurm-dev-cluster", description=main.__doc__)
     ap.add_argument("action", choices=("up", "down", "status"))
     ap.add_argument(
-        "--dir", default=os.environ.get("GPUFLEET_SLURM_DEV", "/tmp/gpufleet-slurm-dev")
+        "--dir",
+        "--state-dir",
+        dest="dir",
+        metavar="DIR",
+        default=os.environ.get("GPUFLEET_SLURM_DEV", "/tmp/gpufleet-slurm-dev"),
+        help="state, spool, logs, pid files and the munge socket of this cluster "
+        "(default $GPUFLEET_SLURM_DEV or /tmp/gpufleet-slurm-dev)",
     )
-    ap.add_argument("--nodes", type=int, default=3)
-    ap.add_argument("--gpus", type=int, default=2, help="fake GPUs per node")
+    ap.add_argument("--nodes", type=int, default=3, help="slurmd nodes gpu1..gpuN (default 3)")
+    ap.add_argument("--gpus", type=int, default=2, help="fake GPUs per node (default 2)")
+    ap.add_argument(
+        "--slurmctld-port",
+        type=int,
+        metavar="PORT",
+        help="SlurmctldPort (default: a free range picked at random, slurmd ports after it)",
+    )
+    ap.add_argument(
+        "--slurmd-port",
+        metavar="PORTS",
+        help="slurmd ports: the first of --nodes consecutive ones (e.g. 7001), or one per node "
+        "(7001,7005,7009 or 7001-7003); needs --slurmctld-port",
+    )
+    ap.add_argument(
+        "--print-config",
+        action="store_true",
+        help="with up: print slurm.conf and gres.conf as they would be written; start nothing",
+    )
     args = ap.parse_args(argv)
     root = Path(args.dir)
-    cluster = DevCluster(root=root, nodes=args.nodes, gpus_per_node=args.gpus)
+    if args.nodes < 1 or args.gpus < 0:
+        ap.error("--nodes must be at least 1 and --gpus at least 0")
+    try:
+        base, slurmd = cluster_ports(args.slurmctld_port, args.slurmd_port, args.nodes)
+    except GpufleetError as exc:
+        ap.error(str(exc))
+    cluster = DevCluster(
+        root=root, nodes=args.nodes, gpus_per_node=args.gpus, base_port=base, slurmd_ports=slurmd
+    )
+    if args.print_config:
+        if args.action != "up":
+            ap.error("--print-config goes with up")
+        for name, text in cluster.render_files().items():
+            print(f"# ---- {name}")
+            print(text, end="")
+        return 0
     try:
         if args.action == "up":
             if any(cluster.status().values()):
                 print(f"already running in {root}; run `down` first", file=sys.stderr)
+                return 1
+            busy = [p for p in (base, *slurmd) if p and not _port_free(p)]
+            if busy:
+                print(
+                    f"error: port(s) {', '.join(map(str, busy))} in use on 127.0.0.1 (another "
+                    "cluster?): give free --slurmctld-port/--slurmd-port",
+                    file=sys.stderr,
+                )
                 return 1
             root.mkdir(parents=True, exist_ok=True)
             t0 = time.monotonic()

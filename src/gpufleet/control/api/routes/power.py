@@ -7,11 +7,13 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, Path, Query
 
 from gpufleet.control.api.routes.deps import ERRORS, Auth
+from gpufleet.control.energy import savings
 from gpufleet.control.power import ops
 from gpufleet.control.power.spec import PowerOrderSpec
 from gpufleet.control.state.auth import Principal
 from gpufleet.control.state.store import ControlStore, NotFound
 from gpufleet.errors import UsageError
+from gpufleet.schedulers.base import SchedulerBackend
 from gpufleet.wire import WirePowerReport
 
 OrderId = Annotated[int, Path(ge=1, le=2**31)]
@@ -35,7 +37,9 @@ def budget_gpus(store: ControlStore, rack: str) -> list[Any]:
     return out
 
 
-def router(store: ControlStore, auth: Auth) -> APIRouter:
+def router(store: ControlStore, auth: Auth, scheduler: SchedulerBackend | None = None) -> APIRouter:
+    """The ``/power`` routes; an order's status carries its ``savings``
+    (`gpufleet.control.energy.savings`: the jobs' energy and throughput before and during)."""
     api = APIRouter(prefix="/power", tags=["power"], responses=ERRORS)
 
     def readable(doc: dict[str, Any], who: Principal) -> dict[str, Any]:
@@ -54,11 +58,12 @@ def router(store: ControlStore, auth: Auth) -> APIRouter:
         who: Annotated[Principal, auth.viewer],
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
     ) -> dict[str, Any]:
-        return {"orders": ops.listing(store, who, limit)}
+        return {"orders": savings.attach(store, ops.listing(store, who, limit), scheduler)}
 
     @api.get("/orders/{oid}")
     def one(oid: OrderId, who: Annotated[Principal, auth.viewer]) -> dict[str, Any]:
-        return readable(ops.status(store, oid), who)
+        doc = readable(ops.status(store, oid), who)
+        return savings.attach(store, [doc], scheduler)[0]
 
     @api.post("/orders/{oid}/restore")
     def restore(oid: OrderId, who: Annotated[Principal, auth.operator]) -> dict[str, Any]:
