@@ -28,7 +28,9 @@ DGX_REAL_MEMORY = 2_000_000_000_000 * 95 // 100 // 2**20
 DGX_TOPO = "CPUs=224 Boards=1 SocketsPerBoard=2 CoresPerSocket=56 ThreadsPerCore=2"
 
 
-def _plan(key: str | None, gpus: int = 8, gpu_key: str = "h100-sxm", servers: int = 4) -> dict[str, object]:
+def _plan(
+    key: str | None, gpus: int = 8, gpu_key: str = "h100-sxm", servers: int = 4
+) -> dict[str, object]:
     server: dict[str, object] = {"gpus": gpus, "gpu_key": gpu_key, "generic": key is None}
     if key:
         server["key"] = key
