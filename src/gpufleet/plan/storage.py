@@ -110,27 +110,14 @@ def hpc_io(io: HpcIo) -> WorkloadIo:
     )
     rate = f"reads {how} in {io.read_time_s:g} s = {read / 1e9:,.1f} GB/s"
     if io.nodes > 1:
-        return WorkloadIo(
-            io.name,
-            "hpc",
-            io.nodes,
-            read,
-            None,
-            True,
-            f"{io.name} spans {io.nodes} nodes and {rate}: every node reads its input from one "
-            "shared namespace at once",
-        )
-    fast = read > PFS_BANDWIDTH_BYTES_S
-    return WorkloadIo(
-        io.name,
-        "hpc",
-        io.nodes,
-        read,
-        None,
-        fast,
-        f"{io.name} {rate}, "
-        + ("above one NFS server (10 GB/s)" if fast else "within one NFS server (10 GB/s)"),
-    )
+        pfs = True
+        why = f"{io.name} spans {io.nodes} nodes and {rate}: every node reads its input from one "
+        why += "shared namespace at once"
+    else:
+        pfs = read > PFS_BANDWIDTH_BYTES_S
+        limit = "above" if pfs else "within"
+        why = f"{io.name} {rate}, {limit} one NFS server (10 GB/s)"
+    return WorkloadIo(io.name, "hpc", io.nodes, read, None, pfs, why)
 
 
 def plan_storage(
