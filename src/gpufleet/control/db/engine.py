@@ -119,11 +119,29 @@ def migrate(engine: Engine, revision: str = "head") -> str:
         return SCHEMA_HEAD
     from alembic import command
 
+    _refuse_unknown_revision(engine)
     try:
         command.upgrade(_alembic_config(engine), revision)
     except Exception as exc:
         raise ConfigError(f"database migration failed: {exc}") from exc
     return current_revision(engine) or ""
+
+
+def _refuse_unknown_revision(engine: Engine) -> None:
+    """Refuse a database whose revision this code does not know (written by a newer release)."""
+    from alembic.script import ScriptDirectory
+
+    stored = _stored_revision(engine)
+    if stored is None:
+        return
+    script = ScriptDirectory.from_config(_alembic_config(engine))
+    known = {rev.revision for rev in script.walk_revisions()}
+    if stored not in known:
+        raise ConfigError(
+            f"database schema revision {stored} is newer than this gpufleet "
+            f"(knows up to {script.get_current_head()}): upgrade gpufleet to the release "
+            "that wrote it, or restore a backup taken before the upgrade; nothing was changed"
+        )
 
 
 def current_revision(engine: Engine) -> str | None:
