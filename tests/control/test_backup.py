@@ -158,3 +158,37 @@ def test_live_backup_of_a_running_controller_and_restore_refused_while_it_runs(
         assert summary.status_code == 200  # and so does the viewer's
     finally:
         again.stop()
+
+
+def test_a_crafted_member_name_is_refused_and_writes_nothing(tmp_path: Path) -> None:
+    """Issue 29: a `keys/NAME` member listed in the manifest wrote any file of the data dir."""
+    import hashlib
+    import io
+    import json
+
+    data = tmp_path / "d"
+    create_tokens(data, {"a": ("admin", None)})
+    archive = tmp_path / "b.tar"
+    assert cli("backup", "--to", str(archive), "--data-dir", str(data)).returncode == 0
+    evil, crafted = b"receivers: [evil]\n", tmp_path / "crafted.tar"
+    with tarfile.open(archive) as src, tarfile.open(crafted, "w") as out:
+        manifest = json.load(src.extractfile("manifest.json"))  # type: ignore[arg-type]
+        manifest["members"]["keys/notify.yaml"] = hashlib.sha256(evil).hexdigest()
+        for m in src.getmembers():
+            if m.name != "manifest.json":
+                out.addfile(m, src.extractfile(m))
+        for name, body in (
+            ("manifest.json", json.dumps(manifest).encode()),
+            ("keys/notify.yaml", evil),
+        ):
+            info = tarfile.TarInfo(name)
+            info.size = len(body)
+            out.addfile(info, io.BytesIO(body))
+    before = {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()}
+    r = cli("restore", str(crafted), "--data-dir", str(data), "--force")
+    assert r.returncode == 2 and "keys/notify.yaml" in r.stderr, r.stderr
+    assert "Traceback" not in r.stderr
+    after = {p.name: p.read_bytes() for p in data.iterdir() if p.is_file()}
+    assert "notify.yaml" not in after
+    # controller.lock holds the restoring process id; nothing else may change
+    assert {k for k in after if after[k] != before.get(k)} <= {"controller.lock"}

@@ -45,6 +45,9 @@ VERSION = 1
 LOCK_FILE = "controller.lock"
 # Files of the data directory that protect stored secrets; restored next to the database.
 KEY_FILES = (SEALING_KEY,)
+_ALLOWED_MEMBERS = frozenset(
+    {"database.sqlite", "database.pgdump", *(f"keys/{k}" for k in KEY_FILES)}
+)
 PG_TIMEOUT_S = 600
 
 
@@ -225,8 +228,8 @@ def _extract_checked(src: Path, work: Path, manifest: dict[str, Any]) -> dict[st
     out: dict[str, Path] = {}
     with tarfile.open(src, mode="r") as tar:
         for name, digest in members.items():
-            if name.startswith("/") or ".." in Path(name).parts:
-                raise UsageError(f"{src}: unsafe member name {name!r}")
+            if name not in _ALLOWED_MEMBERS:  # never a path a crafted archive chose
+                raise UsageError(f"{src}: member {name!r} is not one a backup writes: refused")
             try:
                 fh = tar.extractfile(name)
             except KeyError:
