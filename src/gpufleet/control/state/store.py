@@ -198,6 +198,11 @@ class ControlStore:
         """(Re)build the node cache from the database: every node (and the policy), or only
         the nodes ``names``."""
         with self.sessions() as s:
+            if self.engine.dialect.name == "postgresql":
+                # One snapshot for every table read below: under READ COMMITTED each statement
+                # sees the commits made since the one before it, so a node another replica
+                # registered between the node and GPU reads left a GPU without its node.
+                s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
             racks = {r.id: r.name for r in s.scalars(select(Rack))}
             nodes: dict[str, NodeCache] = {}
             by_id: dict[int, NodeCache] = {}
@@ -223,8 +228,11 @@ class ControlStore:
                 by_id[n.id] = nc
             gpus = select(Gpu) if names is None else select(Gpu).where(Gpu.node_id.in_(by_id))
             for g in s.scalars(gpus):
-                nc = by_id[g.node_id]
-                nc.gpus[g.index] = GpuCache(
+                owner = by_id.get(g.node_id)
+                if owner is None:  # its node committed after the node read (no snapshot)
+                    log.info("load: GPU %s of node id %s skipped: node unread", g.index, g.node_id)
+                    continue
+                owner.gpus[g.index] = GpuCache(
                     g.id, g.uuid, g.model, info_digest(g.info), g.info.get("power_limit_enforced_w")
                 )
             found = select(FindingRow).where(FindingRow.active.is_(True))
