@@ -12,10 +12,11 @@ code that records such an event notifies, without a call of its own; code with n
 to write calls `record_event` (e.g. a maintenance campaign's step failed), or
 `Notifier.publish` directly.
 
-Delivery never holds up the controller: the commit hook only puts the notification on a
-bounded queue (``put_nowait``; when full, the notification is dropped, counted and logged);
-one worker thread of the notifier's own makes the HTTP and SMTP calls and keeps the retries
-in a heap by due time, so a slow or dead receiver delays nothing but its own retries.
+Delivery never holds up the controller: the commit hook only puts the notification on each
+receiver's own bounded lane (``put_nowait``; when a lane is full, that receiver's copy is
+dropped, counted per receiver and logged once); each lane has its own worker thread that makes
+the HTTP or SMTP calls and keeps its retries in a heap by due time, so a receiver that hangs
+(up to its timeout a try) or refuses delays nothing but its own deliveries.
 
 Each notification has an ``id`` made from the database's identity and the row's id: the same
 on every attempt (headers ``X-Gpufleet-Id``, e-mail ``Message-ID``), so a receiver that got an
@@ -67,8 +68,95 @@ class _Delivery:
     attempt: int = field(compare=False, default=1)
 
 
+class _Lane:
+    """One receiver's delivery lane: its own bounded queue, retry heap, worker thread and
+    counts, so a receiver that hangs or refuses delays and drops only its own notifications."""
+
+    def __init__(self, owner: Notifier, sink: Sink) -> None:
+        self.owner = owner
+        self.sink = sink
+        self.stats: Counter[str] = Counter()
+        self.queue: queue.Queue[_Delivery | None] = queue.Queue(maxsize=owner.queue_size)
+        self.retries: list[_Delivery] = []
+        self.thread: threading.Thread | None = None
+        self.warned_full = False
+
+    def offer(self, d: _Delivery) -> bool:
+        try:
+            self.queue.put_nowait(d)
+        except queue.Full:
+            self.count("dropped")
+            if not self.warned_full:
+                self.warned_full = True
+                log.warning(
+                    "notification queue of %s full (%d): dropping %s %s (and counting further "
+                    "drops in gpufleet's notify stats); this receiver is too slow",
+                    self.sink.name,
+                    self.owner.queue_size,
+                    d.n.kind,
+                    d.n.id,
+                )
+            return False
+        self.count("queued")
+        return True
+
+    def count(self, what: str) -> None:
+        self.stats[what] += 1
+        self.owner.stats[what] += 1
+
+    def start(self) -> None:
+        name = f"gpufleet-notify-{self.sink.name}"
+        self.thread = threading.Thread(target=self.work, name=name, daemon=True)
+        self.thread.start()
+
+    def work(self) -> None:
+        clock, stopping = self.owner.clock, self.owner._stopping
+        while not stopping.is_set():
+            now = clock()
+            if self.retries and self.retries[0].due <= now:
+                self.attempt(heapq.heappop(self.retries))
+                continue
+            wait = min(1.0, self.retries[0].due - now) if self.retries else 1.0
+            try:
+                d = self.queue.get(timeout=max(0.0, wait))
+            except queue.Empty:
+                continue
+            if d is None:
+                break
+            self.attempt(d)
+
+    def attempt(self, d: _Delivery) -> None:
+        owner = self.owner
+        try:
+            d.sink.deliver(d.n, d.attempt)
+        except DeliveryError as exc:
+            if exc.retry and d.attempt < owner.retry.attempts:
+                d.due = owner.clock() + owner.backoff_s(d.attempt)
+                d.attempt += 1
+                self.count("retried")
+                log.info("notification %s to %s: %s; retrying", d.n.id, d.sink.name, exc)
+                heapq.heappush(self.retries, d)
+                return
+            self.count("failed")
+            log.warning(
+                "notification %s (%s) to %s failed after %d attempt(s): %s",
+                d.n.id,
+                d.n.kind,
+                d.sink.name,
+                d.attempt,
+                exc,
+            )
+        except Exception:  # a bug in a sink must not end the lane
+            self.count("failed")
+            log.exception("notification %s to %s failed", d.n.id, d.sink.name)
+        else:
+            self.count("delivered")
+        owner._done()
+
+
 class Notifier:
-    """A bounded queue and one worker thread that delivers to ``sinks`` with retries."""
+    """Delivers to ``sinks`` with retries: one lane (bounded queue of ``queue_size``, worker
+    thread, retry heap) per receiver, so one that hangs never delays another."""
 
     def __init__(
         self,
@@ -83,60 +171,63 @@ class Notifier:
         self.retry = retry or RetryConfig()
         self.queue_size = queue_size
         self.clock = clock
-        self.stats: Counter[str] = Counter()
-        self._queue: queue.Queue[_Delivery | None] = queue.Queue(maxsize=queue_size)
-        self._retries: list[_Delivery] = []
+        self.stats: Counter[str] = Counter()  # totals over every lane
         self._seq = itertools.count()
-        self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
         self._idle = threading.Condition()
         self._busy = 0  # deliveries queued, waiting for a retry or in flight
         self._on_close = on_close
-        self._warned_full = False
+        self._lanes = [_Lane(self, sink) for sink in self.sinks]
+        self._started = False
 
     # -- producers (any thread; never block) -----------------------------------------------
     def publish(self, n: Notification) -> bool:
-        """Queue ``n`` for every sink that wants it; False when (some of) it was dropped
-        because the queue is full."""
+        """Queue ``n`` in the lane of every sink that wants it; False when (some of) it was
+        dropped because that receiver's lane is full."""
         ok = True
-        for sink in self.sinks:
-            if not sink.wants(n):
+        for lane in self._lanes:
+            if not lane.sink.wants(n):
                 continue
-            d = _Delivery(0.0, next(self._seq), sink, n)
             with self._idle:
                 self._busy += 1
-            try:
-                self._queue.put_nowait(d)
-                self.stats["queued"] += 1
-            except queue.Full:
+            if not lane.offer(_Delivery(0.0, next(self._seq), lane.sink, n)):
                 self._done()
-                self.stats["dropped"] += 1
                 ok = False
-                if not self._warned_full:
-                    self._warned_full = True
-                    log.warning(
-                        "notification queue full (%d): dropping %s %s; receivers are too slow",
-                        self.queue_size,
-                        n.kind,
-                        n.id,
-                    )
         return ok
+
+    def receivers(self) -> dict[str, dict[str, int]]:
+        """Per receiver: queued, retried, delivered, failed and dropped counts, and how many
+        wait in its lane now (``waiting``: queued or due for a retry)."""
+        out: dict[str, dict[str, int]] = {}
+        for lane in self._lanes:
+            counts = {k: lane.stats[k] for k in ("queued", "retried", "delivered", "failed")}
+            counts["dropped"] = lane.stats["dropped"]
+            counts["waiting"] = lane.queue.qsize() + len(lane.retries)
+            name = lane.sink.name
+            out[name if name not in out else f"{name} #{len(out) + 1}"] = counts
+        return out
 
     # -- lifecycle --------------------------------------------------------------------------
     def start(self) -> Notifier:
-        self._thread = threading.Thread(target=self._work, name="gpufleet-notify", daemon=True)
-        self._thread.start()
+        for lane in self._lanes:
+            lane.start()
+        self._started = True
         return self
 
     def stop(self, timeout_s: float = 10.0) -> None:
         """Deliver what is queued (first attempts) for up to ``timeout_s``, then end."""
-        if self._thread is not None:
+        if self._started:
             self.flush(timeout_s)
             self._stopping.set()
-            with contextlib.suppress(queue.Full):  # the worker also sees _stopping
-                self._queue.put_nowait(None)
-            self._thread.join(timeout=timeout_s)
-            self._thread = None
+            for lane in self._lanes:
+                with contextlib.suppress(queue.Full):  # the lane also sees _stopping
+                    lane.queue.put_nowait(None)
+            end = time.monotonic() + timeout_s
+            for lane in self._lanes:
+                if lane.thread is not None:
+                    lane.thread.join(timeout=max(0.0, end - time.monotonic()))
+                    lane.thread = None
+            self._started = False
         if self._on_close is not None:
             self._on_close()
 
@@ -157,53 +248,10 @@ class Notifier:
             if self._busy <= 0:
                 self._idle.notify_all()
 
-    # -- the worker -------------------------------------------------------------------------
     def backoff_s(self, attempt: int) -> float:
         """Wait before attempt ``attempt + 1``: backoff_s x 2^(attempt-1), capped, +-10 %."""
         base = min(self.retry.max_backoff_s, self.retry.backoff_s * 2 ** (attempt - 1))
         return float(base * random.uniform(0.9, 1.1))
-
-    def _work(self) -> None:
-        while not self._stopping.is_set():
-            now = self.clock()
-            if self._retries and self._retries[0].due <= now:
-                self._attempt(heapq.heappop(self._retries))
-                continue
-            wait = min(1.0, self._retries[0].due - now) if self._retries else 1.0
-            try:
-                d = self._queue.get(timeout=max(0.0, wait))
-            except queue.Empty:
-                continue
-            if d is None:
-                break
-            self._attempt(d)
-
-    def _attempt(self, d: _Delivery) -> None:
-        try:
-            d.sink.deliver(d.n, d.attempt)
-        except DeliveryError as exc:
-            if exc.retry and d.attempt < self.retry.attempts:
-                d.due = self.clock() + self.backoff_s(d.attempt)
-                d.attempt += 1
-                self.stats["retried"] += 1
-                log.info("notification %s to %s: %s; retrying", d.n.id, d.sink.name, exc)
-                heapq.heappush(self._retries, d)
-                return
-            self.stats["failed"] += 1
-            log.warning(
-                "notification %s (%s) to %s failed after %d attempt(s): %s",
-                d.n.id,
-                d.n.kind,
-                d.sink.name,
-                d.attempt,
-                exc,
-            )
-        except Exception:  # a bug in a sink must not end the worker
-            self.stats["failed"] += 1
-            log.exception("notification %s to %s failed", d.n.id, d.sink.name)
-        else:
-            self.stats["delivered"] += 1
-        self._done()
 
 
 # -- where notifications come from ----------------------------------------------------------
