@@ -30,53 +30,50 @@ def _pg_bin() -> Path | None:
     return Path(found[-1]).parent if found else None
 
 
+class PgServer:
+    """A private PostgreSQL server on a loopback port, as the `postgres` user, in its own
+    temporary directory: ``start``/``stop`` it (a test may take it away and bring it back)."""
+
+    def __init__(self) -> None:
+        bindir = _pg_bin()
+        if bindir is None or shutil.which("runuser") is None:
+            if os.environ.get("CI"):
+                pytest.fail("PostgreSQL (Debian package postgresql) is required under CI")
+            pytest.skip("PostgreSQL binaries not found (apt-get install postgresql)")
+        self.bindir = bindir
+        self.root = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
+        os.chmod(self.root, 0o777)
+        self.data = self.root / "data"
+        self.port = free_port()
+        self.url = f"postgresql+psycopg://postgres@127.0.0.1:{self.port}/postgres"
+        self._run("initdb", "-D", str(self.data), "-A", "trust", "-U", "postgres")
+
+    def _run(self, tool: str, *args: str, check: bool = True) -> None:
+        as_pg = ["runuser", "-u", "postgres", "--", str(self.bindir / tool)]
+        subprocess.run([*as_pg, *args], check=check, capture_output=True, timeout=120)
+
+    def start(self) -> None:
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=on"
+        log = str(self.root / "log")
+        self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-l", log, "-o", opts, "start")
+
+    def stop(self, mode: str = "fast", *, check: bool = True) -> None:
+        self._run("pg_ctl", "-D", str(self.data), "-m", mode, "-w", "stop", check=check)
+
+    def remove(self) -> None:
+        self.stop("immediate", check=False)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
 @pytest.fixture(scope="session")
 def pg_url() -> Iterator[str]:
-    """A private PostgreSQL server on a loopback port, as the `postgres` user."""
-    bindir = _pg_bin()
-    if bindir is None or shutil.which("runuser") is None:
-        if os.environ.get("CI"):
-            pytest.fail("PostgreSQL (Debian package postgresql) is required under CI")
-        pytest.skip("PostgreSQL binaries not found (apt-get install postgresql)")
-    root = Path(tempfile.mkdtemp(prefix="gpufleet-pg-"))
-    os.chmod(root, 0o777)
-    data = root / "data"
-    port = free_port()
-    as_pg = ["runuser", "-u", "postgres", "--"]
-    subprocess.run(
-        [*as_pg, str(bindir / "initdb"), "-D", str(data), "-A", "trust", "-U", "postgres"],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
-    subprocess.run(
-        [
-            *as_pg,
-            str(bindir / "pg_ctl"),
-            "-D",
-            str(data),
-            "-w",
-            "-t",
-            "60",
-            "-l",
-            str(root / "log"),
-            "-o",
-            f"-p {port} -k {root} -c listen_addresses=127.0.0.1 -c fsync=on",
-            "start",
-        ],
-        check=True,
-        capture_output=True,
-        timeout=120,
-    )
+    """The session's private PostgreSQL server (`PgServer`)."""
+    server = PgServer()
     try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:{port}/postgres"
+        server.start()
+        yield server.url
     finally:
-        subprocess.run(
-            [*as_pg, str(bindir / "pg_ctl"), "-D", str(data), "-m", "immediate", "-w", "stop"],
-            capture_output=True,
-            timeout=60,
-        )
-        shutil.rmtree(root, ignore_errors=True)
+        server.remove()
 
 
 def _reset_pg(url: str) -> None:

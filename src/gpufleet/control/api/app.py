@@ -21,6 +21,7 @@ from fastapi.staticfiles import StaticFiles
 
 from gpufleet import __version__
 from gpufleet.control.api.bodylimits import WriteGuard
+from gpufleet.control.api.db_errors import DATABASE_AWAY, DETAIL, RETRY_AFTER_S
 from gpufleet.control.api.ingest_http import IngestFastPath, IngestReply, handle_ingest
 from gpufleet.control.api.routes import (
     energy,
@@ -94,6 +95,8 @@ def create_app(service: ControlService) -> FastAPI:
     for exc_type, status in ERROR_STATUS.items():
         app.add_exception_handler(exc_type, _answer(status))
     app.add_exception_handler(RequestValidationError, _invalid_request)
+    for exc_type in DATABASE_AWAY:
+        app.add_exception_handler(exc_type, _database_away)
 
     auth = Auth(store)
     api = APIRouter(prefix="/api/v1", responses=ERRORS)
@@ -160,6 +163,12 @@ def _json_safe(value: Any) -> Any:
     if isinstance(value, list | tuple):
         return [_json_safe(v) for v in value]
     return value
+
+
+async def _database_away(_r: Request, exc: Exception) -> JSONResponse:
+    """503 with ``Retry-After`` while the database is away (`db_errors`)."""
+    headers = {"Retry-After": str(RETRY_AFTER_S)}
+    return JSONResponse({"detail": DETAIL}, status_code=503, headers=headers)
 
 
 async def _invalid_request(_r: Request, exc: Exception) -> JSONResponse:

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 import orjson
 
+from gpufleet.control.api.db_errors import DATABASE_AWAY, DETAIL, RETRY_AFTER_S
 from gpufleet.wire import MAX_BATCH_BYTES
 
 if TYPE_CHECKING:
@@ -133,7 +134,12 @@ class WriteGuard:
         if auth is None or not auth.lower().startswith("bearer "):
             await answer(send, 401, "missing bearer token", ((b"www-authenticate", b"Bearer"),))
             return
-        if await bearer_principal(self.store, auth) is None:
+        try:
+            who = await bearer_principal(self.store, auth)
+        except DATABASE_AWAY:  # a token not cached yet is looked up in the database
+            await answer(send, 503, DETAIL, ((b"retry-after", str(RETRY_AFTER_S).encode()),))
+            return
+        if who is None:
             await answer(send, 401, "unknown or revoked token", ((b"www-authenticate", b"Bearer"),))
             return
         cap = body_cap(scope["path"])

@@ -25,6 +25,7 @@ from gpufleet.control.api.bodylimits import (
     header,
     read_capped,
 )
+from gpufleet.control.api.db_errors import DATABASE_AWAY, DETAIL, RETRY_AFTER_S
 from gpufleet.control.campaigns import ops as campaign_ops
 from gpufleet.control.ingest.queue import (
     IngestRejected,
@@ -73,11 +74,21 @@ async def handle_ingest(
     content_encoding: str | None,
     body: bytes,
 ) -> IngestReply:
-    """Everything the ingest endpoint does, from headers and body to the answer."""
-    who = _authorized(await bearer_principal(service.store, authorization))
-    if isinstance(who, IngestReply):
-        return who
-    return await ingest_body(service, who, content_encoding, body)
+    """Everything the ingest endpoint does, from headers and body to the answer; the
+    database away is a 503 with ``Retry-After`` (the batch was not acknowledged, so the agent
+    keeps it and pushes it again)."""
+    try:
+        who = _authorized(await bearer_principal(service.store, authorization))
+        if isinstance(who, IngestReply):
+            return who
+        return await ingest_body(service, who, content_encoding, body)
+    except DATABASE_AWAY:
+        return database_away()
+
+
+def database_away() -> IngestReply:
+    """503 with ``Retry-After``: the database is away, the batch is not acknowledged."""
+    return _problem(503, DETAIL, (("Retry-After", str(RETRY_AFTER_S)),))
 
 
 def _authorized(who: Principal | None) -> Principal | IngestReply:
@@ -190,7 +201,10 @@ class IngestFastPath:
         ):
             await self.app(scope, receive, send)
             return
-        reply = await self._reply(scope, receive)
+        try:
+            reply = await self._reply(scope, receive)
+        except DATABASE_AWAY:  # as in handle_ingest: not acknowledged, the agent retries
+            reply = database_away()
         headers = [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(reply.body)).encode()),
