@@ -15,6 +15,7 @@ from gpufleet.telemetry import FAST_COLUMNS, RingBuffer, Sampler
 from gpufleet.telemetry.workers import CallPool
 from gpufleet.testing.timescale import scaled
 from tests.agent.conftest import sim_node
+from tests.waiting import wait_until
 
 
 def test_ring_buffer_wraps_and_keeps_order() -> None:
@@ -263,9 +264,9 @@ def test_idle_extra_threads_never_leave_the_pool_short() -> None:
             for job in jobs:
                 assert job.done.wait(5)
             assert pool.size > pool.threads  # the slow calls made it grow
-            deadline = time.monotonic() + 5
-            while pool.size > pool.threads and time.monotonic() < deadline:
-                time.sleep(0.01)
+            # how long the extras take to leave is the machine's (a starved CI worker once took
+            # over 5 s); what is judged is where the pool settles: at its size, never below
+            assert wait_until(lambda: pool.size <= pool.threads, scaled(30), step_s=0.01)
             time.sleep(0.2)  # every idle extra has had its timeout more than once
             assert pool.size == pool.threads
     finally:
