@@ -102,7 +102,6 @@ class _Lane:
 
     def count(self, what: str) -> None:
         self.stats[what] += 1
-        self.owner.stats[what] += 1
 
     def start(self) -> None:
         name = f"gpufleet-notify-{self.sink.name}"
@@ -171,7 +170,6 @@ class Notifier:
         self.retry = retry or RetryConfig()
         self.queue_size = queue_size
         self.clock = clock
-        self.stats: Counter[str] = Counter()  # totals over every lane
         self._seq = itertools.count()
         self._stopping = threading.Event()
         self._idle = threading.Condition()
@@ -179,6 +177,14 @@ class Notifier:
         self._on_close = on_close
         self._lanes = [_Lane(self, sink) for sink in self.sinks]
         self._started = False
+
+    @property
+    def stats(self) -> Counter[str]:
+        """Totals over every lane, summed from the lanes' own counts when asked."""
+        total: Counter[str] = Counter()
+        for lane in self._lanes:
+            total.update(lane.stats)
+        return total
 
     # -- producers (any thread; never block) -----------------------------------------------
     def publish(self, n: Notification) -> bool:
