@@ -37,6 +37,13 @@ def pg_engine(pg_url: str) -> Engine:
     return eng
 
 
+@pytest.fixture
+def sqlite_engine(tmp_path: Path) -> Engine:
+    eng = make_engine(database_url(tmp_path, None))
+    migrate(eng)
+    return eng
+
+
 def _lease(engine: Engine) -> tuple[str, int]:
     with engine.connect() as c:
         row = c.execute(select(LeaderLease.holder, LeaderLease.epoch)).one()
@@ -139,16 +146,16 @@ def test_a_leader_stopped_inside_its_transaction_does_not_block_the_takeover(
 
 
 def test_a_leader_whose_renewal_fails_past_its_lease_steps_down_as_a_lapse(
-    engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    pg_engine: Engine, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     """Its session ended by PostgreSQL while the process was stopped (or the database away):
     the renewal fails, not refused. Past its lease it leads no longer, counted and logged as a
     lapse (the HA chaos test's resumed leader shows one of the two); a failure inside the
     lease keeps the lead."""
+    engine = pg_engine
     from sqlalchemy.exc import OperationalError
 
-    exclusive = engine.dialect.name == "sqlite"
-    a = Leadership(engine, lease_s=0.5, renew_s=0.1, exclusive=exclusive, holder="a")
+    a = Leadership(engine, lease_s=0.5, renew_s=0.1, holder="a")
     assert a.step() is True
 
     def broken() -> int | None:
@@ -164,6 +171,35 @@ def test_a_leader_whose_renewal_fails_past_its_lease_steps_down_as_a_lapse(
     assert "leads no longer: the lease of epoch 1 ran out" in caplog.text
     assert a.describe()["lapses"] == 1
     assert a.step() is False and a.lapses == 1  # counted once, not at every failed try
+
+
+def test_the_lone_sqlite_controller_keeps_its_lead_when_renewals_are_held_up(
+    sqlite_engine: Engine, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``exclusive`` (SQLite: the lock file's one controller): nobody can take over, so a
+    renewal held up past the lease (a CPU-starved machine, a long write holding the database)
+    is no reason to stop the leader's work; a CI run once saw a lone controller refuse its own
+    writes so. The fence still refuses once the row shows another epoch."""
+    from sqlalchemy.exc import OperationalError
+
+    a = Leadership(sqlite_engine, lease_s=0.3, renew_s=0.1, exclusive=True, holder="a")
+    assert a.step() is True
+
+    def held_up() -> int | None:
+        raise OperationalError("renew", {}, Exception("database is locked"))
+
+    with monkeypatch.context() as m:
+        m.setattr(a, "_attempt", held_up)
+        time.sleep(0.4)
+        assert a.step() is True and a.is_leader
+    assert a.lapses == 0
+    _write(sqlite_engine, a, "still-leads")
+    b = Leadership(sqlite_engine, lease_s=0.3, renew_s=0.1, exclusive=True, holder="b")
+    assert b.step() is True  # (an operator started another on the same file by force)
+    with pytest.raises(StaleLeader):
+        _write(sqlite_engine, a, "after-b")
+    assert a.is_leader is False
+    assert _kinds(sqlite_engine) == ["still-leads"]
 
 
 def test_stop_hands_the_lease_over(pg_engine: Engine) -> None:

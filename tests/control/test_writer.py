@@ -189,3 +189,33 @@ def test_a_refused_transition_reloads_only_the_nodes_it_moved(
     with pytest.raises(TransitionError):  # an operator's refused action: nothing reloaded
         actions.node_action(store, "n1", Action.VALIDATE, OP)
     assert store.nodes["n2"] is cache_n2
+
+
+def test_leader_work_refused_before_it_began_reloads_nothing(
+    make_service: Callable[..., ControlService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A replica that knows it does not lead refuses leader work before the command runs: the
+    cache is as the database has it, so there is nothing to rebuild. (Under load a lone
+    controller whose lease had lapsed reloaded its whole cache on the writer at every refused
+    pass, and the agents' pushes timed out behind the reloads.) Any other failure still
+    reloads."""
+    from gpufleet.control.ha.leader import Leadership, NotLeading
+
+    svc = make_service()
+    push(svc, batch("n1", 1))
+    store = svc.store
+    loads: list[object] = []
+    real_load = store.load
+    monkeypatch.setattr(store, "load", lambda *a: loads.append(a) or real_load(*a))
+    follower = Leadership(svc.engine, holder="follower")  # never stepped: leads nothing
+    ran: list[str] = []
+    with pytest.raises(NotLeading):
+        store.writer.call(follower.wrap(lambda: ran.append("leader work")))
+    assert ran == [] and loads == []
+
+    def fails() -> None:
+        raise RuntimeError("disk full")
+
+    with pytest.raises(RuntimeError):
+        store.writer.call(fails)
+    assert len(loads) == 1

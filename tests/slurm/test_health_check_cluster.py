@@ -249,8 +249,13 @@ def test_health_check_drains_within_limit_resumes_and_spares_peoples_drains(
 
     # healthy again: the check resumes the node it drained, and only that one
     select.write_text(str(_fleet(tmp_path / "healthy2.yaml", ())), encoding="utf-8")
-    _wait(lambda: "drain" not in _states(b)[node].state, 30, f"{node} resumed")
-    assert f"{node}: resumed" in _log(log, node)
+    # The check resumes the node, then writes its line: wait for both, the line names who did it
+    # (a state seen between the two once failed this test).
+    _wait(
+        lambda: "drain" not in _states(b)[node].state and f"{node}: resumed" in _log(log, node),
+        30,
+        f"{node} resumed by the check",
+    )
     time.sleep(5)  # two more intervals: the person's drain stays
     gpu3 = _states(b)["gpu3"]
     assert "drain" in gpu3.state and gpu3.reason == person

@@ -29,7 +29,7 @@ idle in a transaction, so a stopped replica's row locks hold nobody up for longe
 
 On SQLite only one controller runs per database (the data directory's lock file,
 `gpufleet.control.db.backup.controller_lock`): the same code runs with ``exclusive``, taking the
-lease at once whatever the row says.
+lease at once whatever the row says, and never lapsing by its own clock (nobody can take over).
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.exc import IntegrityError, OperationalError
 
 from gpufleet.control.db.models import LeaderLease
+from gpufleet.control.state.ports import RefusedUnchanged
 
 log = logging.getLogger("gpufleet.control.leader")
 P = ParamSpec("P")
@@ -60,6 +61,11 @@ DEFAULT_RENEW_S = 2.0
 
 class StaleLeader(RuntimeError):
     """A write of leader work was refused: the lease's epoch is no longer this replica's."""
+
+
+class NotLeading(StaleLeader, RefusedUnchanged):
+    """Leader work refused before it began, this replica knowing it does not lead: nothing
+    was read or written (so nothing needs undoing)."""
 
 
 def holder_id() -> str:
@@ -117,7 +123,14 @@ class Leadership:
     # -- state ----------------------------------------------------------------------------------
     @property
     def is_leader(self) -> bool:
-        return self.epoch is not None and time.monotonic() < self._valid_until
+        """Does this replica lead now? Replicated: until ``lease_s`` after its last successful
+        renewal began. ``exclusive`` (SQLite, the lock file's one controller): from taking the
+        lease until a write is refused, however long a renewal is held up, since no other
+        replica can take over (a CPU-starved lone controller once let its lease run out and
+        refused its own leader work)."""
+        if self.epoch is None:
+            return False
+        return self.exclusive or time.monotonic() < self._valid_until
 
     def describe(self) -> dict[str, Any]:
         """What ``GET /api/v1/health`` and the tests show of the election."""
@@ -265,7 +278,7 @@ class Leadership:
         Raises `StaleLeader` at once when this replica does not lead."""
         mine = self.epoch
         if mine is None or not self.is_leader:
-            raise StaleLeader(f"{self.holder} does not lead")
+            raise NotLeading(f"{self.holder} does not lead")
         prev = getattr(self._local, "epoch", None)
         self._local.epoch = mine
         try:

@@ -124,6 +124,12 @@ class NoBatchWriter(RuntimeError):
     """The store was built without a `BatchWriter` (it takes no agent batches)."""
 
 
+class RefusedUnchanged(Exception):
+    """A writer command refused before it read or wrote anything (a wing's own refusal, e.g.
+    leader work on a replica that knows it does not lead): the kernel's cache needs no
+    rebuild after it."""
+
+
 class Notifier(Protocol):
     """Told of every event row and validation result a transaction writes, inside that
     transaction (so a durable outbox can be written in it), and of its end."""

@@ -61,6 +61,7 @@ from gpufleet.control.state.ports import (
     BatchWriter,
     NoBatchWriter,
     Notifier,
+    RefusedUnchanged,
     SchedulerHook,
 )
 from gpufleet.control.state.remediation import CircuitBreaker, RemediationPolicy
@@ -315,8 +316,8 @@ class ControlStore:
         """A writer command failed: its transaction rolled back, so the cache may hold changes
         the database does not; rebuild it (unless the command refused before changing
         anything)."""
-        if isinstance(exc, NotFound | PermissionError):
-            return
+        if isinstance(exc, NotFound | PermissionError | RefusedUnchanged):
+            return  # refused before anything changed
         self._notify = []
         if isinstance(exc, lc.TransitionError) and not self._dirty_all:
             # the state machine refuses before it changes the node: only the nodes the command
