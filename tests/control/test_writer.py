@@ -8,6 +8,7 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from typing import Any
 
 import pytest
 
@@ -206,7 +207,12 @@ def test_leader_work_refused_before_it_began_reloads_nothing(
     store = svc.store
     loads: list[object] = []
     real_load = store.load
-    monkeypatch.setattr(store, "load", lambda *a: loads.append(a) or real_load(*a))
+
+    def counted_load(*a: Any) -> None:
+        loads.append(a)
+        real_load(*a)
+
+    monkeypatch.setattr(store, "load", counted_load)
     follower = Leadership(svc.engine, holder="follower")  # never stepped: leads nothing
     ran: list[str] = []
     with pytest.raises(NotLeading):
