@@ -192,3 +192,227 @@ def test_a_crafted_member_name_is_refused_and_writes_nothing(tmp_path: Path) -> 
     assert "notify.yaml" not in after
     # controller.lock holds the restoring process id; nothing else may change
     assert {k for k in after if after[k] != before.get(k)} <= {"controller.lock"}
+
+
+# --- issue 29: every member checked (name, type, size, checksum, the database itself) before
+# anything is replaced; each crafted archive below is refused with one line naming the member
+# and leaves the data directory byte for byte as it was.
+
+MiB = 1 << 20
+
+
+@pytest.fixture(scope="module")
+def origin(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A data directory (a migrated database with a token, a job-env key) and its backup,
+    written by the real `backup` in this process (one CLI start less per test)."""
+    from gpufleet.control.db.backup import backup
+    from gpufleet.control.db.engine import current_revision
+
+    root = tmp_path_factory.mktemp("origin")
+    data = root / "d"
+    create_tokens(data, {"a": ("admin", None)})
+    (data / "job-env.key").write_bytes(os.urandom(32))
+    (data / "job-env.key").chmod(0o600)
+    url = database_url(data, None)
+    engine = make_engine(url)
+    try:
+        rev = current_revision(engine)
+    finally:
+        engine.dispose()
+    archive = root / "b.tar"
+    backup(url, data, archive, rev)
+    return data, archive
+
+
+def _info(name: str, size: int = 0, kind: bytes = tarfile.REGTYPE, link: str = "") -> Any:
+    info = tarfile.TarInfo(name)
+    info.size, info.type, info.linkname, info.mode = size, kind, link, 0o600
+    return info
+
+
+def _parts(archive: Path) -> tuple[dict[str, Any], list[tuple[Any, bytes]]]:
+    import json
+
+    with tarfile.open(archive) as tar:
+        manifest = json.load(tar.extractfile("manifest.json"))  # type: ignore[arg-type]
+        rest = [
+            (m, tar.extractfile(m).read())  # type: ignore[union-attr]
+            for m in tar.getmembers()
+            if m.name != "manifest.json"
+        ]
+    return manifest, rest
+
+
+def _write(
+    dest: Path, manifest: dict[str, Any], members: list[tuple[Any, bytes]], mode: str = "w"
+) -> Path:
+    import io
+    import json
+
+    body = json.dumps(manifest).encode()
+    with tarfile.open(dest, mode) as out:  # type: ignore[call-overload]
+        out.addfile(_info("manifest.json", len(body)), io.BytesIO(body))
+        for info, data in members:
+            out.addfile(info, io.BytesIO(data) if info.isreg() else None)
+    return dest
+
+
+def _snapshot(root: Path) -> dict[str, tuple[int, bytes]]:
+    return {
+        str(p.relative_to(root)): (p.stat().st_mode, p.read_bytes() if p.is_file() else b"")
+        for p in sorted(root.rglob("*"))
+    }
+
+
+def _swap(
+    members: list[tuple[Any, bytes]], name: str, info: Any, data: bytes = b""
+) -> list[tuple[Any, bytes]]:
+    return [(info, data) if m.name == name else (m, d) for m, d in members]
+
+
+def _sha(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+KEY = "keys/job-env.key"
+ODD: dict[str, Any] = {
+    # case: (craft(members) -> members, the member named, what the message says it is)
+    "directory": (lambda ms: _swap(ms, KEY, _info(KEY, kind=tarfile.DIRTYPE)), KEY, "directory"),
+    "nested": (
+        lambda ms: [*ms, (_info("keys/sub/job-env.key", 3), b"abc")],
+        "keys/sub/job-env.key",
+        "not one a backup writes",
+    ),
+    "symlink": (
+        lambda ms: _swap(
+            ms, "database.sqlite", _info("database.sqlite", 0, tarfile.SYMTYPE, "/etc/passwd")
+        ),
+        "database.sqlite",
+        "symbolic link",
+    ),
+    "hardlink": (
+        lambda ms: _swap(ms, KEY, _info(KEY, 0, tarfile.LNKTYPE, "database.sqlite")),
+        KEY,
+        "hard link",
+    ),
+    "absolute": (
+        lambda ms: [*ms, (_info("/etc/cron.d/gpufleet", 4), b"evil")],
+        "/etc/cron.d/gpufleet",
+        "absolute path",
+    ),
+    "dotdot": (
+        lambda ms: [*ms, (_info("keys/../../escape", 4), b"evil")],
+        "keys/../../escape",
+        "'..'",
+    ),
+    "device": (lambda ms: _swap(ms, KEY, _info(KEY, kind=tarfile.CHRTYPE)), KEY, "device file"),
+    "duplicate": (
+        lambda ms: [*ms, (_info("database.sqlite", 5), b"evil!")],
+        "database.sqlite",
+        "twice",
+    ),
+}
+
+
+def _refused(r: subprocess.CompletedProcess[str], *words: str) -> None:
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "Traceback" not in r.stderr, r.stderr
+    lines = r.stderr.strip().splitlines()
+    assert len(lines) == 1 and all(w in lines[0] for w in words), r.stderr
+
+
+@pytest.mark.parametrize("case", sorted(ODD))
+def test_an_odd_member_is_refused_naming_it_and_changes_nothing(
+    case: str, origin: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Old code: the unlisted members were ignored (exit 0, restored), the listed ones were
+    'missing' or a checksum failure without saying why; none named what the member is."""
+    import shutil
+
+    craft, name, says = ODD[case]
+    data = shutil.copytree(origin[0], tmp_path / "d")
+    manifest, members = _parts(origin[1])
+    crafted = _write(tmp_path / f"{case}.tar", manifest, craft(members))
+    before = _snapshot(data)
+    r = cli("restore", str(crafted), "--data-dir", str(data), "--force")
+    _refused(r, name, says)
+    assert _snapshot(data) == before
+
+
+@pytest.mark.parametrize(
+    ("zeros", "args"), [(32 * MiB, []), (4 * MiB, ["--max-size", "1M"])], ids=["default", "flag"]
+)
+def test_a_compressed_bomb_is_refused_while_extracting(
+    zeros: int, args: list[str], origin: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """A gzip member of zeros claimed as the database, its checksum right: old code wrote it all
+    out, passed the checksum, then SQLite's 'file is not a database' came out as a traceback."""
+    import shutil
+
+    data = shutil.copytree(origin[0], tmp_path / "d")
+    manifest, members = _parts(origin[1])
+    bomb = bytes(zeros)
+    manifest["members"]["database.sqlite"] = _sha(bomb)
+    members = _swap(members, "database.sqlite", _info("database.sqlite", len(bomb)), bomb)
+    crafted = _write(tmp_path / "bomb.tar.gz", manifest, members, "w:gz")
+    assert crafted.stat().st_size < zeros // 100
+    before = _snapshot(data)
+    r = cli("restore", str(crafted), "--data-dir", str(data), "--force", *args)
+    _refused(r, "'database.sqlite'", "larger than", "--max-size")
+    assert _snapshot(data) == before
+
+
+def _database_with(origin: tuple[Path, Path], tmp_path: Path, case: str) -> bytes:
+    import sqlite3
+
+    if case == "not a database":
+        return bytes(8192)
+    copy = tmp_path / "copy.sqlite"
+    _, members = _parts(origin[1])
+    copy.write_bytes(dict((m.name, d) for m, d in members)["database.sqlite"])
+    conn = sqlite3.connect(copy)
+    with conn:
+        conn.execute("UPDATE alembic_version SET version_num = '9999'")
+    conn.close()
+    return copy.read_bytes()
+
+
+@pytest.mark.parametrize(
+    ("case", "says"), [("not a database", "not an SQLite database"), ("newer revision", "9999")]
+)
+def test_a_database_that_cannot_be_used_is_refused_before_anything_is_replaced(
+    case: str, says: str, origin: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Checksums right, the database itself wrong. Old code: the one of a newer release was
+    put in place, then `migrate` refused it (the data directory already replaced); the zeros
+    gave a traceback."""
+    import shutil
+
+    data = shutil.copytree(origin[0], tmp_path / "d")
+    manifest, members = _parts(origin[1])
+    body = _database_with(origin, tmp_path, case)
+    manifest["members"]["database.sqlite"] = _sha(body)
+    members = _swap(members, "database.sqlite", _info("database.sqlite", len(body)), body)
+    crafted = _write(tmp_path / "db.tar", manifest, members)
+    before = _snapshot(data)
+    r = cli("restore", str(crafted), "--data-dir", str(data), "--force")
+    _refused(r, "database.sqlite", says)
+    assert _snapshot(data) == before
+
+
+def test_a_gzipped_genuine_backup_restores_within_the_default_bound(
+    origin: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """The default bound of a compressed archive does not refuse a real one (a fresh database
+    compresses ~60 times)."""
+    import gzip
+
+    gz = tmp_path / "b.tar.gz"
+    gz.write_bytes(gzip.compress(origin[1].read_bytes()))
+    target = tmp_path / "t"
+    r = cli("restore", str(gz), "--data-dir", str(target))
+    assert r.returncode == 0, r.stderr
+    assert (target / "job-env.key").read_bytes() == (origin[0] / "job-env.key").read_bytes()
+    assert every_row(database_url(target, None)) == every_row(database_url(origin[0], None))

@@ -4,17 +4,28 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import typer
 
 from gpufleet.cli.common import JsonOption
-from gpufleet.cli.output import console, emit_json
-
-if TYPE_CHECKING:
-    pass
-
 from gpufleet.cli.controller_common import DataDirOption, DbUrlOption, _data_dir, _db_url
+from gpufleet.cli.output import console, emit_json
+from gpufleet.errors import UsageError
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def _size(text: str) -> int:
+    """``--max-size``: bytes, or a number with K, M, G or T (binary: 1M is 1,048,576)."""
+    t = text.strip().upper().removesuffix("IB").removesuffix("B")
+    unit = t[-1:] if t[-1:] in _UNITS else ""
+    try:
+        value = float(t[: len(t) - len(unit)]) * _UNITS[unit]
+    except ValueError:
+        value = -1
+    if not 0 < value < 1 << 60:
+        raise UsageError(f"--max-size {text}: expected a size such as 1048576, 512M or 2G")
+    return int(value)
 
 
 def register_backup(ctl: typer.Typer) -> None:
@@ -67,6 +78,13 @@ def register_backup(ctl: typer.Typer) -> None:
             ..., help="A file written by `controller backup`.", metavar="FILE"
         ),
         force: bool = typer.Option(False, "--force", help="Replace a database that holds nodes."),
+        max_size: str | None = typer.Option(
+            None,
+            "--max-size",
+            help="The most bytes one member may hold (512M, 2G; default: the archive's size, "
+            "or 100 times it and at least 16M for a compressed one).",
+            metavar="SIZE",
+        ),
         data_dir: Path | None = DataDirOption,
         db_url: str | None = DbUrlOption,
         json_out: bool = JsonOption,
@@ -76,7 +94,8 @@ def register_backup(ctl: typer.Typer) -> None:
         from gpufleet.control.db.engine import make_engine, migrate
 
         url, ddir = _url_and_dir(ctx, data_dir, db_url)
-        manifest = restore(source, url, ddir, force=force)
+        bound = None if max_size is None else _size(max_size)
+        manifest = restore(source, url, ddir, force=force, max_size=bound)
         engine = make_engine(url)
         try:
             rev = migrate(engine)
