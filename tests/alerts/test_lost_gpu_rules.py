@@ -17,6 +17,7 @@ import pytest
 import yaml
 
 from gpufleet.cli.config_prometheus import rules_doc
+from gpufleet.cli.prometheus_rule_tests import gpu_lost_text
 from gpufleet.devices.sim import Fault, FaultKind, ManualClock
 from gpufleet.telemetry.exposition import (
     AgentCollector,
@@ -139,7 +140,7 @@ def test_gpu_lost_alert_fires_and_stays_firing_across_an_agent_restart(tmp_path:
     firing = [
         {
             "exp_labels": labels,
-            "exp_annotations": {"summary": "GPU 1 fell off the bus on node-a"},
+            "exp_annotations": gpu_lost_text("1", uuid=before["UUID"], host="node-a"),
         }
     ]
     run_promtool(
@@ -178,7 +179,8 @@ def test_gpu_lost_at_first_start_fires(tmp_path: Path) -> None:
                             "severity": "critical",
                             "scope": "gpu",
                         },
-                        "exp_annotations": {"summary": "GPU 1 fell off the bus on node-a"},
+                        # no UUID known: the description names the index and the host
+                        "exp_annotations": gpu_lost_text("1", uuid=None, host="node-a"),
                     }
                 ],
             }

@@ -65,10 +65,12 @@ def test_the_old_xid_rule_misses_the_first_xid_and_promtool_says_so(tmp_path: Pa
     out = _promtool(_write(tmp_path, rules))
     assert out.returncode != 0
     text = out.stdout + out.stderr
+    # the first XID 79 at 3m, the first XIDs 13 and 999 at 2m
     assert "alertname: GpufleetXidErrors, time: 3m" in text, text
-    # the only failure is the first XID's: a second one, and an old XID's next one, are seen
+    assert "alertname: GpufleetXidErrors, time: 2m" in text, text
+    # the only failures are the first XIDs': a second one, and an old XID's next one, are seen
     # by `increase`
-    assert text.count("alertname:") == 1, text
+    assert text.count("alertname:") == 2, text
 
 
 @pytest.mark.process

@@ -12,6 +12,7 @@ from pathlib import Path
 import typer
 import yaml
 
+from gpufleet.cli import alert_texts as T
 from gpufleet.cli.common import JsonOption, TokenFileOption, host_port, http_url, read_token
 from gpufleet.cli.output import emit_json, err_console
 from gpufleet.control.fleet.prometheus_sd import DEFAULT_AGENT_PORT, META
@@ -47,8 +48,10 @@ GPU_RULES: list[dict[str, object]] = [
         "for": "1m",
         "labels": {"severity": "critical", "scope": "gpu"},
         "annotations": {
-            "summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} failed its health checks",
-            "description": "curl http://{{ $labels.instance }}/health for the findings.",
+            "summary": f"{T.GPU} on {T.NODE} failed its health checks",
+            "description": f"{T.GPU_FULL}: the agent's health verdict is fail for 1 minute "
+            f"(gpufleet_gpu_health_status 2).{T.GPU_EVIDENCE} Every finding with its code "
+            f"and evidence: curl {T.HEALTH_URL}",
         },
     },
     {
@@ -56,14 +59,25 @@ GPU_RULES: list[dict[str, object]] = [
         "expr": f"max by ({GPU_KEY}) (gpufleet_gpu_health_status) == 1",
         "for": "10m",
         "labels": {"severity": "warning", "scope": "gpu"},
-        "annotations": {"summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} warns"},
+        "annotations": {
+            "summary": f"{T.GPU} on {T.NODE} warns: health verdict warn for 10 minutes",
+            "description": f"{T.GPU_FULL}: the agent's health verdict is warn for 10 minutes "
+            f"(gpufleet_gpu_health_status 1).{T.GPU_EVIDENCE} Every finding with its code "
+            f"and evidence: curl {T.HEALTH_URL}",
+        },
     },
     {
         "alert": "GpufleetXidErrors",
         "expr": XID_NEW,
-        "labels": {"severity": "warning", "scope": "gpu"},
+        # critical for a code the XID catalog rates fail: it holds back GpufleetGpuFailed of
+        # the GPU (config_alertmanager), so it must page as loudly
+        "labels": {"severity": T.xid_severity_label(), "scope": "gpu"},
         "annotations": {
-            "summary": "XID {{ $labels.xid }} on GPU {{ $labels.gpu }} of {{ $labels.Hostname }}"
+            "summary": "XID {{ $labels.xid }} on GPU {{ $labels.gpu }} of "
+            f"{T.NODE}: {T.xid_name()}",
+            "description": f"{T.GPU_FULL} logged XID {{{{ $labels.xid }}}} in the last 10 "
+            "minutes (finding XID_{{ $labels.xid }}): "
+            f"{T.xid_meaning()}{T.xid_count()}. curl {T.HEALTH_URL} for its findings.",
         },
     },
     {
@@ -72,7 +86,14 @@ GPU_RULES: list[dict[str, object]] = [
         "keep_firing_for": LOST_KEEP_FIRING,
         "labels": {"severity": "critical", "scope": "gpu"},
         "annotations": {
-            "summary": "GPU {{ $labels.gpu }} fell off the bus on {{ $labels.Hostname }}"
+            "summary": f"{T.GPU} on {T.NODE} fell off the bus (GPU_LOST)",
+            "description": f"{T.GPU_FULL} answers every NVML call with GPU is lost "
+            "(gpufleet_gpu_lost 1, finding GPU_LOST"
+            '{{ with printf `gpufleet_xid_errors_total{instance=%q,gpu=%q,xid="79"}` '
+            "$labels.instance $labels.gpu | query }}, XID 79 logged{{ end }}): reboot the "
+            "node; a GPU still lost after the reboot needs the node drained and inspected "
+            "(seating, baseboard, power). Keeps firing for "
+            f"{LOST_KEEP_FIRING} through agent restarts.",
         },
     },
     {
@@ -81,7 +102,13 @@ GPU_RULES: list[dict[str, object]] = [
         "for": "5m",
         "labels": {"severity": "warning", "scope": "gpu"},
         "annotations": {
-            "summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }}: HW thermal slowdown"
+            "summary": f"{T.GPU} on {T.NODE}: HW thermal slowdown for 5 minutes "
+            "(HW_THERMAL_SLOWDOWN)",
+            "description": f"{T.GPU_FULL} has had the clock-event reason hw_thermal active "
+            "for 5 minutes (finding HW_THERMAL_SLOWDOWN"
+            "{{ with printf `DCGM_FI_DEV_GPU_TEMP{instance=%q,gpu=%q}` $labels.instance "
+            "$labels.gpu | query }}, at {{ . | first | value | humanize }} C{{ end }}): the "
+            "GPU lowers its clocks to cool down; check the cooling and airflow.",
         },
     },
     {
@@ -89,10 +116,17 @@ GPU_RULES: list[dict[str, object]] = [
         "expr": "DCGM_FI_DEV_ROW_REMAP_FAILURE == 1",
         "labels": {"severity": "critical", "scope": "gpu"},
         "annotations": {
-            "summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }}: row remapping failed"
+            "summary": f"{T.GPU} on {T.NODE}: row remapping failed (ROW_REMAP_FAILURE)",
+            "description": f"{T.GPU_FULL} has a memory bank with no spare rows left "
+            "(DCGM_FI_DEV_ROW_REMAP_FAILURE 1, finding ROW_REMAP_FAILURE, XID 64): its "
+            "memory cannot be repaired in the field; drain the node and inspect or replace "
+            "the GPU.",
         },
     },
 ]
+
+NODE_ITSELF = "no GPU (a finding of the node itself)"
+_NODE_GPUS_AT = "gpufleet_gpu_health_status{{instance=%q}} == {}"
 
 NODE_RULES: list[dict[str, object]] = [
     {
@@ -100,7 +134,13 @@ NODE_RULES: list[dict[str, object]] = [
         "expr": 'up{job="gpufleet-agent"} == 0',
         "for": "2m",
         "labels": {"severity": "critical", "scope": "node"},
-        "annotations": {"summary": "gpufleet agent {{ $labels.instance }} is not answering"},
+        # `up` carries the scrape's labels only: the agent's address names the node
+        "annotations": {
+            "summary": "gpufleet agent {{ $labels.instance }} is not answering",
+            "description": "Prometheus has failed to scrape http://{{ $labels.instance }}"
+            "/metrics for 2 minutes (up 0): the agent, its host or the network is down. The "
+            "node's GPU alerts are held back while this fires.",
+        },
     },
     {
         "alert": "GpufleetNodeFailed",
@@ -108,9 +148,12 @@ NODE_RULES: list[dict[str, object]] = [
         "for": "1m",
         "labels": {"severity": "critical", "scope": "node"},
         "annotations": {
-            "summary": "node {{ $labels.Hostname }} failed its health checks",
-            "description": "Its GPU alerts are held back while this fires; curl "
-            "http://{{ $labels.instance }}/health for the findings of every GPU.",
+            "summary": f"node {T.NODE} failed its health checks",
+            "description": f"Node {T.NODE}: the agent's health verdict is fail for 1 minute "
+            "(gpufleet_node_health_status 2); failing:"
+            f"{T.node_gpus(_NODE_GPUS_AT.format(2), NODE_ITSELF)}. Held back while a critical "
+            "alert of one of its GPUs fires: that one names the finding. Every finding: curl "
+            f"{T.HEALTH_URL}",
         },
     },
     {
@@ -118,7 +161,14 @@ NODE_RULES: list[dict[str, object]] = [
         "expr": f"max by ({NODE_KEY}) (gpufleet_node_health_status) == 1",
         "for": "10m",
         "labels": {"severity": "warning", "scope": "node"},
-        "annotations": {"summary": "node {{ $labels.Hostname }} warns"},
+        "annotations": {
+            "summary": f"node {T.NODE} warns: health verdict warn for 10 minutes",
+            "description": f"Node {T.NODE}: the agent's health verdict is warn for 10 minutes "
+            "(gpufleet_node_health_status 1); warning:"
+            f"{T.node_gpus(_NODE_GPUS_AT.format(1), NODE_ITSELF)}. Held back while an alert of "
+            "one of its GPUs fires: that one names the finding. Every finding: curl "
+            f"{T.HEALTH_URL}",
+        },
     },
     {
         "alert": "GpufleetNodeHealthUnknown",
@@ -126,8 +176,10 @@ NODE_RULES: list[dict[str, object]] = [
         "for": "10m",
         "labels": {"severity": "warning", "scope": "node"},
         "annotations": {
-            "summary": "node {{ $labels.Hostname }}: the agent cannot judge its health",
-            "description": "The agent runs but has no verdict (NVML calls hang or fail).",
+            "summary": f"node {T.NODE}: the agent cannot judge its health",
+            "description": f"The agent on {T.NODE} runs but has had no health verdict for 10 "
+            "minutes (gpufleet_node_health_status 3): NVML calls hang or fail. curl "
+            f"{T.HEALTH_URL}",
         },
     },
     {
@@ -136,8 +188,11 @@ NODE_RULES: list[dict[str, object]] = [
         "keep_firing_for": LOST_KEEP_FIRING,
         "labels": {"severity": "critical", "scope": "node"},
         "annotations": {
-            "summary": "{{ $value }} GPUs fell off the bus on {{ $labels.Hostname }}",
-            "description": "Several GPUs at once: suspect the baseboard, PCIe switch or power.",
+            "summary": f"{{{{ $value | humanize }}}} GPUs fell off the bus on {T.NODE} (GPU_LOST)",
+            "description": "Lost:"
+            f"{T.node_gpus('gpufleet_gpu_lost{instance=%q} == 1', 'none')} on {T.NODE} (finding "
+            "GPU_LOST on each: NVML answers GPU is lost). Several at once: suspect the "
+            "baseboard, PCIe switch or power. Their GPU alerts are held back while this fires.",
         },
     },
 ]

@@ -32,9 +32,58 @@ _GPU = {
 }
 _NODE = {"Hostname": HOST, **_SCRAPE}
 # what `max by (instance, Hostname, gpu, UUID)` / `max by (instance, Hostname)` keep
+CLOCK = "gpufleet_clock_event_reason_active"
 _GPU_KEYED = {"instance": INSTANCE, "Hostname": HOST, "gpu": "3", "UUID": UUID}
 _NODE_KEYED = {"instance": INSTANCE, "Hostname": HOST}
-_HEALTH_HINT = f"curl http://{INSTANCE}/health for the findings."
+HEALTH = f"http://{INSTANCE}/health"
+
+
+def gpu_full(gpu: str = "3", uuid: str | None = UUID, host: str = HOST) -> str:
+    """How a description names a GPU: "GPU 3 (GPU-8c1f...) on node-a"."""
+    return f"GPU {gpu}{f' ({uuid})' if uuid else ''} on {host}"
+
+
+def gpu_failed_text(gpu: str = "3", evidence: str = "", **kw: Any) -> dict[str, str]:
+    """GpufleetGpuFailed's annotations; ``evidence``: the finding codes the series show."""
+    return {
+        "summary": f"GPU {gpu} on {kw.get('host', HOST)} failed its health checks",
+        "description": f"{gpu_full(gpu, **kw)}: the agent's health verdict is fail for 1 minute "
+        f"(gpufleet_gpu_health_status 2).{evidence} Every finding with its code and evidence: "
+        f"curl {HEALTH}",
+    }
+
+
+def gpu_lost_text(
+    gpu: str = "3", *, xid79: bool = False, uuid: str | None = UUID, host: str = HOST
+) -> dict[str, str]:
+    """GpufleetGpuLost's annotations (``xid79``: the agent counted an XID 79 on the GPU)."""
+    return {
+        "summary": f"GPU {gpu} on {host} fell off the bus (GPU_LOST)",
+        "description": f"{gpu_full(gpu, uuid, host)} answers every NVML call with GPU is lost "
+        f"(gpufleet_gpu_lost 1, finding GPU_LOST{', XID 79 logged' if xid79 else ''}): reboot "
+        "the node; a GPU still lost after the reboot needs the node drained and inspected "
+        "(seating, baseboard, power). Keeps firing for 10m through agent restarts.",
+    }
+
+
+def xid_text(code: int, count: int, gpu: str = "3") -> dict[str, str]:
+    """GpufleetXidErrors' annotations, the words from the XID catalog."""
+    from gpufleet.catalog import load_catalog
+    from gpufleet.cli.alert_texts import ACTION_WORDS
+
+    entry = load_catalog().xid(code)
+    name = entry.name if entry else "not in gpufleet's XID catalog"
+    meaning = (
+        f"{entry.name} ({entry.severity.value}; {ACTION_WORDS[entry.action]})"
+        if entry
+        else "a code not in gpufleet's XID catalog (warn)"
+    )
+    return {
+        "summary": f"XID {code} on GPU {gpu} of {HOST}: {name}",
+        "description": f"{gpu_full(gpu)} logged XID {code} in the last 10 minutes (finding "
+        f"XID_{code}): {meaning}; the agent counted {count} of them. curl {HEALTH} for its "
+        "findings.",
+    }
 
 
 def _series(name: str, labels: dict[str, str], values: str) -> dict[str, str]:
@@ -60,13 +109,24 @@ def _group(series: list[dict[str, str]], *checks: dict[str, Any]) -> dict[str, A
 def _node_groups() -> list[dict[str, Any]]:
     up = _series("up", _SCRAPE, "1 1 0 0 0 0 0 1")
     node = "gpufleet_node_health_status"
+    health = "gpufleet_gpu_health_status"
+
+    def node_text(verdict: str, value: int, for_: str, gpus: str) -> dict[str, str]:
+        word = "failing" if verdict == "fail" else "warning"
+        held = "a critical alert" if verdict == "fail" else "an alert"
+        return {
+            "description": f"Node {HOST}: the agent's health verdict is {verdict} for {for_} "
+            f"(gpufleet_node_health_status {value}); {word}: {gpus}. Held back while {held} "
+            f"of one of its GPUs fires: that one names the finding. Every finding: curl "
+            f"{HEALTH}",
+        }
+
     failed = _alert(
         _NODE_KEYED,
         "critical",
         "node",
         summary="node node-a failed its health checks",
-        description="Its GPU alerts are held back while this fires; curl "
-        f"http://{INSTANCE}/health for the findings of every GPU.",
+        **node_text("fail", 2, "1 minute", "GPU 3"),
     )
     lost = "gpufleet_gpu_lost"
     return [
@@ -83,25 +143,39 @@ def _node_groups() -> list[dict[str, Any]]:
                     "critical",
                     "node",
                     summary=f"gpufleet agent {INSTANCE} is not answering",
+                    description=f"Prometheus has failed to scrape http://{INSTANCE}/metrics for "
+                    "2 minutes (up 0): the agent, its host or the network is down. The node's "
+                    "GPU alerts are held back while this fires.",
                 ),
             ),
             _at(8, "GpufleetAgentDown"),  # back
         ),
+        # the node fails because GPU 3 does: the description names the GPU
         _group(
-            [_series(node, _NODE, "0 0 2 2 2 2 0 0")],
+            [
+                _series(node, _NODE, "0 0 2 2 2 2 0 0"),
+                _series(health, _GPU, "0 0 2 2 2 2 0 0"),
+            ],
             _at(1, "GpufleetNodeFailed"),
             _at(4, "GpufleetNodeFailed", failed),
             _at(7, "GpufleetNodeFailed"),
         ),
-        # a warning pages only after 10 minutes: a passing blip does not
+        # a warning pages only after 10 minutes: a passing blip does not; a warning of the
+        # node itself (no GPU warns) says so
         _group(
-            [_series(node, _NODE, "1x3 0x3 1x14")],
+            [_series(node, _NODE, "1x3 0x3 1x14"), _series(health, _GPU, "0x21")],
             _at(3, "GpufleetNodeWarning"),
             _at(12, "GpufleetNodeWarning"),
             _at(
                 18,
                 "GpufleetNodeWarning",
-                _alert(_NODE_KEYED, "warning", "node", summary="node node-a warns"),
+                _alert(
+                    _NODE_KEYED,
+                    "warning",
+                    "node",
+                    summary="node node-a warns: health verdict warn for 10 minutes",
+                    **node_text("warn", 1, "10 minutes", "no GPU (a finding of the node itself)"),
+                ),
             ),
         ),
         _group(
@@ -115,7 +189,9 @@ def _node_groups() -> list[dict[str, Any]]:
                     "warning",
                     "node",
                     summary="node node-a: the agent cannot judge its health",
-                    description="The agent runs but has no verdict (NVML calls hang or fail).",
+                    description="The agent on node-a runs but has had no health verdict for "
+                    "10 minutes (gpufleet_node_health_status 3): NVML calls hang or fail. curl "
+                    f"{HEALTH}",
                 ),
             ),
         ),
@@ -133,9 +209,10 @@ def _node_groups() -> list[dict[str, Any]]:
                     _NODE_KEYED,
                     "critical",
                     "node",
-                    summary="2 GPUs fell off the bus on node-a",
-                    description="Several GPUs at once: suspect the baseboard, PCIe switch or "
-                    "power.",
+                    summary="2 GPUs fell off the bus on node-a (GPU_LOST)",
+                    description="Lost: GPU 0 GPU 3 on node-a (finding GPU_LOST on each: NVML "
+                    "answers GPU is lost). Several at once: suspect the baseboard, PCIe switch "
+                    "or power. Their GPU alerts are held back while this fires.",
                 ),
             ),
         ),
@@ -145,11 +222,25 @@ def _node_groups() -> list[dict[str, Any]]:
 def _gpu_groups() -> list[dict[str, Any]]:
     health = "gpufleet_gpu_health_status"
     xid = "gpufleet_xid_errors_total"
+    lost = "gpufleet_gpu_lost"
     xid79 = {**_GPU, "xid": "79"}
-    xid_alert = _alert(xid79, "warning", "gpu", summary="XID 79 on GPU 3 of node-a")
+    gpu0 = {**_GPU, "gpu": "0", "device": "nvidia0", "UUID": UUID.replace("8c1f", "0a0a")}
+
+    def xid_alert(code: int, count: int, severity: str) -> Any:
+        return _alert({**_GPU, "xid": str(code)}, severity, "gpu", **xid_text(code, count))
+
+    thermal = {**_GPU, "reason": "hw_thermal"}
     return [
+        # GPU 3 fails with an XID 48 counted, GPU 0 fails because it fell off the bus: each
+        # description names the codes its GPU's series show
         _group(
-            [_series(health, _GPU, "0 2 2 2 0")],
+            [
+                _series(health, _GPU, "0 2 2 2 0"),
+                _series(xid, {**_GPU, "xid": "48"}, "1x4"),
+                _series(lost, _GPU, "0x4"),
+                _series(health, gpu0, "0 2 2 2 0"),
+                _series(lost, gpu0, "0 1 1 1 0"),
+            ],
             _at(1, "GpufleetGpuFailed"),
             _at(
                 3,
@@ -158,64 +249,91 @@ def _gpu_groups() -> list[dict[str, Any]]:
                     _GPU_KEYED,
                     "critical",
                     "gpu",
-                    summary="GPU 3 on node-a failed its health checks",
-                    description=_HEALTH_HINT,
+                    **gpu_failed_text(evidence=" XID_48: 1 XID 48 event(s) counted by the agent."),
+                ),
+                _alert(
+                    {**_GPU_KEYED, "gpu": "0", "UUID": gpu0["UUID"]},
+                    "critical",
+                    "gpu",
+                    **gpu_failed_text("0", " GPU_LOST: it fell off the bus.", uuid=gpu0["UUID"]),
                 ),
             ),
             _at(5, "GpufleetGpuFailed"),
         ),
         _group(
-            [_series(health, _GPU, "0 1x14")],
+            [_series(health, _GPU, "0 1x14"), _series(CLOCK, thermal, "0 1x14")],
             _at(5, "GpufleetGpuWarning"),
             _at(
                 12,
                 "GpufleetGpuWarning",
-                _alert(_GPU_KEYED, "warning", "gpu", summary="GPU 3 on node-a warns"),
+                _alert(
+                    _GPU_KEYED,
+                    "warning",
+                    "gpu",
+                    summary="GPU 3 on node-a warns: health verdict warn for 10 minutes",
+                    description=f"{gpu_full()}: the agent's health verdict is warn for 10 "
+                    "minutes (gpufleet_gpu_health_status 1). HW_THERMAL_SLOWDOWN: HW thermal "
+                    "slowdown active. Every finding with its code and evidence: curl "
+                    f"{HEALTH}",
+                ),
             ),
         ),
         # The first XID of a code on a GPU: its counter series is born at 1, so `increase`
         # alone never sees it (XIDs 79, 48, 94/95 usually happen once); it fires at once, goes
         # on firing while a second one comes, and is quiet once 10 minutes pass without one.
+        # 79 is a fatal code in the XID catalog: critical
         _group(
             [_series(xid, xid79, "_ _ _ 1 2 2x25")],
             _at(2, "GpufleetXidErrors"),
-            _at(3, "GpufleetXidErrors", xid_alert),
-            _at(4, "GpufleetXidErrors", xid_alert),
+            _at(3, "GpufleetXidErrors", xid_alert(79, 1, "critical")),
+            _at(4, "GpufleetXidErrors", xid_alert(79, 2, "critical")),
             _at(25, "GpufleetXidErrors"),
         ),
         # a GPU with an old XID (counted before the window): only a new one fires
         _group(
             [_series(xid, xid79, "1x15 2x15")],
             _at(14, "GpufleetXidErrors"),
-            _at(17, "GpufleetXidErrors", xid_alert),
+            _at(17, "GpufleetXidErrors", xid_alert(79, 2, "critical")),
             _at(30, "GpufleetXidErrors"),
         ),
+        # an application XID (13) and a code the catalog does not know warn
         _group(
-            [_series("gpufleet_gpu_lost", _GPU, "0 0 1 1 1")],
+            [
+                _series(xid, {**_GPU, "xid": "13"}, "_ 1x5"),
+                _series(xid, {**_GPU, "xid": "999"}, "_ 3x5"),
+            ],
+            _at(0, "GpufleetXidErrors"),
+            _at(
+                2,
+                "GpufleetXidErrors",
+                xid_alert(13, 1, "warning"),
+                xid_alert(999, 3, "warning"),
+            ),
+        ),
+        _group(
+            [_series(lost, _GPU, "0 0 1 1 1"), _series(xid, xid79, "_ _ 1 1 1")],
             _at(1, "GpufleetGpuLost"),
             _at(
                 3,
                 "GpufleetGpuLost",
-                _alert(_GPU_KEYED, "critical", "gpu", summary="GPU 3 fell off the bus on node-a"),
+                _alert(_GPU_KEYED, "critical", "gpu", **gpu_lost_text(xid79=True)),
             ),
         ),
         _group(
-            [
-                _series(
-                    "gpufleet_clock_event_reason_active",
-                    {**_GPU, "reason": "hw_thermal"},
-                    "0 1x10",
-                )
-            ],
+            [_series(CLOCK, thermal, "0 1x10"), _series("DCGM_FI_DEV_GPU_TEMP", _GPU, "91x10")],
             _at(3, "GpuHotAndThrottled"),
             _at(
                 8,
                 "GpuHotAndThrottled",
                 _alert(
-                    {**_GPU, "reason": "hw_thermal"},
+                    thermal,
                     "warning",
                     "gpu",
-                    summary="GPU 3 on node-a: HW thermal slowdown",
+                    summary="GPU 3 on node-a: HW thermal slowdown for 5 minutes "
+                    "(HW_THERMAL_SLOWDOWN)",
+                    description=f"{gpu_full()} has had the clock-event reason hw_thermal "
+                    "active for 5 minutes (finding HW_THERMAL_SLOWDOWN, at 91 C): the GPU "
+                    "lowers its clocks to cool down; check the cooling and airflow.",
                 ),
             ),
         ),
@@ -225,7 +343,16 @@ def _gpu_groups() -> list[dict[str, Any]]:
             _at(
                 2,
                 "GpuRowRemapFailure",
-                _alert(_GPU, "critical", "gpu", summary="GPU 3 on node-a: row remapping failed"),
+                _alert(
+                    _GPU,
+                    "critical",
+                    "gpu",
+                    summary="GPU 3 on node-a: row remapping failed (ROW_REMAP_FAILURE)",
+                    description=f"{gpu_full()} has a memory bank with no spare rows left "
+                    "(DCGM_FI_DEV_ROW_REMAP_FAILURE 1, finding ROW_REMAP_FAILURE, XID 64): its "
+                    "memory cannot be repaired in the field; drain the node and inspect or "
+                    "replace the GPU.",
+                ),
             ),
         ),
     ]
