@@ -1,6 +1,7 @@
 """`gpufleet config alertmanager` driven through Debian's real Alertmanager: alerts posted to
 its API reach the webhook receivers of their severity and tenant (a small HTTP server in this
-test), and a node's critical alert holds back the alerts of its GPUs (issue 18)."""
+test); the most specific alert pages and the generic one of the same GPU or node is held
+back (issues 18, 29)."""
 
 from __future__ import annotations
 
@@ -9,17 +10,20 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import yaml
 from typer.testing import CliRunner
 
 from gpufleet.cli.app import app
 from tests.agent.conftest import need_binary
 from tests.control.conftest import free_port
+from tests.waiting import wait_truthy
 
 runner = CliRunner()
 
@@ -53,6 +57,21 @@ class Receiver:
             posts = list(self.got.get(path, []))
         return {
             (a["labels"]["alertname"], a["labels"].get("gpu", "-") + "@" + a["labels"]["instance"])
+            for p in posts
+            for a in p["alerts"]
+            if a["status"] == "firing"
+        }
+
+    def firing(self, path: str) -> dict[tuple[str, str], dict[str, str]]:
+        """The annotations of the last delivery of every firing alert to ``path``, by the
+        keys of `alerts`."""
+        with self.lock:
+            posts = list(self.got.get(path, []))
+        return {
+            (
+                a["labels"]["alertname"],
+                a["labels"].get("gpu", "-") + "@" + a["labels"]["instance"],
+            ): a["annotations"]
             for p in posts
             for a in p["alerts"]
             if a["status"] == "firing"
@@ -132,36 +151,47 @@ def _alert(name: str, instance: str, severity: str, scope: str, **labels: str) -
     }
 
 
-@pytest.mark.process
-def test_real_alertmanager_delivers_by_route_and_inhibits_gpu_alerts(
-    tmp_path: Path, receiver: Receiver
-) -> None:
+def _start_alertmanager(tmp_path: Path, config: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Debian's Alertmanager on ``config``, answering; (process, API v2 URL)."""
     binary = need_binary("prometheus-alertmanager", "prometheus-alertmanager")
-    path = _config(tmp_path, receiver)
     port = free_port()
     api = f"http://127.0.0.1:{port}/api/v2"
+    log = tmp_path / "am.log"
     proc = subprocess.Popen(
         [
             binary,
-            f"--config.file={path}",
+            f"--config.file={config}",
             f"--storage.path={tmp_path / 'data'}",
             f"--web.listen-address=127.0.0.1:{port}",
             "--cluster.listen-address=",  # one instance: no gossip port
         ],
         stdout=subprocess.DEVNULL,
-        stderr=(tmp_path / "am.log").open("wb"),
+        stderr=log.open("wb"),
     )
+
+    def answers() -> bool:
+        assert proc.poll() is None, log.read_text()
+        try:
+            return httpx.get(f"{api}/status", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"{api}/status", timeout=1).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            assert proc.poll() is None, (tmp_path / "am.log").read_text()
-            assert time.monotonic() < deadline, "alertmanager did not start"
-            time.sleep(0.2)
+        wait_truthy(answers, 30, "alertmanager to answer")
+    except BaseException:
+        proc.terminate()
+        proc.wait(timeout=10)
+        raise
+    return proc, api
+
+
+@pytest.mark.process
+def test_real_alertmanager_delivers_by_route_and_inhibits_gpu_alerts(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    path = _config(tmp_path, receiver)
+    proc, api = _start_alertmanager(tmp_path, path)
+    try:
         # node-b's agent is down: its GPU alert is held back; node-a's GPU alerts are not
         node_down = _alert("GpufleetAgentDown", "node-b:9400", "critical", "node")
         held = _alert("GpufleetGpuLost", "node-b:9400", "critical", "gpu", gpu="3")
@@ -198,6 +228,112 @@ def test_real_alertmanager_delivers_by_route_and_inhibits_gpu_alerts(
         proc.wait(timeout=10)
 
 
+def _as_prometheus(name: str, labels: dict[str, str], annotations: dict[str, str]) -> Any:
+    """An alert as Prometheus posts it: the rule's labels and rendered annotations, startsAt,
+    and an endsAt that Prometheus pushes forward while the alert fires."""
+    now = datetime.now(UTC)
+    return {
+        "labels": {"alertname": name, **labels},
+        "annotations": annotations,
+        "startsAt": now.isoformat(),
+        "endsAt": (now + timedelta(minutes=5)).isoformat(),
+        "generatorURL": "http://prometheus:9090/graph",
+    }
+
+
+@pytest.mark.process
+def test_the_specific_gpu_alert_pages_and_holds_back_the_generic_ones(
+    tmp_path: Path, receiver: Receiver
+) -> None:
+    """Issue 29: GPU 3 of node-a fell off the bus, so its verdict fails too, and so does the
+    node's; GPU 5 fails on its own. The pager gets GpufleetGpuLost for GPU 3 and
+    GpufleetGpuFailed for GPU 5 only; GPU 3's GpufleetGpuFailed and the node's
+    GpufleetNodeFailed are held back. Without the inhibition (the config reloaded without
+    it) the held-back ones are delivered: they were held back by it, not lost."""
+    from gpufleet.cli import prometheus_rule_tests as R
+
+    path = _config(tmp_path, receiver)
+    host, instance = R.HOST, R.INSTANCE
+    gpu3 = {"instance": instance, "Hostname": host, "gpu": "3", "UUID": R.UUID}
+    gpu5 = {**gpu3, "gpu": "5", "UUID": R.UUID.replace("8c1f", "5555")}
+    crit = {"severity": "critical", "scope": "gpu"}
+    # the annotations Prometheus renders for these series (the promtool cases prove them)
+    alerts = [
+        _as_prometheus("GpufleetGpuLost", {**gpu3, **crit}, R.gpu_lost_text()),
+        _as_prometheus(
+            "GpufleetGpuFailed",
+            {**gpu3, **crit},
+            R.gpu_failed_text(evidence=" GPU_LOST: it fell off the bus."),
+        ),
+        _as_prometheus(
+            "GpufleetGpuFailed",
+            {**gpu5, **crit},
+            R.gpu_failed_text(
+                "5", " XID_48: 1 XID 48 event(s) counted by the agent.", uuid=gpu5["UUID"]
+            ),
+        ),
+        _as_prometheus(
+            "GpufleetNodeFailed",
+            {"instance": instance, "Hostname": host, "severity": "critical", "scope": "node"},
+            {"summary": f"node {host} failed its health checks", "description": "..."},
+        ),
+    ]
+    proc, api = _start_alertmanager(tmp_path, path)
+    try:
+        httpx.post(f"{api}/alerts", json=alerts, timeout=5).raise_for_status()
+        # GPU 5's GpufleetGpuFailed is in the same group as GPU 3's (alertname, instance):
+        # the notification that carries it shows what the group held back
+        gpu_lost = ("GpufleetGpuLost", f"3@{instance}")
+        failed3, failed5 = (
+            ("GpufleetGpuFailed", f"3@{instance}"),
+            ("GpufleetGpuFailed", f"5@{instance}"),
+        )
+        node_failed = ("GpufleetNodeFailed", f"-@{instance}")
+        wait_truthy(lambda: {gpu_lost, failed5} <= receiver.alerts("/pager"), 15, "the pages")
+        assert receiver.alerts("/pager") == {gpu_lost, failed5}, receiver.got
+        assert receiver.alerts("/ops") == set(), receiver.got
+        listed = httpx.get(f"{api}/alerts", timeout=5).json()
+        state = {
+            (a["labels"]["alertname"], a["labels"].get("gpu", "-")): a["status"] for a in listed
+        }
+        fingerprint = {
+            (a["labels"]["alertname"], a["labels"].get("gpu", "-")): a["fingerprint"]
+            for a in listed
+        }
+        assert state[("GpufleetGpuFailed", "3")]["state"] == "suppressed"
+        assert state[("GpufleetGpuFailed", "3")]["inhibitedBy"] == [
+            fingerprint[("GpufleetGpuLost", "3")]
+        ]
+        assert state[("GpufleetNodeFailed", "-")]["state"] == "suppressed"
+        assert state[("GpufleetGpuLost", "3")] == {
+            "state": "active",
+            "inhibitedBy": [],
+            "silencedBy": [],
+        }
+        assert state[("GpufleetGpuFailed", "5")]["state"] == "active"
+        # the page's words name the node, the GPU and the finding code
+        delivered = receiver.firing("/pager")
+        lost_text = delivered[gpu_lost]["description"]
+        assert f"GPU 3 ({R.UUID}) on {host}" in lost_text and "GPU_LOST" in lost_text
+        assert "GPU 5" in delivered[failed5]["description"]
+        assert "XID_48" in delivered[failed5]["description"]
+
+        # counter-check: the same alerts without the inhibit rules page all four
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        doc.pop("inhibit_rules")
+        path.write_text(yaml.safe_dump(doc), encoding="utf-8")
+        reload = httpx.post(f"http://{api.split('/')[2]}/-/reload", timeout=10)
+        assert reload.status_code == 200, reload.text
+        wait_truthy(
+            lambda: {failed3, node_failed} <= receiver.alerts("/pager"),
+            15,
+            "the alerts held back before, once the inhibition is gone",
+        )
+    finally:
+        proc.terminate()
+        proc.wait(timeout=10)
+
+
 def test_bad_options_are_usage_errors_naming_the_option() -> None:
     from gpufleet.errors import GpufleetError
 
@@ -217,4 +353,4 @@ def test_bad_options_are_usage_errors_naming_the_option() -> None:
     assert js.exit_code == 0, js.output
     doc = json.loads(js.output)
     assert [r["name"] for r in doc["receivers"]] == ["ops"]
-    assert doc["inhibit_rules"][0]["equal"] == ["instance"]
+    assert doc["inhibit_rules"][0]["equal"] == ["instance", "gpu"]

@@ -2,15 +2,18 @@
 `gpufleet config prometheus --rules`.
 
 Routes by ``severity`` (critical alerts to a pager receiver when one is given) and by ``tenant``
-(each tenant's alerts also to that tenant's receiver), and inhibits the GPU alerts of a node
-(``scope="gpu"``) while a critical node alert (``scope="node"``: agent down, node failed,
-several GPUs lost) fires for the same ``instance``: one page per broken node, not one per GPU.
+(each tenant's alerts also to that tenant's receiver). Inhibition keeps the most specific alert
+and holds back the generic one, never the other way (issue 29): a GPU's own finding alerts
+(lost, row remap failure, an XID) hold back its verdict alerts (GPU failed / warns); a GPU
+alert holds back its node's verdict alerts (node failed / warns); the node-wide causes (agent
+down, several GPUs lost) hold back the node's GPU alerts: one page per broken node, not eight.
 Field names follow Alertmanager's configuration reference
 (https://prometheus.io/docs/alerting/latest/configuration/; ``matchers`` since 0.22).
 """
 
 from __future__ import annotations
 
+import copy
 import re
 from pathlib import Path
 
@@ -24,10 +27,61 @@ from gpufleet.errors import ConfigError, UsageError
 _TENANT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 _DURATION = re.compile(r"^[0-9]+(ms|s|m|h|d|w|y)$")  # Alertmanager's duration syntax
 
-# The labels the inhibition compares and the routes group by: ``instance`` is the agent
-# (scrape target) and names the node in every gpufleet alert (config_prometheus keeps it).
-INHIBIT_EQUAL = ["instance"]
+# The labels the routes group by: ``instance`` is the agent (scrape target) and names the node
+# in every gpufleet alert (config_prometheus keeps it).
 GROUP_BY = ["alertname", "instance", "tenant"]
+GPU_EQUAL = ["instance", "gpu"]  # the same GPU of the same node
+NODE_EQUAL = ["instance"]
+
+
+def _names(*alerts: str) -> str:
+    return f'alertname=~"{"|".join(alerts)}"'
+
+
+# Generic alerts: a health verdict, whatever finding made it.
+GPU_VERDICTS = ("GpufleetGpuFailed", "GpufleetGpuWarning")
+NODE_VERDICTS = ("GpufleetNodeFailed", "GpufleetNodeWarning")
+# Specific ones: they name the finding. GpufleetXidErrors is critical for an XID the catalog
+# rates fail (then it may stand in for GpufleetGpuFailed), else warning.
+GPU_FINDINGS = ("GpufleetGpuLost", "GpuRowRemapFailure", "GpufleetXidErrors")
+GPU_WARNINGS = ("GpufleetXidErrors", "GpuHotAndThrottled")
+NODE_CAUSES = ("GpufleetAgentDown", "GpufleetNodeGpusLost")
+
+# Every rule's source is more specific than its target, and no target is a source of a rule
+# that targets that source: a specific alert is never the one held back. A warning never
+# holds back a critical alert (it would move the page from the pager to the ops receiver).
+INHIBIT_RULES: list[dict[str, object]] = [
+    {
+        "source_matchers": [_names(*GPU_FINDINGS), 'severity="critical"'],
+        "target_matchers": [_names(*GPU_VERDICTS)],
+        "equal": list(GPU_EQUAL),
+    },
+    {
+        "source_matchers": [_names(*GPU_WARNINGS), 'severity="warning"'],
+        "target_matchers": ['alertname="GpufleetGpuWarning"'],
+        "equal": list(GPU_EQUAL),
+    },
+    {
+        "source_matchers": ['scope="gpu"', 'severity="critical"'],
+        "target_matchers": [_names(*NODE_VERDICTS)],
+        "equal": list(NODE_EQUAL),
+    },
+    {
+        "source_matchers": ['scope="gpu"'],
+        "target_matchers": ['alertname="GpufleetNodeWarning"'],
+        "equal": list(NODE_EQUAL),
+    },
+    {
+        "source_matchers": [_names(*NODE_CAUSES)],
+        "target_matchers": ['scope="gpu"'],
+        "equal": list(NODE_EQUAL),
+    },
+    {
+        "source_matchers": [_names(*NODE_CAUSES)],
+        "target_matchers": [_names(*NODE_VERDICTS, "GpufleetNodeHealthUnknown")],
+        "equal": list(NODE_EQUAL),
+    },
+]
 
 
 def _webhook(name: str, url: str) -> dict[str, object]:
@@ -66,13 +120,7 @@ def alertmanager_config(
             "repeat_interval": repeat_interval,
             "routes": routes,
         },
-        "inhibit_rules": [
-            {
-                "source_matchers": ['scope="node"', 'severity="critical"'],
-                "target_matchers": ['scope="gpu"'],
-                "equal": INHIBIT_EQUAL,
-            }
-        ],
+        "inhibit_rules": copy.deepcopy(INHIBIT_RULES),
         "receivers": receivers,
     }
 
@@ -115,8 +163,8 @@ def register_config(config_app: typer.Typer) -> None:
         out: Path | None = typer.Option(None, "--out", help="Write the config to this file."),
         json_out: bool = JsonOption,
     ) -> None:
-        """Print an Alertmanager config: routes by severity and tenant, GPU alerts held back
-        while their node's critical alert fires."""
+        """Print an Alertmanager config: routes by severity and tenant; the most specific
+        alert pages, the generic one of the same GPU or node is held back."""
         doc = alertmanager_config(
             http_url(webhook, "--webhook"),
             critical_url=http_url(critical_webhook, "--critical-webhook")
