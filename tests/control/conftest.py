@@ -52,8 +52,9 @@ class PgServer:
         as_pg = ["runuser", "-u", "postgres", "--", str(self.bindir / tool)]
         subprocess.run([*as_pg, *args], check=check, capture_output=True, timeout=120)
 
-    def start(self) -> None:
-        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=on"
+    def start(self, options: str = "") -> None:
+        """Start it (``options``: more ``-c name=value`` server settings)."""
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1 -c fsync=on {options}"
         log = str(self.root / "log")
         self._run("pg_ctl", "-D", str(self.data), "-w", "-t", "60", "-l", log, "-o", opts, "start")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sqlalchemy import Engine, insert, select, text
+from sqlalchemy import Engine, insert, select, text, update
 
 from gpufleet.control.db.engine import database_url, make_engine, migrate
 from gpufleet.control.db.models import EventRow, LeaderLease
@@ -215,3 +215,40 @@ def test_stop_hands_the_lease_over(pg_engine: Engine) -> None:
 def test_bad_intervals_are_refused(engine: Engine) -> None:
     with pytest.raises(ValueError, match="renew"):
         Leadership(engine, lease_s=1.0, renew_s=2.0)
+
+
+def test_a_lease_row_gone_back_in_time_yields_no_second_leader(pg_engine: Engine) -> None:
+    """A promoted standby that had not received the last change of holder (or a restored
+    database) holds an older lease row. Before: the replica that had lost that older epoch took
+    the next number, the very epoch the real leader still held, and both leaders' writes passed
+    the fence (it compared epochs only). Now the fence compares the holder too, and a takeover
+    goes past the highest epoch the replica has seen: tokens keep growing, one leader writes."""
+    engine = pg_engine
+    a = Leadership(engine, lease_s=0.5, renew_s=0.1, holder="a")
+    b = Leadership(engine, lease_s=0.5, renew_s=0.1, holder="b")
+    assert b.step() and b.epoch == 1
+    time.sleep(0.6)  # b stops renewing; a takes over
+    assert a.step() and a.epoch == 2
+    assert b.step() is False and b.epoch is None  # b saw epoch 2 in the row
+    # the database goes back in time: the row as it was under b's epoch 1, expired
+    with engine.begin() as c:
+        c.execute(update(LeaderLease).values(holder="b", epoch=1, expires_s=0.0))
+    assert b.step() is True
+    assert b.epoch == 3 and _lease(engine) == ("b", 3)  # past the 2 it had seen, not 2 again
+    _write(engine, b, "by-b")
+    with pytest.raises(StaleLeader):  # a's local lease has not run out: the fence refuses
+        _write(engine, a, "by-a")
+    assert _kinds(engine) == ["by-b"]
+
+
+def test_the_fence_compares_the_holder_as_well_as_the_epoch(pg_engine: Engine) -> None:
+    """Two replicas with the same epoch number (a replica that never saw the higher one, e.g.
+    started after the switch): the one the row does not name is refused."""
+    engine = pg_engine
+    a = Leadership(engine, lease_s=30.0, renew_s=1.0, holder="a")
+    assert a.step() and a.epoch == 1
+    with engine.begin() as c:  # the row, as a lagging standby has it: someone else's epoch 1
+        c.execute(update(LeaderLease).values(holder="c", epoch=1))
+    with pytest.raises(StaleLeader):
+        _write(engine, a, "by-a")
+    assert _kinds(engine) == []

@@ -216,7 +216,7 @@ class SchedulerContext:
     # a leader's transactions (its fencing token, `gpufleet.control.ha.leader`); a scheduler with
     # periodic work of its own (the embedded one's placement) does it only while leading
     leading: Callable[[], bool] = lambda: True
-    fenced: Callable[[], AbstractContextManager[None]] = contextlib.nullcontext
+    fenced: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
 
 
 @runtime_checkable

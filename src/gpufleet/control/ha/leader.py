@@ -5,7 +5,9 @@ Every replica serves the API and ingests; exactly one, the leader, runs the peri
 lost detection and drain completion, remediation retries, maintenance campaigns and the
 embedded scheduler's placement. The lease is one row of ``leader_lease``: ``holder``,
 ``expires_s`` (the database's clock, so replicas on different machines need no common clock)
-and ``epoch``, the fencing token, one more at every change of holder. A lease row rather than
+and ``epoch``, the fencing token, growing at every change of holder: one past both the row's
+and the highest this replica has seen, so it grows even when the row goes back in time (a
+lagging standby promoted, a database restored). A lease row rather than
 a PostgreSQL advisory lock: an advisory lock belongs to a connection, so a leader whose
 connection the pool recycles, or a proxy (PgBouncer) in transaction mode, silently loses or
 shares it, and it carries no number that a write can be checked against.
@@ -16,9 +18,10 @@ as leader until ``lease_s`` after its last successful renewal began (monotonic c
 leader cut off from the database stops its periodic work before another replica can take over.
 
 The fence: every transaction of leader work (the code inside `Leadership.fenced`) begins by
-reading the lease row ``FOR SHARE`` and is refused (`StaleLeader`) unless the epoch is still
-this replica's. The share lock holds until that transaction ends, so a takeover (an ``UPDATE``
-of the row) waits for it: no write of an old leader can commit after a new leader's epoch.
+reading the lease row ``FOR SHARE`` and is refused (`StaleLeader`) unless the epoch and the
+holder are still this replica's. The share lock holds until that transaction ends, so a
+takeover (an ``UPDATE`` of the row) waits for it: no write of an old leader can commit after a
+new leader's epoch.
 A leader stopped (SIGSTOP) past its lease and resumed has every write refused, its renewal
 too (``UPDATE ... WHERE epoch = mine`` finds no row); the refusals are counted (``refusals``)
 and logged ("fencing token refused"). A stopped leader inside such a transaction holds the
@@ -100,6 +103,10 @@ class Leadership:
         # the process stopped): it stepped down by its own clock, nothing refused or written
         self.lapses = 0
         self.elections = 0  # times this replica took the lease
+        # the highest epoch this replica has seen in the row: a takeover goes past it, so the
+        # fencing token grows even when the row went back in time (a promoted standby that had
+        # not yet received the last change of holder)
+        self.highest_epoch = 0
         self._valid_until = 0.0  # monotonic: leader until then unless renewed
         self._local = threading.local()
         self._lock = threading.Lock()
@@ -228,13 +235,20 @@ class Leadership:
             ).first()
             expires = now + self.lease_s
             if row is None:
+                first = self.highest_epoch + 1
                 conn.execute(
                     insert(LeaderLease).values(
-                        id=LEASE_ID, holder=self.holder, epoch=1, expires_s=expires, acquired_s=now
+                        id=LEASE_ID,
+                        holder=self.holder,
+                        epoch=first,
+                        expires_s=expires,
+                        acquired_s=now,
                     )
                 )
-                return 1
+                self.highest_epoch = first
+                return first
             holder, epoch, until = row
+            seen, self.highest_epoch = self.highest_epoch, max(self.highest_epoch, int(epoch))
             if holder == self.holder and epoch == self.epoch:
                 conn.execute(
                     update(LeaderLease)
@@ -247,12 +261,22 @@ class Leadership:
                 self.epoch = None
             if until > now and not self.exclusive:
                 return None
+            if seen > epoch:
+                log.warning(
+                    "the lease row went back in time (epoch %d, this replica saw %d): the "
+                    "database was restored or a lagging standby promoted; the next epoch is %d",
+                    epoch,
+                    seen,
+                    seen + 1,
+                )
+            new = max(int(epoch), seen) + 1
             conn.execute(
                 update(LeaderLease)
                 .where(LeaderLease.id == LEASE_ID, LeaderLease.epoch == epoch)
-                .values(holder=self.holder, epoch=epoch + 1, expires_s=expires, acquired_s=now)
+                .values(holder=self.holder, epoch=new, expires_s=expires, acquired_s=now)
             )
-            return int(epoch) + 1
+            self.highest_epoch = new
+            return new
 
     def _db_now(self, conn: Connection) -> float:
         """The database's clock (PostgreSQL), so every replica judges expiry alike."""
@@ -273,16 +297,16 @@ class Leadership:
 
     # -- the fence ------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def fenced(self) -> Iterator[None]:
-        """Leader work: every transaction begun inside (on this thread) checks the epoch first.
-        Raises `StaleLeader` at once when this replica does not lead."""
+    def fenced(self) -> Iterator[int]:
+        """Leader work: every transaction begun inside (on this thread) checks the epoch first;
+        yields that epoch. Raises `NotLeading` at once when this replica does not lead."""
         mine = self.epoch
         if mine is None or not self.is_leader:
             raise NotLeading(f"{self.holder} does not lead")
         prev = getattr(self._local, "epoch", None)
         self._local.epoch = mine
         try:
-            yield
+            yield mine
         finally:
             self._local.epoch = prev
 
@@ -306,7 +330,9 @@ class Leadership:
             conn.exec_driver_sql(f"SET LOCAL idle_in_transaction_session_timeout = {ms}")
             q = q.with_for_update(read=True)
         row = conn.execute(q).first()
-        if row is None or row[0] != mine:
+        # the holder too: after the row went back in time another replica may hold this very
+        # epoch number (`highest_epoch` keeps this replica's own takeovers past it)
+        if row is None or row[0] != mine or row[1] != self.holder:
             epoch, holder = (int(row[0]), str(row[1])) if row is not None else (0, "nobody")
             self._refused(f"a write of epoch {mine}", epoch, holder)
             with self._lock:
