@@ -35,6 +35,7 @@ EXPECTED_TABLES = {
     "maint_nodes",
     "maint_steps",
     "nodes",
+    "notification_outbox",  # notifications until delivered (revision 0012)
     "power_order_nodes",  # fleet power orders (revision 0009)
     "power_orders",
     "racks",
@@ -56,7 +57,7 @@ def test_migrations_from_empty(db_config: dict[str, Any]) -> None:
     engine = make_engine(database_url(db_config.get("data_dir"), db_config.get("db_url")))
     assert current_revision(engine) is None
     rev = migrate(engine)
-    assert rev == head_revision() == "0011"
+    assert rev == head_revision() == "0012"
     assert set(table_names(engine)) == EXPECTED_TABLES
     assert migrate(engine) == rev  # a second run changes nothing
     engine.dispose()

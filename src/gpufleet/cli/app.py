@@ -39,6 +39,7 @@ COMMANDS: dict[str, str] = {
     "maintenance": "gpufleet.cli.maintenance",
     "power": "gpufleet.cli.power",
     "energy": "gpufleet.cli.energy",
+    "notify": "gpufleet.cli.notify_status",
 }
 # One registry of command modules (each exposes ``register(app)``), in the order --help lists.
 COMMAND_MODULES = tuple(dict.fromkeys(COMMANDS.values()))

@@ -313,7 +313,8 @@ def _serve(
 ) -> None:
     from gpufleet.cli.process import private_state
     from gpufleet.control.notify.config import load_notify
-    from gpufleet.control.notify.notifier import SessionNotifier, build_notifier, database_id
+    from gpufleet.control.notify.durable import OutboxNotifier
+    from gpufleet.control.notify.notifier import build_notifier, database_id
     from gpufleet.control.service import ControlService
     from gpufleet.control.up import serve
 
@@ -322,8 +323,11 @@ def _serve(
     private_state(None if _db_url(db_url) else _data_dir(data_dir))
     lock = _controller_lock(data_dir, db_url)
     service = ControlService(config, scheduler=scheduler)
+    outbox: OutboxNotifier | None = None
     if notifier is not None:  # issue 18: webhooks and email on node and breaker events
-        service.store.tell(SessionNotifier(notifier.start(), database_id(service.url)))
+        # issue 29: a durable outbox in the database, delivered by a lane per receiver
+        outbox = OutboxNotifier(notifier, service.engine, database_id(service.url)).start()
+        service.store.tell(outbox)
     if service.replicated and not config.prometheus_url and not config.advertise_url:
         import logging
 
@@ -362,6 +366,6 @@ def _serve(
         pass
     finally:
         service.stop()
-        if notifier is not None:
-            notifier.stop()
+        if outbox is not None:
+            outbox.stop()
         lock.close()

@@ -55,7 +55,8 @@ def run_up(
     notifier = None
     if notify is not None:  # a clear error naming the file before anything is opened
         from gpufleet.control.notify.config import load_notify
-        from gpufleet.control.notify.notifier import SessionNotifier, build_notifier, database_id
+        from gpufleet.control.notify.durable import OutboxNotifier
+        from gpufleet.control.notify.notifier import build_notifier, database_id
 
         notifier = build_notifier(load_notify(notify), str(notify))
     private_state(_data_dir(data_dir))
@@ -64,8 +65,11 @@ def run_up(
         data_dir=_data_dir(data_dir), db_url=_db_url(db_url), policy=load_policy(policy)
     )
     service = ControlService(config, scheduler=scheduler)
+    outbox: Any = None  # OutboxNotifier, with --notify
     if notifier is not None:  # as `gpufleet controller --notify` (docs/alerts.md)
-        service.store.tell(SessionNotifier(notifier.start(), database_id(service.url)))
+        # issue 29: a durable outbox in the database, delivered by a lane per receiver
+        outbox = OutboxNotifier(notifier, service.engine, database_id(service.url)).start()
+        service.store.tell(outbox)
     service.start(api=True)
     token = admin_token(service, _data_dir(data_dir))
     source, backends, simfleet = open_backends(sim, seed, DEFAULT_SIM)
@@ -146,8 +150,8 @@ def run_up(
         watcher.stop()
         agents.stop(flush=False, close_wait_s=0.5)  # (done already after a stop signal)
         service.stop()
-        if notifier is not None:
-            notifier.stop()
+        if outbox is not None:
+            outbox.stop()
         lock.close()
         if not json_out:
             err_console.print("gpufleet stopped")

@@ -31,6 +31,7 @@ from gpufleet.control.ha.leader import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Leaders
 from gpufleet.control.ingest import writes as ingest_writes
 from gpufleet.control.ingest.queue import IngestQueue
 from gpufleet.control.jobs.events import SchedulerEvents, fail_drain, node_facts
+from gpufleet.control.notify import outbox as notify_outbox
 from gpufleet.control.power import ops as power_ops
 from gpufleet.control.series import rollups
 from gpufleet.control.series.forward import check_advertise_url
@@ -268,12 +269,20 @@ class ControlService:
         return store.writer.call(both)
 
     def apply_retention(self, *, rollups_s: float, batches_s: float, events_s: float) -> None:
-        """Delete rollups, batch keys and events older than their retention: one writer command
-        per table, so ingest commits interleave with the deletes."""
+        """Delete rollups, batch keys and events older than their retention, and the delivered
+        and dead notifications of the outbox as old as those events: one writer command per
+        table, so ingest commits interleave with the deletes."""
         for step in rollups.retention_steps(
             self.store, rollups_s=rollups_s, batches_s=batches_s, events_s=events_s
         ):
             self.store.writer.call(step)
+        cutoff = self.store.clock() - events_s  # sent notifications go with their events
+
+        def outbox() -> None:
+            with self.store.sessions.begin() as s:
+                notify_outbox.retain(s, cutoff)
+
+        self.store.writer.call(outbox)
 
     def _loop(self) -> None:
         while True:

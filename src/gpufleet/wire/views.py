@@ -561,3 +561,28 @@ class EnergyReport(_View):
     rows: list[EnergyRow]
     total: EnergyFigures
     power_orders: list[PowerOrderSavings] = []
+
+
+class NotifyReceiverStatus(_View):
+    """One receiver's notifications in the outbox (issue 29): ``pending`` (``in_flight``: an
+    attempt under way now), ``delivered``, ``failed_attempts`` (every attempt that failed,
+    also of rows delivered later), ``dead`` (dead-lettered: attempts spent, too old, or
+    refused for good), the oldest pending row's age and the last failure (a short reason such
+    as ``HTTP 500``; never a URL or header). Counts cover the event retention."""
+
+    receiver: str
+    pending: int
+    in_flight: int
+    delivered: int
+    failed_attempts: int
+    dead: int
+    oldest_pending_age_s: float | None
+    last_error: str | None
+    last_error_s: float | None
+
+
+class NotifyStatus(_View):
+    """``GET /notifications/status``: every receiver that has notifications in the outbox."""
+
+    at_s: float
+    receivers: list[NotifyReceiverStatus]

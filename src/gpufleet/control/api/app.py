@@ -30,6 +30,7 @@ from gpufleet.control.api.routes import (
     maintenance,
     meta,
     nodes,
+    notifications,
     policy,
     power,
     prometheus,
@@ -111,6 +112,7 @@ def create_app(service: ControlService) -> FastAPI:
     api.include_router(maintenance.router(store, auth))
     api.include_router(power.router(store, auth, service.scheduler))
     api.include_router(energy.router(service, auth))
+    api.include_router(notifications.router(store, auth))
     api_jobs.register(api, service, auth.need)
     app.include_router(api)
     app.add_middleware(WriteGuard, store=store)  # token and size before a write's body

@@ -381,3 +381,39 @@ class JobProgress(Base):
 
 
 Index("ix_job_progress_t", JobProgress.t_s)
+
+
+class NotificationOutbox(Base):
+    """One notification for one receiver, durable (issue 29, `gpufleet.control.notify.outbox`):
+    written in the transaction of the event row that causes it, then ``pending`` until a
+    delivery lane sends it (``delivered``) or gives up (``dead``: attempts spent, too old, or
+    refused for good). ``notification_id`` is the id the receiver sees (``X-Gpufleet-Id``);
+    ``claimed_by``/``claimed_until_s``: the controller sending it now (one replica at a time);
+    ``last_error`` is a short reason (``HTTP 500``, ``ConnectError``), never a URL or header."""
+
+    __tablename__ = "notification_outbox"
+    __table_args__ = (
+        UniqueConstraint("notification_id", "receiver", name="uq_notification_outbox_key"),
+    )
+    id: Mapped[int] = mapped_column(BigId, primary_key=True, autoincrement=True)
+    notification_id: Mapped[str] = mapped_column(String(96))
+    receiver: Mapped[str] = mapped_column(String(200))
+    payload: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(12))
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    next_attempt_s: Mapped[float] = mapped_column(Float)
+    claimed_by: Mapped[str | None] = mapped_column(String(160), nullable=True)
+    claimed_until_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_attempt_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+    last_error: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    created_s: Mapped[float] = mapped_column(Float)
+    done_s: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+Index(
+    "ix_notification_outbox_due",
+    NotificationOutbox.receiver,
+    NotificationOutbox.state,
+    NotificationOutbox.next_attempt_s,
+)
+Index("ix_notification_outbox_created", NotificationOutbox.created_s)

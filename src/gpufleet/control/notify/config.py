@@ -18,7 +18,7 @@
         password_file: /etc/gpufleet/smtp.password
         from: gpufleet@example.com
         to: [oncall@example.com]
-    retry: {attempts: 6, backoff_s: 1, max_backoff_s: 300}
+    retry: {attempts: 6, backoff_s: 1, max_backoff_s: 300, max_age_s: 86400}
     queue_size: 1000
 
 Secrets are read from files (never from the YAML itself, never logged) and a secret file that
@@ -87,13 +87,16 @@ class EmailConfig(_Sink):
 
 
 class RetryConfig(BaseModel):
-    """Exponential backoff: backoff_s, 2x, 4x ... capped at max_backoff_s; attempts in all."""
+    """Exponential backoff: backoff_s, 2x, 4x ... capped at max_backoff_s; attempts in all. A
+    notification still undelivered ``max_age_s`` after its event is dead-lettered too (the
+    outbox keeps it across restarts, so a long outage would otherwise send day-old news)."""
 
     model_config = ConfigDict(extra="forbid")
 
-    attempts: int = Field(6, ge=1, le=30)
+    attempts: int = Field(6, ge=1, le=1000)
     backoff_s: float = Field(1.0, gt=0, le=3600)
     max_backoff_s: float = Field(300.0, gt=0, le=86400)
+    max_age_s: float = Field(86400.0, gt=0, le=30 * 86400)
 
 
 class NotifyConfig(BaseModel):

@@ -6,6 +6,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+SEVERITIES = ("info", "warning", "critical")
+
 
 @dataclass(frozen=True)
 class Notification:
@@ -25,9 +27,24 @@ class Notification:
             "kind": self.kind,
             "at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.at_s)),
             "at_s": self.at_s,
-            "severity": ("info", "warning", "critical")[max(0, min(2, self.severity))],
+            "severity": SEVERITIES[max(0, min(2, self.severity))],
             "node": self.node,
             "summary": self.summary,
             "data": self.data,
             "source": "gpufleet",
         }
+
+    @classmethod
+    def from_json(cls, doc: dict[str, Any]) -> Notification:
+        """The notification `to_json` wrote (the outbox keeps that document)."""
+        severity = doc.get("severity")
+        level = SEVERITIES.index(severity) if severity in SEVERITIES else 0
+        return cls(
+            id=str(doc["id"]),
+            kind=str(doc["kind"]),
+            at_s=float(doc["at_s"]),
+            summary=str(doc.get("summary") or ""),
+            severity=level,
+            node=doc.get("node"),
+            data=dict(doc.get("data") or {}),
+        )
