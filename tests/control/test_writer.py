@@ -225,3 +225,40 @@ def test_leader_work_refused_before_it_began_reloads_nothing(
     with pytest.raises(RuntimeError):
         store.writer.call(fails)
     assert len(loads) == 1
+
+
+def test_no_command_runs_on_a_cache_whose_rebuild_failed(
+    make_service: Callable[..., ControlService], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A write fails half done and the rebuild after it fails too (the database away): the
+    cache still holds the rolled-back change. Every later command, an agent's batch included,
+    is refused with the database's error until a rebuild succeeds, and then runs on the rebuilt
+    cache. (Before, the next commands ran on the cache with the change the database never got,
+    and readers saw it as fact.)"""
+    from sqlalchemy.exc import OperationalError
+
+    svc = make_service()
+    push(svc, batch("n1", 1))
+    store = svc.store
+    real_load = store.load
+    away = OperationalError("SELECT", {}, Exception("server closed the connection"))
+
+    def database_away(*_a: Any) -> None:
+        raise away
+
+    def half_done() -> None:
+        store.nodes["n1"].cordoned = True  # in the cache only: the write then fails
+        raise OperationalError("COMMIT", {}, Exception("server closed the connection"))
+
+    monkeypatch.setattr(store, "load", database_away)
+    with pytest.raises(OperationalError):
+        store.writer.call(half_done)
+    ran: list[bool] = []
+    with pytest.raises(OperationalError):  # refused, not run on the doubtful cache
+        store.writer.call(lambda: ran.append(store.nodes["n1"].cordoned))
+    with pytest.raises(OperationalError):
+        push(svc, batch("n1", 2, devices=False))
+    assert ran == []
+    monkeypatch.setattr(store, "load", real_load)  # the database is back
+    assert store.writer.call(lambda: store.nodes["n1"].cordoned) is False
+    assert push(svc, batch("n1", 2, devices=False)).duplicate is False

@@ -4,12 +4,8 @@ SQLAlchemy's pool (``pool_pre_ping``) reconnects by itself once the database is 
 
 from __future__ import annotations
 
-from sqlalchemy.exc import InterfaceError, OperationalError
-from sqlalchemy.exc import TimeoutError as PoolTimeout
+from gpufleet.control.db.away import DATABASE_AWAY
 
-# What SQLAlchemy raises when the server is gone or refuses connections (connection refused,
-# "terminating connection due to administrator command", server closed the connection) and
-# when no pooled connection frees up in time; IntegrityError and the like are not in it.
-DATABASE_AWAY: tuple[type[Exception], ...] = (OperationalError, InterfaceError, PoolTimeout)
+__all__ = ["DATABASE_AWAY", "DETAIL", "RETRY_AFTER_S"]
 RETRY_AFTER_S = 2
 DETAIL = "the database is unavailable (restarting or unreachable): nothing was stored; retry"

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import insert, select, tuple_, update
 from sqlalchemy.orm import Session
 
+from gpufleet.control.db.away import log_failure
 from gpufleet.control.db.models import EventRow, FindingRow, Gpu, IngestedBatch, Node, Transition
 from gpufleet.control.ingest.energy import account_energy
 from gpufleet.control.state import lifecycle as lc
@@ -113,9 +114,9 @@ def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
                 s.execute(insert(EventRow), events)
             if node_updates:
                 s.execute(update(Node), list(node_updates.values()))
-    except Exception:
-        log.exception("ingest transaction failed; reloading state from the database")
-        store.load()
+    except Exception as exc:
+        log_failure(log, "ingest transaction failed; reloading state from the database", exc)
+        store.reload()
         raise
     n = 0
     for item in fresh:

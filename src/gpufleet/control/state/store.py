@@ -25,6 +25,7 @@ from typing import Any
 from sqlalchemy import Engine, event, select
 from sqlalchemy.orm import Session
 
+from gpufleet.control.db.away import log_failure
 from gpufleet.control.db.engine import session_factory
 from gpufleet.control.db.models import (
     AuditEntry,
@@ -183,6 +184,9 @@ class ControlStore:
         self.view: Snapshot = EMPTY_SNAPSHOT
         self._dirty: set[str] = set()
         self._dirty_all = True
+        # a rebuild of the cache after a failed write failed too (the database away): no
+        # command runs on this cache until a rebuild succeeds (`reload_if_due`)
+        self._reload_due = False
         self._notify: lc.PostCommit = []
         # wraps the leader's periodic writes in the fencing token's check (the service sets
         # it to `Leadership.wrap`; alone, as in tests and one-shot commands: as they are)
@@ -264,6 +268,7 @@ class ControlStore:
         if names is None:
             self.nodes = nodes
             self._dirty_all = True
+            self._reload_due = False
         else:
             for name in names:
                 if name in nodes:
@@ -323,10 +328,28 @@ class ControlStore:
             # the state machine refuses before it changes the node: only the nodes the command
             # moved before that (marked dirty since the last snapshot) differ from the database
             if self._dirty:
-                self.load(set(self._dirty))
+                try:
+                    self.load(set(self._dirty))
+                except BaseException:
+                    self._reload_due = True
+                    raise
             return
-        log.warning("write failed (%s); reloading state from the database", exc)
+        log_failure(log, "write failed; reloading state from the database", exc)
+        self.reload()
+
+    def reload(self) -> None:
+        """Rebuild the whole cache after a failed write (its transaction rolled back, the cache
+        may hold what the database does not); when the rebuild fails too, it is due before
+        the next command (`reload_if_due`)."""
+        self._reload_due = True
         self.load()
+
+    def reload_if_due(self) -> None:
+        """Before each writer command: rebuild a cache whose last rebuild failed. Raises the
+        database's error while it is still away, so the command fails (a 503) instead of
+        running on a cache that may hold a rolled-back write."""
+        if self._reload_due:
+            self.load()
 
     def out_count(self) -> tuple[int, int]:
         nodes = list(self.nodes.values())

@@ -24,6 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
+from gpufleet.control.db.away import first_line, log_failure
 from gpufleet.control.state.cache import IngestItem
 from gpufleet.wire import Ack
 
@@ -247,13 +248,18 @@ class Writer:
         """Run one command; whatever fails (the command, the cache reload after it, the
         snapshot), its caller gets the error and the writer thread lives on."""
         try:
+            self.store.reload_if_due()
+        except BaseException as exc:  # the database still away: not run on a doubtful cache
+            cmd.done.set_exception(exc)
+            return
+        try:
             out = cmd.fn()
         except BaseException as exc:
             for recover in (self.store.after_failure, lambda _e: self.store.publish()):
                 try:
                     recover(exc)
-                except Exception:  # e.g. the database is down: the next command retries
-                    log.exception("writer: recovering from a failed command failed")
+                except Exception as exc2:  # e.g. the database is down: the next command retries
+                    log_failure(log, "writer: recovering from a failed command failed", exc2)
             cmd.done.set_exception(exc)
             return
         try:
@@ -268,12 +274,21 @@ class Writer:
         so one bad batch fails alone. Publishes the snapshot before returning."""
         results: list[Result]
         try:
+            self.store.reload_if_due()
+        except Exception as exc:  # the database still away: every batch waits for a retry
+            return [exc for _ in items]
+        try:
             results = list(self.store.apply_batches(items))
         except Exception as exc:
-            log.warning("group commit of %d batches failed (%s); retrying singly", len(items), exc)
+            log.warning(
+                "group commit of %d batches failed (%s); retrying singly",
+                len(items),
+                first_line(exc),
+            )
             results = []
             for item in items:
                 try:
+                    self.store.reload_if_due()  # the group's rebuild may have failed too
                     results.extend(self.store.apply_batches([item]))
                 except Exception as exc1:
                     results.append(exc1)
