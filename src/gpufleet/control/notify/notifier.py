@@ -2,6 +2,12 @@
 opening (and closing), failed validations and failed maintenance steps, delivered to webhooks
 and email (`gpufleet.control.notify.sinks`) with retries and exponential backoff.
 
+The controller (``gpufleet controller --notify``, ``gpufleet up --notify``) delivers through
+the durable outbox (`gpufleet.control.notify.durable.OutboxNotifier`, issue 29), which takes
+its receivers and retry settings from a `Notifier` built here and reads its rows with its own
+lanes; the in-memory path below (`SessionNotifier` over `Notifier`) remains for callers with no
+database to keep notifications in.
+
 Where they come from: `SessionNotifier` is the kernel's notifier port
 (`gpufleet.control.state.ports.Notifier`), handed to the store with ``store.tell``. The store
 gives it every ``EventRow`` and ``ValidationResultRow`` a transaction writes, inside that
@@ -9,8 +15,7 @@ transaction; those of a notifying kind (``transition``, ``circuit_breaker_open``
 ``maintenance_step_failed``) and every failed validation are handed over after the transaction
 commits, never before and never for a rollback. So any
 code that records such an event notifies, without a call of its own; code with no event row
-to write calls `record_event` (e.g. a maintenance campaign's step failed), or
-`Notifier.publish` directly.
+to write calls `record_event` (e.g. a maintenance campaign's step failed).
 
 Delivery never holds up the controller: the commit hook only puts the notification on each
 receiver's own bounded lane (``put_nowait``; when a lane is full, that receiver's copy is
