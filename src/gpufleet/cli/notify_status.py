@@ -54,13 +54,15 @@ def status(*, remote: Remote, as_json: bool = JsonOption) -> None:
     if not st.receivers:
         console.print("no notifications in the outbox (no --notify, or nothing happened yet)")
         return
-    console.print(
-        f"{'receiver':<40} {'pending':>7} {'flight':>6} {'sent':>7} {'failed':>7} "
-        f"{'dead':>5} {'oldest':>7}  last error"
+    console.print(  # one line a receiver (scripts grep it), however narrow the terminal
+        f"{'receiver':<32} {'pending':>7} {'flight':>6} {'sent':>7} {'failed':>7} "
+        f"{'dead':>5} {'oldest':>7}  last error",
+        highlight=False,
+        soft_wrap=True,
     )
     for r in st.receivers:
         console.print(
-            f"{r.receiver[:40]:<40} {r.pending:>7} {r.in_flight:>6} {r.delivered:>7} "
+            f"{r.receiver[:32]:<32} {r.pending:>7} {r.in_flight:>6} {r.delivered:>7} "
             f"{r.failed_attempts:>7} {r.dead:>5} {_age(r.oldest_pending_age_s):>7}  "
             f"{r.last_error or '-'}",
             highlight=False,
