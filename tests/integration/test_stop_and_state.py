@@ -60,7 +60,8 @@ def test_controller_stopped_by_a_signal_writes_its_rollups(tmp_path: Path, sig: 
     headers = {"Authorization": f"Bearer {token}"}
     now = time.time()
     for seq in range(1, 5):
-        body = batch("n1", seq, gpus=2, k=5, t=now - 60 + 10 * seq)
+        # in a minute still open until the stop (closed minutes are written within 2 s)
+        body = batch("n1", seq, gpus=2, k=5, t=now + 120 + 10 * seq)
         r = httpx.post(f"{info['url']}/api/v1/ingest", json=body, headers=headers, timeout=10)
         assert r.status_code == 200, r.text
     assert rollups(data) == 0  # nothing flushed yet: the first flush is at the stop

@@ -86,6 +86,8 @@ class ServiceConfig:
     renew_s: float = DEFAULT_RENEW_S
     refresh_s: float = 1.0
     seen_persist_s: float = 10.0
+    # how often the minutes that have closed are written (rollups.FLUSH_S)
+    rollup_flush_s: float = rollups.FLUSH_S
 
 
 class ControlService:
@@ -137,6 +139,7 @@ class ControlService:
         self.node_quota = NodeQuota(self.store.sessions, config.max_nodes_per_token)
         self._last_tick: float | None = None
         self._last_slow = 0.0
+        self._last_minutes = 0.0
         self._last_refresh = 0.0
         self._synced: replica_sync.Fingerprint | None = None
         self._started = False
@@ -241,6 +244,9 @@ class ControlService:
                 leading = False
         if not leading:  # a follower still hands agents the orders the leader recorded
             self.store.writer.call(self._refresh_orders)
+        if now - self._last_minutes >= self.config.rollup_flush_s:
+            self._last_minutes = now  # closed minutes, in steps (a crash loses the open one)
+            rollups.flush_closed(self.store, self.store.writer.call)
         if now - self._last_slow >= 15.0:
             self._last_slow = now
             self.flush_rollups()  # this replica's own minutes (and energy)

@@ -1,15 +1,23 @@
-"""Periodic writes of the control plane: per-minute telemetry rollups (merged with a rollup of
-the same minute already stored, for late batches) and retention of rollups, batch keys (the
-idempotency window) and events."""
+"""Periodic writes of the control plane: per-minute telemetry rollups and retention of
+rollups, batch keys (the idempotency window) and events.
+
+A minute's rollup is written as soon as the minute has ended by the clock (the service flushes
+every `FLUSH_S`), so a crash loses at most the minute still open and, of a closed minute, what
+arrived in the last flush period. Samples of a minute that come after it was written (an
+agent's batch straddling the minute's end, a spool replayed after an outage, the same minute
+from another replica or from this controller before a restart) are merged into the stored row
+(counts and sums add, minima and maxima combine: `merge_stats`). A write that fails puts its
+minutes back in memory for the next flush."""
 
 from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import Delete, delete, insert, select
+from sqlalchemy import Delete, delete, insert, select, update
+from sqlalchemy.orm import Session
 
 from gpufleet.control.db.models import EventRow, IngestedBatch, Rollup
 from gpufleet.control.state.rings import merge_stats
@@ -20,8 +28,13 @@ if TYPE_CHECKING:
 log = logging.getLogger("gpufleet.control")
 
 
+FLUSH_S = 2.0  # how often the service writes the minutes that have closed
 MAX_MINUTE_S = 2**53  # a rollup's minute must fit the signed 64-bit column (and a float exactly)
+STEP_ROWS = 2000  # GPU rows a flush step writes, one transaction (~0.1 s of the writer)
+MAX_STEPS = 500  # steps of one flush: a million GPUs' minute
+KEY_CHUNK = 300  # (node, gpu, minute) keys per lookup: under SQLite's 999 bound parameters
 Item = tuple[str, int, int, int, dict[str, list[float]]]
+Step = tuple[int, bool]  # rows written, whether closed minutes are left
 
 
 def storable(item: Item) -> bool:
@@ -34,43 +47,109 @@ def storable(item: Item) -> bool:
     return all(math.isfinite(v) for vals in stats.values() for v in vals)
 
 
-def flush_rollups(store: ControlStore, *, everything: bool = False) -> int:
-    """Persist closed minutes (all of them when ``everything``, at shutdown); a minute that
-    cannot be stored (`storable`) is logged and left out, never the flush of the others."""
-    taken = store.telemetry.take_closed_minutes(store.clock(), all_minutes=everything)
-    items = [it for it in taken if storable(it)]
-    if len(items) < len(taken):
-        bad = sorted({(it[0], it[1]) for it in taken if not storable(it)})
-        log.warning(
-            "left out %d rollups beyond range: (node, gpu) %s", len(taken) - len(items), bad
-        )
+def flush_rollups(
+    store: ControlStore, *, everything: bool = False, max_rows: int | None = None
+) -> int:
+    """Write the minutes that have closed (all of them when ``everything``, at shutdown),
+    merged with rows of the same minutes already stored, in one transaction; returns the rows
+    written. ``max_rows``: about that many at most (`flush_closed` writes the rest in further
+    steps). A minute that cannot be stored (`storable`) is logged and left out, never the flush
+    of the others; when the transaction fails, the minutes go back to memory and the error is
+    raised."""
+    return _flush(store, everything=everything, max_rows=max_rows)[0]
+
+
+def flush_closed(store: ControlStore, call: Callable[[Callable[[], Step]], Step]) -> int:
+    """Write the closed minutes in steps of about `STEP_ROWS` rows, each step one command on
+    the writer (``call``: ``store.writer.call``) so ingest commits interleave with a fleet's
+    minute; at most `MAX_STEPS` steps (the rest waits for the next flush). Not on the writer
+    thread itself."""
+    total = 0
+    for _ in range(MAX_STEPS):
+        n, more = call(lambda: _flush(store, everything=False, max_rows=STEP_ROWS))
+        total += n
+        if not more:
+            break
+    return total
+
+
+def _flush(store: ControlStore, *, everything: bool, max_rows: int | None) -> Step:
+    closed, more = store.telemetry.take_closed(
+        store.clock(), all_minutes=everything, max_rows=max_rows
+    )
+    items: list[Item] = []
+    kept = []
+    bad: set[tuple[str, int]] = set()
+    for cm in closed:
+        rows = cm.rows()
+        left_out = {it[1] for it in rows if not storable(it)}
+        bad.update((cm.node, g) for g in left_out)
+        items.extend(it for it in rows if it[1] not in left_out)
+        if len(left_out) < len(rows):
+            kept.append(cm.without(left_out) if left_out else cm)
+    if bad:
+        log.warning("left out rollups beyond range: (node, gpu) %s", sorted(bad))
     if not items:
-        return 0
-    with store.sessions.begin() as s:
-        minutes = sorted({m for _, _, m, _, _ in items})
-        existing = {
-            (r.node, r.gpu_index, r.minute_s): r
-            for r in s.scalars(select(Rollup).where(Rollup.minute_s.in_(minutes)))
-        }
-        new_rows = []
-        for node, gpu, minute, n, stats in items:
-            old = existing.get((node, gpu, minute))
-            if old is not None:
-                old.stats = merge_stats(old.stats, stats)
-                old.samples += n
-            else:
-                new_rows.append(
-                    {
-                        "node": node,
-                        "gpu_index": gpu,
-                        "minute_s": minute,
-                        "samples": n,
-                        "stats": stats,
-                    }
-                )
-        if new_rows:
-            s.execute(insert(Rollup), new_rows)
-    return len(items)
+        return 0, more
+    try:
+        with store.sessions.begin() as s:
+            write_rows(s, items)
+    except Exception:
+        store.telemetry.put_back(kept)
+        raise
+    return len(items), more
+
+
+def write_rows(s: Session, items: Sequence[Item]) -> None:
+    """Insert the rollup rows of ``items`` (distinct keys, as one take gives); a row of the
+    same (node, gpu, minute) already stored gets the item merged into it. The lookup is by
+    primary key, so a minute's late samples of a few nodes never read the rest of the fleet's
+    rows of that minute."""
+    keyed = {(node, gpu, minute): (n, stats) for node, gpu, minute, n, stats in items}
+    updates: list[dict[str, Any]] = []
+    for minute, nodes, gpus in _lookups(keyed):
+        q = select(Rollup.node, Rollup.gpu_index, Rollup.samples, Rollup.stats).where(
+            Rollup.minute_s == minute, Rollup.node.in_(nodes), Rollup.gpu_index.in_(gpus)
+        )
+        for node, gpu, samples, stats in s.execute(q):
+            got = keyed.pop((node, gpu, minute), None)
+            if got is None:  # a GPU of these nodes with nothing new this time
+                continue
+            n, new = got
+            updates.append(
+                {
+                    "node": node,
+                    "gpu_index": gpu,
+                    "minute_s": minute,
+                    "samples": samples + n,
+                    "stats": merge_stats(stats if isinstance(stats, dict) else {}, new),
+                }
+            )
+    if keyed:
+        s.execute(
+            insert(Rollup),
+            [
+                {"node": k[0], "gpu_index": k[1], "minute_s": k[2], "samples": n, "stats": st}
+                for k, (n, st) in keyed.items()
+            ],
+        )
+    if updates:
+        s.execute(update(Rollup), updates)  # by primary key, executemany
+
+
+def _lookups(keyed: dict[tuple[str, int, int], Any]) -> list[tuple[int, list[str], list[int]]]:
+    """The keys as lookups of (minute, nodes, GPUs), at most `KEY_CHUNK` keys each: equality
+    on the minute and IN lists on the node and GPU, which SQLite and PostgreSQL answer from
+    the primary key (a row-value IN of whole keys is a scan of the table on SQLite)."""
+    out = []
+    keys = sorted(keyed, key=lambda k: (k[2], k[0], k[1]))
+    for i in range(0, len(keys), KEY_CHUNK):
+        part = keys[i : i + KEY_CHUNK]
+        for minute in sorted({k[2] for k in part}):
+            nodes = sorted({k[0] for k in part if k[2] == minute})
+            gpus = sorted({k[1] for k in part if k[2] == minute})
+            out.append((minute, nodes, gpus))
+    return out
 
 
 def retention_steps(

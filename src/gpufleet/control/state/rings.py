@@ -1,5 +1,7 @@
 """Recent telemetry in memory: one fixed-size numeric ring buffer per GPU, plus per-minute
-rollup accumulators that the service persists once a minute has closed.
+rollup accumulators that the service persists once a minute has closed (by the clock, within
+its flush period of 2 s; samples of a closed minute that arrive later start a fresh accumulator
+of that minute, merged into the stored row at the next flush).
 
 Nothing here touches the database; raw samples are never persisted (at scale Prometheus holds
 the history, DESIGN.md "Storage and scale"). Values are float32 (7 significant digits; enough
@@ -226,14 +228,7 @@ class TelemetryStore:
         key = (node, minute)
         acc = self._acc.get(key)
         if acc is None or acc.shape[0] < need:
-            fresh = np.empty((need, 4, NF))
-            fresh[:, 0] = 0.0
-            fresh[:, 1] = np.inf
-            fresh[:, 2] = -np.inf
-            fresh[:, 3] = 0.0
-            if acc is not None:
-                fresh[: acc.shape[0]] = acc
-            acc = self._acc[key] = fresh
+            acc = self._acc[key] = _widened(acc, need)
         a = acc[g]  # a view for a slice; a copy (written back below) for an index array
         a[:, 0] += present.sum(axis=2)
         np.fmin(a[:, 1], np.fmin.reduce(sub, axis=2), out=a[:, 1])
@@ -361,33 +356,104 @@ class TelemetryStore:
         return t.tolist(), cols
 
     # -- rollups ----------------------------------------------------------------------------
-    def take_closed_minutes(
-        self, now_s: float, lateness_s: float = 90.0, *, all_minutes: bool = False
-    ) -> list[tuple[str, int, int, int, dict[str, list[float]]]]:
-        """Remove and return accumulators of minutes that ended more than ``lateness_s`` ago:
-        ``(node, gpu, minute_s, samples, {field: [count, min, mean, max]})``."""
-        cutoff = now_s - lateness_s
-        out = []
+    def take_closed(
+        self, now_s: float, *, all_minutes: bool = False, max_rows: int | None = None
+    ) -> tuple[list[ClosedMinute], bool]:
+        """Remove and return the accumulators of the minutes that have ended by ``now_s`` (all
+        of them when ``all_minutes``, at shutdown), and whether closed ones are left (with
+        ``max_rows``: stop once the taken ones hold that many GPU rows). A sample of such a
+        minute that comes later starts a fresh accumulator of it: the next take returns only
+        what came since."""
+        taken: list[ClosedMinute] = []
+        rows = 0
         with self._lock:
-            keys = [k for k in self._acc if all_minutes or (k[1] + 1) * 60 <= cutoff]
-            accs = [(k, self._acc.pop(k)) for k in keys]
-        for (node, minute), acc in accs:
-            for gpu in range(acc.shape[0]):
-                stats: dict[str, list[float]] = {}
-                n = 0
-                a = acc[gpu]
-                for j, name in enumerate(FIELDS):
-                    c = int(a[0, j])
-                    if c:
-                        stats[name] = [c, float(a[1, j]), float(a[3, j] / c), float(a[2, j])]
-                        n = max(n, c)
-                if stats:
-                    out.append((node, gpu, minute * 60, n, stats))
+            for k in [k for k in self._acc if all_minutes or (k[1] + 1) * 60 <= now_s]:
+                if max_rows is not None and rows >= max_rows:
+                    return taken, True
+                acc = self._acc.pop(k)
+                taken.append(ClosedMinute(k[0], k[1], acc))
+                rows += acc.shape[0]
+        return taken, False
+
+    def put_back(self, closed: Sequence[ClosedMinute]) -> None:
+        """Merge taken accumulators back (their write failed: the next flush tries again)."""
+        with self._lock:
+            for cm in closed:
+                key = (cm.node, cm.minute)
+                acc = _widened(self._acc.get(key), cm.acc.shape[0])
+                _combine(acc[: cm.acc.shape[0]], cm.acc)
+                self._acc[key] = acc
+
+    def take_closed_minutes(
+        self, now_s: float, *, all_minutes: bool = False
+    ) -> list[tuple[str, int, int, int, dict[str, list[float]]]]:
+        """`take_closed` as rows: ``(node, gpu, minute_s, samples, {field: [count, min, mean,
+        max]})``."""
+        taken, _more = self.take_closed(now_s, all_minutes=all_minutes)
+        return [row for cm in taken for row in cm.rows()]
+
+
+def _widened(acc: Mat | None, gpus: int) -> Mat:
+    """``acc`` (or nothing) as an accumulator of at least ``gpus`` rows, the new rows empty
+    (count 0, min +inf, max -inf, sum 0)."""
+    if acc is not None and acc.shape[0] >= gpus:
+        return acc
+    fresh = np.empty((gpus, 4, NF))
+    fresh[:, 0] = 0.0
+    fresh[:, 1] = np.inf
+    fresh[:, 2] = -np.inf
+    fresh[:, 3] = 0.0
+    if acc is not None:
+        fresh[: acc.shape[0]] = acc
+    return fresh
+
+
+def _combine(into: Mat, other: Mat) -> None:
+    """Add accumulator ``other`` to ``into`` (same shape), in place: counts and sums add,
+    minima and maxima combine."""
+    into[:, 0] += other[:, 0]
+    np.minimum(into[:, 1], other[:, 1], out=into[:, 1])
+    np.maximum(into[:, 2], other[:, 2], out=into[:, 2])
+    into[:, 3] += other[:, 3]
+
+
+@dataclass(frozen=True)
+class ClosedMinute:
+    """One node's accumulators of one closed minute, taken out of memory to be written:
+    ``acc`` is (gpus, 4, NF): count, min, max and sum of each kept metric."""
+
+    node: str
+    minute: int  # minutes since the epoch (minute_s // 60)
+    acc: Mat
+
+    def rows(self) -> list[tuple[str, int, int, int, dict[str, list[float]]]]:
+        """``(node, gpu, minute_s, samples, {field: [count, min, mean, max]})`` for each GPU
+        with a reading; ``samples`` is the count of the metric read most often."""
+        out = []
+        for gpu in range(self.acc.shape[0]):
+            stats: dict[str, list[float]] = {}
+            n = 0
+            a = self.acc[gpu]
+            for j, name in enumerate(FIELDS):
+                c = int(a[0, j])
+                if c:
+                    stats[name] = [c, float(a[1, j]), float(a[3, j] / c), float(a[2, j])]
+                    n = max(n, c)
+            if stats:
+                out.append((self.node, gpu, self.minute * 60, n, stats))
         return out
+
+    def without(self, gpus: set[int]) -> ClosedMinute:
+        """A copy with the accumulators of ``gpus`` emptied."""
+        acc = self.acc.copy()
+        for g in gpus:
+            acc[g] = _widened(None, 1)[0]
+        return ClosedMinute(self.node, self.minute, acc)
 
 
 def merge_stats(a: dict[str, list[float]], b: dict[str, list[float]]) -> dict[str, list[float]]:
-    """Combine two rollups of the same minute (a late batch after the first flush)."""
+    """Combine two rollups of the same minute (a stored one and the samples that came after
+    it was written: late ones, another replica's, another process's before a restart)."""
     out = dict(a)
     for name, (c2, mn2, mean2, mx2) in b.items():
         if name not in out:
