@@ -27,8 +27,10 @@ from gpufleet.cli.controller_common import (
     DataDirOption,
     DbUrlOption,
     EnergyRetentionOption,
+    HeaderTimeoutOption,
     KubeconfigOption,
     LeaseOption,
+    MaxConnectionsOption,
     MaxNodesOption,
     NotifyOption,
     PeerCaOption,
@@ -64,6 +66,8 @@ def serve_options(
     energy_days: float = EnergyRetentionOption,
     lease_s: float = LeaseOption,
     renew_s: float = RenewOption,
+    header_timeout_s: float = HeaderTimeoutOption,
+    max_connections: int = MaxConnectionsOption,
 ) -> Serve:
     """The options `controller` and `controller serve` share (an option group): what serves
     with them. Nothing is checked before it runs (`controller migrate` passes them unused)."""
@@ -75,7 +79,8 @@ def serve_options(
             data_dir, db_url, policy, max_nodes, prometheus_url, advertise_url, peer_ca,
             energy_days, lease_s, renew_s,
         )  # fmt: skip
-        listen = Listen(host, port, _tls(tls_cert, tls_key), json_out)
+        tls = _tls(tls_cert, tls_key)
+        listen = Listen(host, port, tls, json_out, header_timeout_s, max_connections)
         _serve(config, listen, _scheduler(scheduler, slurm_conf, kubeconfig), notify)
 
     return serve
@@ -265,6 +270,8 @@ class Listen:
     port: int
     tls: TlsFiles | None
     json_out: bool
+    header_timeout_s: float  # a request head's deadline (slowloris)
+    max_connections: int  # open client connections at most
 
 
 def service_config(
@@ -361,7 +368,15 @@ def _serve(
             )
 
     try:
-        serve(service, host, port, on_ready=ready, tls=tls)
+        serve(
+            service,
+            host,
+            port,
+            on_ready=ready,
+            tls=tls,
+            header_timeout_s=listen.header_timeout_s,
+            max_connections=listen.max_connections,
+        )
     except KeyboardInterrupt:  # uvicorn re-raises Ctrl-C after its own clean shutdown
         pass
     finally:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 import typer
 
+from gpufleet.control.api.slow_clients import DEFAULT_HEADER_TIMEOUT_S, DEFAULT_MAX_CONNECTIONS
 from gpufleet.control.state.limits import DEFAULT_MAX_NODES_PER_TOKEN
 
 if TYPE_CHECKING:
@@ -66,6 +67,19 @@ NotifyOption = typer.Option(
     "--notify",
     help="Notifications YAML: webhooks (HMAC-signed, or Slack) and email on node state "
     "changes, circuit breaker, failed validations (docs/alerts.md).",
+)
+HeaderTimeoutOption = typer.Option(
+    DEFAULT_HEADER_TIMEOUT_S,
+    "--header-timeout",
+    min=0.1,
+    help="Seconds a client has to send a whole request head; slower connections are closed "
+    "(slowloris; docs/security.md).",
+)
+MaxConnectionsOption = typer.Option(
+    DEFAULT_MAX_CONNECTIONS,
+    "--max-connections",
+    min=1,
+    help="Open client connections at most; one past it is answered 503 and closed.",
 )
 LeaseOption = typer.Option(
     6.0,

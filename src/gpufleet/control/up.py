@@ -18,6 +18,11 @@ from types import FrameType
 
 import uvicorn
 
+from gpufleet.control.api.slow_clients import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    guarded_protocol,
+)
 from gpufleet.control.service import ControlService
 from gpufleet.tls import TlsFiles
 
@@ -27,6 +32,7 @@ DEFAULT_SIM = "4x8xh100-sxm"
 # machine can; tests/integration/test_restart_grace.py restarts a controller with it
 API_DELAY_ENV = "GPUFLEET_TEST_API_START_DELAY_S"
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "gpufleet"
+FILES_BESIDE_CONNECTIONS = 256  # the database, logs, outgoing HTTP: files besides clients
 
 
 UP_OWNER = "up"  # the ``owner`` of the tokens `gpufleet up` makes for itself
@@ -91,10 +97,14 @@ def serve(
     on_ready: Callable[[], None],
     before_exit: Callable[[], None] | None = None,
     tls: TlsFiles | None = None,
+    header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
 ) -> None:
     """Run uvicorn on the app until SIGINT or SIGTERM; ``on_ready`` runs once the socket is
     listening, ``before_exit`` (on its own thread) when a stop signal comes, while the server
-    still answers (`gpufleet up` lets its agents push their last samples there)."""
+    still answers (`gpufleet up` lets its agents push their last samples there). A request
+    head must be complete within ``header_timeout_s`` and at most ``max_connections`` are
+    open at once (`gpufleet.control.api.slow_clients`)."""
     from gpufleet.control.api.app import create_app
 
     delay = os.environ.get(API_DELAY_ENV)
@@ -109,8 +119,10 @@ def serve(
         log_level="warning",
         access_log=False,
         lifespan="off",
+        http=guarded_protocol(header_timeout_s, max_connections),
         **(tls.uvicorn_options() if tls is not None else {}),
     )
+    _room_for(max_connections)
     server = _Server(config, before_exit)
 
     def on_term(signum: int, frame: object) -> None:
@@ -136,6 +148,29 @@ def serve(
     finally:
         if prev is not None:
             signal.signal(signal.SIGTERM, prev)
+
+
+def _room_for(connections: int) -> None:
+    """Raise the soft open-files limit towards the hard one, so the connection cap (not
+    ``EMFILE`` on accept) is what bounds clients; a warning when it cannot be raised enough."""
+    import resource
+
+    want = connections + FILES_BESIDE_CONNECTIONS
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        new = want if hard == resource.RLIM_INFINITY else min(want, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (new, hard))
+        except (ValueError, OSError):
+            new = soft
+        if new < want:
+            log.warning(
+                "open-files limit %d is below --max-connections %d + %d: raise LimitNOFILE "
+                "(systemd) or ulimit -n",
+                new,
+                connections,
+                FILES_BESIDE_CONNECTIONS,
+            )
 
 
 class _Server(uvicorn.Server):
