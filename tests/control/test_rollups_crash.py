@@ -24,6 +24,7 @@ import httpx
 import pytest
 
 from gpufleet.control.db.engine import database_url, make_engine, migrate
+from gpufleet.control.series import rollups
 from gpufleet.control.state.store import ControlStore
 from tests.control.conftest import free_port
 from tests.integration.processes import start
@@ -155,10 +156,12 @@ def check(fleet: Fleet, closed: list[int], current: int, when: str) -> None:
 
 def durable(fleet: Fleet, closed: list[int]) -> None:
     """Wait (bounded, no verdict) until the API shows the closed minutes as sent: a minute is
-    written within the controller's flush period after it ends or after its late samples came."""
+    written within the controller's flush period after its end and grace, or after its late
+    samples came."""
     want = fleet.expected(closed)
     wait_until(
-        lambda: all(k in (s := fleet.stored()) and same(s[k], v) for k, v in want.items()), 10
+        lambda: all(k in (s := fleet.stored()) and same(s[k], v) for k, v in want.items()),
+        rollups.CLOSE_GRACE_S + 10,
     )
 
 

@@ -1,5 +1,5 @@
 """How closed minutes reach the rollup table (issue 29), on SQLite and PostgreSQL: written at
-the service's first tick after the minute ends, late samples merged into the stored row (also
+the service's first tick after the minute ends and its grace passed, late samples merged into the stored row (also
 one another process wrote), a fleet's minute written in steps of one transaction each, and a
 write that fails kept in memory for the next flush."""
 
@@ -53,7 +53,10 @@ def test_a_minute_is_written_when_it_ends_and_late_samples_merge(
         push(svc, batch("n1", 1, k=3))  # T0..T0+2
         svc.tick()
         assert stored(svc) == {}  # the minute is still open
-        clock.advance(41)  # T0 + 41: the minute ended 1 s ago
+        clock.advance(41)  # T0 + 41: the minute ended 1 s ago, inside the grace
+        svc.tick()
+        assert stored(svc) == {}
+        clock.advance(rollups.CLOSE_GRACE_S)  # the grace has passed: written
         svc.tick()
         assert stored(svc)[("n1", 1, MINUTE)] == (3, [3, 10.0, 11.0, 12.0])
         # a batch straddling the minute's end: its first samples belong to the written minute

@@ -25,6 +25,7 @@ from pathlib import Path
 
 from gpufleet.control.campaigns import ops as campaign_ops
 from gpufleet.control.campaigns import propose as campaign_propose
+from gpufleet.control.db.away import log_failure
 from gpufleet.control.db.engine import database_url, make_engine, migrate
 from gpufleet.control.ha import replica_sync
 from gpufleet.control.ha.leader import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Leadership, StaleLeader
@@ -305,5 +306,5 @@ class ControlService:
                 self.store.deaf.add(now - late, now)
             try:
                 self.tick()
-            except Exception:
-                log.exception("control loop pass failed")
+            except Exception as exc:
+                log_failure(log, "control loop pass failed", exc)

@@ -1,9 +1,12 @@
 """Periodic writes of the control plane: per-minute telemetry rollups and retention of
 rollups, batch keys (the idempotency window) and events.
 
-A minute's rollup is written as soon as the minute has ended by the clock (the service flushes
-every `FLUSH_S`), so a crash loses at most the minute still open and, of a closed minute, what
-arrived in the last flush period. Samples of a minute that come after it was written (an
+A minute's rollup is written once the minute has ended by the clock and `CLOSE_GRACE_S` more
+have passed (the service flushes every `FLUSH_S`), so a crash loses at most the minute still
+open and the few seconds after it, and, of a minute already written, what arrived in the last
+flush period. The grace is two default push intervals: the agent's batch that straddles the
+minute's end then lands before the write, not as a second write of every GPU's row (at 10,000
+nodes x 8 GPUs on SQLite, about 7 s of the writer per minute without the grace, 2.5 s with it). Samples of a minute that come after it was written (an
 agent's batch straddling the minute's end, a spool replayed after an outage, the same minute
 from another replica or from this controller before a restart) are merged into the stored row
 (counts and sums add, minima and maxima combine: `merge_stats`). A write that fails puts its
@@ -29,6 +32,9 @@ log = logging.getLogger("gpufleet.control")
 
 
 FLUSH_S = 2.0  # how often the service writes the minutes that have closed
+# seconds after a minute's end before it is written: two of the agent's default 5 s pushes
+# (`gpufleet.agent.runner.DEFAULT_PUSH_INTERVAL_S`), so the batch straddling the end is in it
+CLOSE_GRACE_S = 10.0
 MAX_MINUTE_S = 2**53  # a rollup's minute must fit the signed 64-bit column (and a float exactly)
 STEP_ROWS = 2000  # GPU rows a flush step writes, one transaction (~0.1 s of the writer)
 MAX_STEPS = 500  # steps of one flush: a million GPUs' minute
@@ -75,7 +81,7 @@ def flush_closed(store: ControlStore, call: Callable[[Callable[[], Step]], Step]
 
 def _flush(store: ControlStore, *, everything: bool, max_rows: int | None) -> Step:
     closed, more = store.telemetry.take_closed(
-        store.clock(), all_minutes=everything, max_rows=max_rows
+        store.clock() - CLOSE_GRACE_S, all_minutes=everything, max_rows=max_rows
     )
     items: list[Item] = []
     kept = []
