@@ -1,7 +1,7 @@
-"""How closed minutes reach the rollup table (issue 29), on SQLite and PostgreSQL: written at
-the service's first tick after the minute ends and its grace passed, late samples merged into the stored row (also
-one another process wrote), a fleet's minute written in steps of one transaction each, and a
-write that fails kept in memory for the next flush."""
+"""How closed minutes reach the rollup table (issue 29), on SQLite and PostgreSQL: written at the
+service's first tick after the minute ends and its grace passed, late samples merged into the
+stored row (also one another process wrote), a fleet's minute written in steps of one
+transaction each, and a write that fails kept in memory for the next flush."""
 
 from __future__ import annotations
 

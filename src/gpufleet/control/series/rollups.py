@@ -1,16 +1,17 @@
-"""Periodic writes of the control plane: per-minute telemetry rollups and retention of
-rollups, batch keys (the idempotency window) and events.
+"""Periodic writes of the control plane: per-minute telemetry rollups and retention of rollups,
+batch keys (the idempotency window) and events.
 
 A minute's rollup is written once the minute has ended by the clock and `CLOSE_GRACE_S` more
 have passed (the service flushes every `FLUSH_S`), so a crash loses at most the minute still
 open and the few seconds after it, and, of a minute already written, what arrived in the last
 flush period. The grace is two default push intervals: the agent's batch that straddles the
 minute's end then lands before the write, not as a second write of every GPU's row (at 10,000
-nodes x 8 GPUs on SQLite, about 7 s of the writer per minute without the grace, 2.5 s with it). Samples of a minute that come after it was written (an
-agent's batch straddling the minute's end, a spool replayed after an outage, the same minute
-from another replica or from this controller before a restart) are merged into the stored row
-(counts and sums add, minima and maxima combine: `merge_stats`). A write that fails puts its
-minutes back in memory for the next flush."""
+nodes x 8 GPUs on SQLite, about 7 s of the writer per minute without the grace, 2.5 s with it).
+Samples of a minute that come after it was written (an agent's batch straddling the minute's
+end, a spool replayed after an outage, the same minute from another replica or from this
+controller before a restart) are merged into the stored row (counts and sums add, minima and
+maxima combine: `merge_stats`). A write that fails puts its minutes back in memory for the next
+flush."""
 
 from __future__ import annotations
 
