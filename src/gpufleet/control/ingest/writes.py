@@ -14,7 +14,7 @@ import logging
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from sqlalchemy import insert, select, tuple_, update
+from sqlalchemy import Select, and_, insert, or_, select, tuple_, update
 from sqlalchemy.orm import Session
 
 from gpufleet.control.db.away import log_failure
@@ -65,6 +65,21 @@ def node_acks(nc: NodeCache | None) -> list[WireAck]:
     return [fc.ack for fc in nc.findings.values() if fc.ack is not None and fc.present]
 
 
+def known_keys_query(keys: list[tuple[str, str, int]], *, sqlite: bool) -> Select[str, str, int]:
+    """The stored batch keys among ``keys``: one index search per key. SQLite plans a row-value
+    ``IN`` as a scan of the whole key index (``EXPLAIN QUERY PLAN``: ``SCAN ... COVERING
+    INDEX``), a cost that grew with the 7 days of keys kept (31 ms per group commit at 300,000
+    keys, against 1.5 ms for the same 50 keys as an ``OR`` of equalities, which it searches
+    key by key); PostgreSQL searches the index for either form."""
+    cols = (IngestedBatch.node, IngestedBatch.agent_id, IngestedBatch.seq)
+    if sqlite:
+        b = IngestedBatch
+        return select(*cols).where(
+            or_(*(and_(b.node == n, b.agent_id == a, b.seq == q) for n, a, q in keys))
+        )
+    return select(*cols).where(tuple_(*cols).in_(keys))
+
+
 def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
     """Store a group of batches in one transaction (on the writer thread); returns one `Ack`
     per item, in order."""
@@ -75,10 +90,9 @@ def apply_batches(store: ControlStore, items: list[IngestItem]) -> list[Ack]:
             s = uow.s
             keys = list({(i.batch.node, i.batch.agent_id, i.batch.seq) for i in items})
             known: set[tuple[str, str, int]] = set()
+            sqlite = s.get_bind().dialect.name == "sqlite"
             for chunk in range(0, len(keys), KEY_CHUNK):
-                part = keys[chunk : chunk + KEY_CHUNK]
-                cols = (IngestedBatch.node, IngestedBatch.agent_id, IngestedBatch.seq)
-                q = select(*cols).where(tuple_(*cols).in_(part))
+                q = known_keys_query(keys[chunk : chunk + KEY_CHUNK], sqlite=sqlite)
                 known.update((n, a, q_) for n, a, q_ in s.execute(q))
             rows = []
             node_updates: dict[int, dict[str, Any]] = {}
