@@ -1,8 +1,13 @@
-"""A refused message in one line: the first problem's field path and pydantic's message."""
+"""A refused message in one line: the first problem's field path and pydantic's message (a
+``schema_version`` newer than this code knows comes first, saying so)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import ValidationError
+
+from gpufleet.wire.limits import SCHEMA_VERSION
 
 
 def first_problem(exc: ValidationError) -> tuple[str, str]:
@@ -10,6 +15,12 @@ def first_problem(exc: ValidationError) -> tuple[str, str]:
     (``samples.0.t.3``; ``body`` for the message as a whole); the message says how many more
     problems there are."""
     errs = exc.errors(include_url=False)
+    newer = next((e for e in errs if _newer_schema(e)), None)
+    if newer is not None:  # a newer agent's batch: say so first, whatever else it holds
+        return "schema_version", (
+            f"{newer['input']} is newer than this control plane knows ({SCHEMA_VERSION}): "
+            "upgrade the control plane before its agents"
+        )
     first = errs[0]
     loc = list(first["loc"])
     column = first.get("ctx", {}).get("column")
@@ -18,6 +29,14 @@ def first_problem(exc: ValidationError) -> tuple[str, str]:
     where = ".".join(map(str, loc)) or "body"
     more = f" (and {len(errs) - 1} more)" if len(errs) > 1 else ""
     return where, f"{first['msg']}{more}"
+
+
+def _newer_schema(err: Any) -> bool:
+    """A ``schema_version`` past the one this code knows (a message from a newer release)."""
+    value = err.get("input")
+    return (
+        tuple(err["loc"]) == ("schema_version",) and type(value) is int and value > SCHEMA_VERSION
+    )
 
 
 def reason(exc: ValidationError) -> str:
