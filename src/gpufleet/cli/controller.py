@@ -136,19 +136,27 @@ def register(app: typer.Typer) -> None:
         json_out: bool = JsonOption,
     ) -> None:
         """Create or upgrade the database schema to the newest revision."""
-        from gpufleet.control.db.engine import database_url, make_engine, migrate
+        from gpufleet.control.db.engine import database_url, make_engine
+        from gpufleet.control.db.upgrade import migrate_with_backup
 
         parent = ctx.parent.obj if ctx.parent and ctx.parent.obj else {}
-        url = database_url(
-            _data_dir(data_dir or parent.get("data_dir")), _db_url(db_url or parent.get("db_url"))
-        )
+        ddir = _data_dir(data_dir or parent.get("data_dir"))
+        url = database_url(ddir, _db_url(db_url or parent.get("db_url")))
         engine = make_engine(url)
-        rev = migrate(engine)
-        engine.dispose()
-        shown = url.split("@")[-1] if "@" in url else url
+        try:  # an older database is backed up first (docs/control-plane.md, "Upgrading")
+            done = migrate_with_backup(engine, url, ddir)
+        finally:
+            engine.dispose()
+        rev, shown = done.revision, url.split("@")[-1] if "@" in url else url
         if json_out:
-            emit_json({"database": shown, "revision": rev})
+            emit_json(
+                {"database": shown, "revision": rev, "from_revision": done.from_revision}
+                | {"backup": done.backup}
+            )
         else:
+            if done.backup:
+                shown_backup = f"backed up revision {done.from_revision} to {done.backup}"
+                console.print(shown_backup, highlight=False)
             console.print(f"database {shown} at revision {rev}")
 
     from gpufleet.cli.controller_backup import register_backup

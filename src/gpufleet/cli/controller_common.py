@@ -120,12 +120,14 @@ PeerCaOption = typer.Option(
 
 def _open_store(data_dir: Path | None, db_url: str | None) -> ControlStore:
     from gpufleet.cli.process import private_state
-    from gpufleet.control.db.engine import database_url, make_engine, migrate
+    from gpufleet.control.db.engine import database_url, make_engine
+    from gpufleet.control.db.upgrade import migrate_with_backup
     from gpufleet.control.state.store import ControlStore
 
     private_state()  # the database (and its WAL) this may create are private
-    engine = make_engine(database_url(_data_dir(data_dir), _db_url(db_url)))
-    migrate(engine)
+    url = database_url(_data_dir(data_dir), _db_url(db_url))
+    engine = make_engine(url)
+    migrate_with_backup(engine, url, _data_dir(data_dir))  # an older one is backed up first
     import time
 
     return ControlStore(engine, clock=time.time)

@@ -26,7 +26,8 @@ from pathlib import Path
 from gpufleet.control.campaigns import ops as campaign_ops
 from gpufleet.control.campaigns import propose as campaign_propose
 from gpufleet.control.db.away import log_failure
-from gpufleet.control.db.engine import database_url, make_engine, migrate
+from gpufleet.control.db.engine import database_url, make_engine
+from gpufleet.control.db.upgrade import migrate_with_backup
 from gpufleet.control.ha import replica_sync
 from gpufleet.control.ha.leader import DEFAULT_LEASE_S, DEFAULT_RENEW_S, Leadership, StaleLeader
 from gpufleet.control.ingest import writes as ingest_writes
@@ -108,8 +109,8 @@ class ControlService:
         self.clock = clock
         self.url = database_url(config.data_dir, config.db_url)
         self.engine = make_engine(self.url)
-        if auto_migrate:
-            migrate(self.engine)
+        if auto_migrate:  # an older database is backed up first (docs: "Upgrading gpufleet")
+            migrate_with_backup(self.engine, self.url, config.data_dir)
         # The scheduler backend (embedded, slurm, kubernetes; none: NoScheduler): lifecycle
         # events reach it through `events`, the jobs API and the agents' exchange call it.
         self.scheduler: SchedulerBackend = scheduler or NoScheduler()
