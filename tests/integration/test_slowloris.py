@@ -135,23 +135,33 @@ def _socket_fds(pid: int) -> int:
 
 def test_open_connections_stay_within_the_cap(controller: ControllerProcess) -> None:
     """400 silent connections at once against a cap of 250: those past it are answered 503
-    and closed at once; the process never holds more client sockets than the cap."""
+    and closed at once, and once the refusals are done the process holds no more client
+    sockets than the cap. (A refused socket lives until the event loop's next pass, so a
+    sample taken during the burst may count a few being refused: a CI run saw 255 of 250.)"""
     assert controller.proc is not None
     pid = controller.proc.pid
     baseline = _socket_fds(pid)  # the listening socket and whatever else the process holds
     slow = Slow(controller.port, 400, every_s=None).start()
-    most = 0
+
+    def refusals() -> int:
+        with slow._lock:
+            return sum(1 for a in slow.answers.values() if a.startswith(b"HTTP/1.1 503"))
+
     try:
+        seen = [-1]
 
-        def settled() -> bool:
-            nonlocal most
-            most = max(most, _socket_fds(pid))
-            return slow.open() == 0
+        def refusals_done() -> bool:  # no new 503 for half a second: every accept is behind
+            n = refusals()
+            done = n == seen[0] and n > 0
+            seen[0] = n
+            return done
 
-        assert wait_until(settled, HEAD_DEADLINE_S + SLACK_S), f"{slow.open()} still open"
+        assert wait_until(refusals_done, HEAD_DEADLINE_S + SLACK_S, step_s=0.5)
+        held = _socket_fds(pid)
+        assert wait_until(lambda: slow.open() == 0, HEAD_DEADLINE_S + SLACK_S), (
+            f"{slow.open()} still open"
+        )
     finally:
         slow.stop()
-    busy = [a for a in slow.answers.values() if a.startswith(b"HTTP/1.1 503")]
-    assert busy, "no connection past the cap was answered 503"
-    assert most <= baseline + CAP, (most, baseline)
+    assert held <= baseline + CAP, (held, baseline)
     assert _health(controller) == 200

@@ -146,6 +146,9 @@ class ControlService:
         self._synced: replica_sync.Fingerprint | None = None
         self._started = False
         self._stop = threading.Event()
+        # set when the HTTP server begins to shut down: open streams (the dashboards' /stream)
+        # end, so a stop never waits for a browser tab to close
+        self.closing = threading.Event()
         self._thread: threading.Thread | None = None
 
     def start(self, *, api: bool = False) -> None:

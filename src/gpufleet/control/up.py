@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable
@@ -32,6 +33,9 @@ DEFAULT_SIM = "4x8xh100-sxm"
 # machine can; tests/integration/test_restart_grace.py restarts a controller with it
 API_DELAY_ENV = "GPUFLEET_TEST_API_START_DELAY_S"
 DEFAULT_DATA_DIR = Path.home() / ".local" / "share" / "gpufleet"
+# seconds requests still running may take after a stop signal (uvicorn then cancels them);
+# under systemd's default 90 s TimeoutStopSec, with the service's own stop after it
+GRACEFUL_SHUTDOWN_S = 10
 FILES_BESIDE_CONNECTIONS = 256  # the database, logs, outgoing HTTP: files besides clients
 
 
@@ -120,10 +124,13 @@ def serve(
         access_log=False,
         lifespan="off",
         http=guarded_protocol(header_timeout_s, max_connections),
+        # after a stop signal, requests still running get this long; then they are cancelled
+        # (a client that never ends its request must not hold the stop, and systemd's kill)
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
         **(tls.uvicorn_options() if tls is not None else {}),
     )
     _room_for(max_connections)
-    server = _Server(config, before_exit)
+    server = _Server(config, before_exit, service.closing)
 
     def on_term(signum: int, frame: object) -> None:
         server.should_exit = True  # also when it comes before uvicorn listens
@@ -176,10 +183,24 @@ def _room_for(connections: int) -> None:
 class _Server(uvicorn.Server):
     """uvicorn's server, running a callback on a stop signal before it stops answering."""
 
-    def __init__(self, config: uvicorn.Config, before_exit: Callable[[], None] | None) -> None:
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        before_exit: Callable[[], None] | None,
+        closing: threading.Event | None = None,
+    ) -> None:
         super().__init__(config)
         self._before_exit = before_exit
         self._exiting = False
+        self._closing = closing
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's shutdown, with ``closing`` set first: the open event streams end within
+        their next second instead of holding the shutdown until their clients leave (a
+        dashboard left open held a SIGTERM-ed controller for as long as the tab stayed)."""
+        if self._closing is not None:
+            self._closing.set()
+        await super().shutdown(sockets)
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
         if self._before_exit is None or self._exiting or self.should_exit:

@@ -43,8 +43,8 @@ def router(service: ControlService, auth: Auth) -> APIRouter:
             start = time.monotonic()
             yield b"retry: 2000\n\n"
             while time.monotonic() - start < max_s:
-                if await request.is_disconnected():
-                    return
+                if service.closing.is_set() or await request.is_disconnected():
+                    return  # the controller stops: the client reconnects to whoever serves
                 view = store.view
                 if view.generation != last_gen:
                     last_gen = view.generation

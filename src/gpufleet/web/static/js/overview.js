@@ -64,6 +64,51 @@ function attentionHtml(list, now, worst) {
   return html`<table class="grid" id="attention-table"><thead><tr><th>node</th><th>state</th><th>health</th><th class="num">findings</th><th>rack</th><th>reason</th><th>since</th></tr></thead><tbody>${rows}</tbody></table>${more}`;
 }
 
+// The controller's notification outbox per receiver (GET /notifications/status: global
+// operators and admins; a viewer's or tenant's page leaves the panel out). Read at most every
+// NOTIFY_EVERY_MS (the count is a query of the outbox table, the page refreshes more often).
+const NOTIFY_EVERY_MS = 15_000;
+let notifyAt = 0;
+let notifyAllowed = true;
+
+function seconds(s) {
+  if (s === null || s === undefined) return "-";
+  if (s < 90) return `${Math.round(s)}s`;
+  if (s < 5400) return `${Math.round(s / 60)}m`;
+  return `${Math.round(s / 3600)}h`;
+}
+
+function notifyHtml(doc) {
+  const rows = doc.receivers.map((r) => {
+    const bad = r.dead > 0 ? "row-h2" : r.pending > 0 && (r.oldest_pending_age_s ?? 0) > 60 ? "row-h1" : "";
+    return html`
+    <tr data-receiver="${r.receiver}" class="${bad}">
+      <td>${r.receiver}</td><td class="num" data-col="pending">${r.pending}</td>
+      <td class="num" data-col="in_flight">${r.in_flight}</td><td class="num" data-col="delivered">${r.delivered}</td>
+      <td class="num" data-col="failed_attempts">${r.failed_attempts}</td><td class="num" data-col="dead">${r.dead}</td>
+      <td class="num" data-col="oldest">${seconds(r.oldest_pending_age_s)}</td>
+      <td data-col="last_error">${r.last_error ?? ""}</td></tr>`;
+  });
+  return html`<table class="grid" id="notify-table"><thead><tr><th>receiver</th><th class="num">pending</th><th class="num">in flight</th><th class="num">delivered</th><th class="num">failed attempts</th><th class="num">dead-lettered</th><th class="num">oldest pending</th><th>last error</th></tr></thead><tbody>${rows}</tbody></table>
+  <p class="muted">Dead-lettered notifications were not delivered: their attempts ran out, they grew too old, or the receiver refused them (<code>gpufleet notify status</code>).</p>`;
+}
+
+async function loadNotify(el) {
+  if (!notifyAllowed || Date.now() - notifyAt < NOTIFY_EVERY_MS) return;
+  notifyAt = Date.now();
+  const panel = $("#notify-panel", el);
+  let doc;
+  try {
+    doc = await api.get("/notifications/status");
+  } catch (e) {
+    if (e.status === 401 || e.status === 403) notifyAllowed = false; // not this token's to see
+    return;
+  }
+  if (!panel) return;
+  panel.hidden = !doc.receivers.length; // no receivers configured: nothing to show
+  setHtml($("#notify", el), notifyHtml(doc));
+}
+
 function captionText(data) {
   const m = METRICS[filters.metric];
   const cells = data.values.reduce((a, r) => a + r.length, 0);
@@ -96,6 +141,7 @@ async function load(el, ctx) {
     if (!w || f.severity > w.severity || (f.severity === w.severity && f.last_seen_s > w.last_seen_s)) worst.set(f.node, f);
   }
   ctx.setSummary(summary);
+  loadNotify(el); // on its own clock, not awaited: the fleet's views do not wait for it
   renderCounts(el, ctx);
   lastData = data;
   hm.draw(data, filters.metric);
@@ -159,7 +205,10 @@ export const overview = {
       <section class="panel"><div id="controls"></div>
         <div id="hm-host" class="hm-host"></div><div class="caption"><span id="hm-caption"></span>
         <button class="btn small" id="hm-collapse" hidden>collapse all</button></div></section>
-      <section class="panel"><h2>Needs attention</h2><div id="attention"></div></section>`);
+      <section class="panel"><h2>Needs attention</h2><div id="attention"></div></section>
+      <section class="panel" id="notify-panel" hidden><h2>Notifications</h2><div id="notify"></div></section>`);
+    notifyAt = 0;
+    notifyAllowed = true;
     renderCounts(el, ctx);
     renderControls(el, ctx);
     hm = new Heatmap($("#hm-host", el), {
