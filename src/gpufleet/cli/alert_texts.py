@@ -46,7 +46,7 @@ GPU_EVIDENCE = (
     "{{ with "
     + _q('gpufleet_clock_event_reason_active{instance=%q,gpu=%q,reason="hw_thermal"} == 1')
     + " }} HW_THERMAL_SLOWDOWN: HW thermal slowdown active.{{ end }}"
-    "{{ range " + _q("gpufleet_xid_errors_total{instance=%q,gpu=%q}") + " }}"
+    "{{ range " + _q("gpufleet_xid_errors_total{instance=%q,gpu=%q}") + " | sortByLabel `xid` }}"
     " XID_{{ .Labels.xid }}: {{ .Value | humanize }} XID {{ .Labels.xid }} event(s)"
     " counted by the agent.{{ end }}"
 )
@@ -98,8 +98,9 @@ def xid_count() -> str:
 
 def node_gpus(expr: str, none: str) -> str:
     """ " GPU 0 GPU 3": the GPUs of this alert's node for which ``expr`` (one ``%q``: the
-    instance) answers; `` none`` when it answers nothing."""
+    instance) answers, sorted by the label (a query's order is not defined: promtool once gave
+    "GPU 3 GPU 0"); `` none`` when it answers nothing."""
     return (
-        "{{ with printf `" + expr + "` $labels.instance | query }}"
+        "{{ with printf `" + expr + "` $labels.instance | query | sortByLabel `gpu` }}"
         "{{ range . }} GPU {{ .Labels.gpu }}{{ end }}{{ else }} " + none + "{{ end }}"
     )
