@@ -71,7 +71,7 @@ test: install sysdeps
 	$(BIN)/mypy
 	$(COMPILE)
 	@date +"== %T tests"
-	GPUFLEET_HYPOTHESIS_PROFILE=ci $(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile
+	GPUFLEET_HYPOTHESIS_PROFILE=ci $(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile --durations=40
 	@date +"== %T figures guard"
 	$(BIN)/python benchmarks/guard.py
 	@date +"== %T done"
