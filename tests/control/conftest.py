@@ -77,6 +77,18 @@ def pg_url() -> Iterator[str]:
         server.remove()
 
 
+@pytest.fixture
+def own_pg() -> Iterator[PgServer]:
+    """A PostgreSQL server of the test's own, started (the test may stop and start it), removed
+    afterwards."""
+    pg = PgServer()
+    try:
+        pg.start()
+        yield pg
+    finally:
+        pg.remove()
+
+
 def _reset_pg(url: str) -> None:
     from sqlalchemy import create_engine, text
 

@@ -6,7 +6,7 @@ server is back, and everything it acknowledged is in the database."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from fastapi.testclient import TestClient
@@ -20,25 +20,15 @@ from tests.control.conftest import PgServer, batch
 pytestmark = pytest.mark.process  # a PostgreSQL server of the test's own, stopped and started
 
 
-@pytest.fixture
-def server() -> Iterator[PgServer]:
-    pg = PgServer()
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.remove()
-
-
 def _nodes(svc: ControlService) -> set[str]:
     with svc.store.sessions() as s:
         return set(s.scalars(select(Node.name)))
 
 
 def test_database_away_is_503_with_retry_after_and_the_controller_reconnects(
-    make_service: Callable[..., ControlService], server: PgServer
+    make_service: Callable[..., ControlService], own_pg: PgServer
 ) -> None:
-    svc = make_service(db_url=server.url)
+    svc = make_service(db_url=own_pg.url)
     agent = svc.store.tokens.create("agent", name="t-agent")[0]
     operator = svc.store.tokens.create("operator", name="t-operator")[0]
     client = TestClient(create_app(svc))  # raises any unhandled server error in the test
@@ -46,7 +36,7 @@ def test_database_away_is_503_with_retry_after_and_the_controller_reconnects(
     ops = {"Authorization": f"Bearer {operator}"}
     assert client.post("/api/v1/ingest", json=batch("n1", 1), headers=push).status_code == 200
 
-    server.stop("fast")  # as `pg_ctl restart -m fast` begins; then an outage
+    own_pg.stop("fast")  # as `pg_ctl restart -m fast` begins; then an outage
     for seq in (2, 3):
         r = client.post("/api/v1/ingest", json=batch("n2", seq), headers=push)
         assert r.status_code == 503, r.text
@@ -54,7 +44,7 @@ def test_database_away_is_503_with_retry_after_and_the_controller_reconnects(
     r = client.post("/api/v1/nodes/n1/actions/cordon", json={"reason": "t"}, headers=ops)
     assert r.status_code == 503 and "Retry-After" in r.headers, r.text
 
-    server.start()
+    own_pg.start()
     acked = client.post("/api/v1/ingest", json=batch("n2", 2), headers=push)
     assert acked.status_code == 200, acked.text
     assert acked.json()["seq"] == 2

@@ -15,6 +15,7 @@ from gpufleet.devices.sim import SimFleet, SimNode, parse_fleet_spec
 from gpufleet.devices.sim.spec import FleetSpec, NodeSpec
 from gpufleet.schedulers.embedded.backend import EmbeddedBackend
 from gpufleet.testing.testbed import Agents, Controller
+from tests.control.conftest import own_pg  # noqa: F401  (a PostgreSQL server of a test's own)
 
 
 def fleet_of(names: list[str], gpus: int = 2, model: str = "h100-sxm") -> SimFleet:

@@ -8,7 +8,6 @@ is stored once, in order, with none missing (the agent kept what was not acknowl
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -26,16 +25,6 @@ NODE = "pg-outage-0"
 OUTAGE_S = scaled(4.0)
 
 
-@pytest.fixture
-def server() -> Iterator[PgServer]:
-    pg = PgServer()
-    try:
-        pg.start()
-        yield pg
-    finally:
-        pg.remove()
-
-
 def _seqs(url: str) -> list[int]:
     eng = create_engine(url)
     try:
@@ -47,26 +36,26 @@ def _seqs(url: str) -> list[int]:
 
 
 def test_controller_and_agent_ride_out_a_postgresql_restart_and_outage(
-    server: PgServer, tmp_path: Path
+    own_pg: PgServer, tmp_path: Path
 ) -> None:
     tokens = create_tokens(
-        None, {"admin": ("admin", None), "agent": ("agent", NODE)}, db_url=server.url
+        None, {"admin": ("admin", None), "agent": ("agent", NODE)}, db_url=own_pg.url
     )
-    ctl = ControllerProcess(tmp_path / "ctl", tokens["admin"], db_url=server.url, scheduler="none")
+    ctl = ControllerProcess(tmp_path / "ctl", tokens["admin"], db_url=own_pg.url, scheduler="none")
     ctl.start()
     agent = AgentProcess(NODE, ctl.url, tokens["agent"], tmp_path / "agent", push_interval_s=0.25)
     agent.start()
     try:
-        wait_truthy(lambda: len(_seqs(server.url)) >= 4, 60, "the agent's first batches stored")
+        wait_truthy(lambda: len(_seqs(own_pg.url)) >= 4, 60, "the agent's first batches stored")
 
         # a fast restart of the server under ingest
-        server.stop("fast")
-        server.start()
-        before = max(_seqs(server.url))
-        wait_truthy(lambda: max(_seqs(server.url)) > before + 4, 30, "stored again after restart")
+        own_pg.stop("fast")
+        own_pg.start()
+        before = max(_seqs(own_pg.url))
+        wait_truthy(lambda: max(_seqs(own_pg.url)) > before + 4, 30, "stored again after restart")
 
         # an outage: the controller answers 503 with Retry-After meanwhile
-        server.stop("fast")
+        own_pg.stop("fast")
         seen: set[int] = set()
         retry_after: set[str | None] = set()
         end = time.monotonic() + OUTAGE_S
@@ -76,11 +65,11 @@ def test_controller_and_agent_ride_out_a_postgresql_restart_and_outage(
             if r.status_code == 503:
                 retry_after.add(r.headers.get("retry-after"))
             time.sleep(0.2)
-        server.start()
+        own_pg.start()
         assert 503 in seen and 500 not in seen, seen
         assert None not in retry_after and retry_after, retry_after
-        before = max(_seqs(server.url))
-        wait_truthy(lambda: max(_seqs(server.url)) > before + 4, 30, "stored again after outage")
+        before = max(_seqs(own_pg.url))
+        wait_truthy(lambda: max(_seqs(own_pg.url)) > before + 4, 30, "stored again after outage")
         assert ctl.call("GET", f"/api/v1/nodes/{NODE}").status_code == 200
     finally:
         stop_all([agent])
@@ -88,7 +77,7 @@ def test_controller_and_agent_ride_out_a_postgresql_restart_and_outage(
     assert ctl.proc is not None and ctl.starts == 1  # the same controller process throughout
     # every batch the agent made is stored exactly once, none missing (the agent kept what was
     # not acknowledged and sent it once the database was back)
-    seqs = _seqs(server.url)
+    seqs = _seqs(own_pg.url)
     assert seqs == list(range(seqs[0], seqs[-1] + 1)), _gaps(seqs)
     logs = "\n".join(p.read_text(errors="replace") for p in (tmp_path / "ctl").glob("*.log"))
     assert "Exception in ASGI application" not in logs
