@@ -6,7 +6,15 @@ or while older batches still wait, it goes to the on-disk spool, and the spool i
 sequence order once the control plane answers again. A batch is removed from the spool only
 after its ``Ack``, so nothing is sent again after an acknowledgement (a crash between the ack and
 the removal resends one batch, which the control plane's (agent_id, seq) check absorbs).
-400/413/422 answers reject a batch for good: it is dropped and counted, never retried.
+400/413/422 answers reject a batch for good: it is dropped and counted, never retried; but for
+one. A 422 whose problem body names ``field: schema_version`` with a
+``schema_version_supported`` older than this agent's `SCHEMA_VERSION` says "the control plane is
+older than me" (a newer agent before its controller's upgrade): that batch and the ones after it
+stay in the spool (its bounds hold: past them the oldest are dropped and counted), one error
+line names both schemas, ``gpufleet_agent_control_plane_older`` reads 1 and
+``gpufleet_agent_push_schema_refused_total`` counts the refusals, and the spool is retried with
+the same full-jitter backoff under a longer cap (`OLDER_BACKOFF_FACTOR` times the usual one: 60 s
+at the default 5 s), so once the control plane is upgraded the kept batches arrive, in order.
 
 Retries back off with full jitter: after the n-th failure in a row the next attempt waits a
 uniform random time in ``[0, min(MAX_BACKOFF_S, BASE_BACKOFF_S * 2**n))`` (`backoff_s`), so
@@ -35,7 +43,8 @@ import httpx
 
 from gpufleet.agent.spool import AgentState, Spool
 from gpufleet.replicas import UNAVAILABLE, Replicas
-from gpufleet.wire import AGENT_MAX_BACKOFF_S, AGENT_PUSH_TIMEOUT_S, Ack, Batch
+from gpufleet.wire import AGENT_MAX_BACKOFF_S, AGENT_PUSH_TIMEOUT_S, SCHEMA_VERSION, Ack, Batch
+from gpufleet.wire.problems import PROBLEM_FIELD, SCHEMA_SUPPORTED
 
 log = logging.getLogger("gpufleet.agent.push")
 
@@ -43,6 +52,7 @@ INGEST_PATH = "/api/v1/ingest"
 BASE_BACKOFF_S = 0.5
 MAX_BACKOFF_S = AGENT_MAX_BACKOFF_S  # the cap of the retry wait (see the module docstring)
 PERMANENT = frozenset({400, 413, 422})
+OLDER_BACKOFF_FACTOR = 12.0  # the retry cap while the control plane is older: 12 x the usual
 
 
 @dataclass
@@ -56,6 +66,7 @@ class PushStats:
     rejected: int = 0
     auth_failures: int = 0
     throttled: int = 0  # 429 answers (the control plane sheds load)
+    schema_refused: int = 0  # 422s for a wire schema newer than the control plane's (kept)
     errors: int = 0
     last_ack_s: float = 0.0
 
@@ -66,8 +77,34 @@ class _Retry(Exception):
         self.retry_after_s = retry_after_s
 
 
+class _Older(_Retry):
+    """The control plane refused the batch's wire schema as newer than its own: keep it."""
+
+    def __init__(self, reason: str, theirs: int) -> None:
+        super().__init__(reason)
+        self.theirs = theirs
+
+
 class _Reject(Exception):
     pass
+
+
+def older_schema(resp: httpx.Response) -> int | None:
+    """The control plane's wire schema when its answer refuses this agent's as newer (a 422
+    whose problem body has ``field: schema_version`` and ``schema_version_supported`` below
+    `SCHEMA_VERSION`), else None."""
+    if resp.status_code != 422:
+        return None
+    try:
+        doc = resp.json()
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or doc.get(PROBLEM_FIELD) != "schema_version":
+        return None
+    theirs = doc.get(SCHEMA_SUPPORTED)
+    if type(theirs) is not int or theirs >= SCHEMA_VERSION:
+        return None
+    return theirs
 
 
 def _retry_after(value: str | None, now: float) -> float | None:
@@ -130,6 +167,8 @@ class Pusher:
         self.on_ack: Callable[[Ack], None] | None = None  # job commands, acks (Agent.on_ack)
         self.retry_at = 0.0
         self.failures = 0  # retryable failures in a row (the backoff exponent)
+        # the wire schema of a control plane that refuses ours as newer; None: not refused
+        self.older_control_plane: int | None = None
         self._headers = {
             "Authorization": f"Bearer {token}",
             "Content-Type": "application/json",
@@ -243,12 +282,24 @@ class Pusher:
             self.stats.last_ack_s = self.clock()
             self.failures = 0
             self.retry_at = 0.0
+            if self.older_control_plane is not None:
+                log.warning(
+                    "the control plane accepts this agent's wire schema (%d) now: delivering "
+                    "the %d kept batch(es) in order",
+                    SCHEMA_VERSION,
+                    len(self.spool),
+                )
+                self.older_control_plane = None
             if self.on_ack is not None:
                 try:
                     self.on_ack(ack)
                 except Exception:  # what it asks must not make the batch be sent again
                     log.exception("applying the Ack's commands or acknowledgements failed")
             return
+        theirs = older_schema(resp)
+        if theirs is not None:
+            self.stats.schema_refused += 1
+            raise _Older(f"HTTP {code}: {resp.text[:200]}", theirs)
         if code in PERMANENT:
             raise _Reject(f"HTTP {code}: {resp.text[:200]}")
         if code in (401, 403):
@@ -260,13 +311,29 @@ class Pusher:
 
     def _defer(self, now: float, exc: _Retry) -> None:
         self.stats.retryable_failures += 1
+        cap = self.max_backoff_s
+        if isinstance(exc, _Older):
+            cap *= OLDER_BACKOFF_FACTOR
         if exc.retry_after_s is not None:
             wait = exc.retry_after_s
         else:
-            wait = backoff_s(self.failures, self.rng, cap_s=self.max_backoff_s)
+            wait = backoff_s(self.failures, self.rng, cap_s=cap)
         self.failures += 1
         self.retry_at = now + wait
-        log.warning("push deferred %.1f s: %s", wait, exc)
+        if not isinstance(exc, _Older):
+            log.warning("push deferred %.1f s: %s", wait, exc)
+        elif self.older_control_plane != exc.theirs:  # one line, not one per batch or retry
+            self.older_control_plane = exc.theirs
+            log.error(
+                "the control plane speaks wire schema %d, this agent %d: upgrade the control "
+                "plane. Batches are kept in the spool (at most %d or %d MiB, then the oldest "
+                "are dropped and counted) and retried every %.1f s at most",
+                exc.theirs,
+                SCHEMA_VERSION,
+                self.spool.max_batches,
+                self.spool.max_bytes // 2**20,
+                cap,
+            )
 
     def _rejected(self, seq: int, exc: _Reject) -> None:
         self.stats.rejected += 1

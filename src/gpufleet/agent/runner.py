@@ -415,8 +415,19 @@ class Agent:
                 "Spooled batches dropped because the spool was full.",
                 p.spool.dropped,
             ),
+            (
+                "gpufleet_agent_push_schema_refused",
+                "Sends refused for a wire schema newer than the control plane's (batches kept).",
+                st.schema_refused,
+            ),
         ):
             yield ExtraMetric(name, "counter", help_, float(value))
+        yield ExtraMetric(
+            "gpufleet_agent_control_plane_older",
+            "gauge",
+            "1 while the control plane refuses this agent's wire schema as newer than its own.",
+            float(p.older_control_plane is not None),
+        )
 
     # ----- push ------------------------------------------------------------------------------
     def build_batch(self, seq: int) -> wire.Batch:

@@ -1,5 +1,7 @@
 """A refused message in one line: the first problem's field path and pydantic's message (a
-``schema_version`` newer than this code knows comes first, saying so)."""
+``schema_version`` newer than this code knows comes first, saying so); `problem_extra` adds
+the same as data to a problem body, so an agent reads "the control plane is older than me"
+from fields, not from the sentence."""
 
 from __future__ import annotations
 
@@ -37,6 +39,20 @@ def _newer_schema(err: Any) -> bool:
     return (
         tuple(err["loc"]) == ("schema_version",) and type(value) is int and value > SCHEMA_VERSION
     )
+
+
+PROBLEM_FIELD = "field"  # a problem body's member: the first problem's field path
+SCHEMA_SUPPORTED = "schema_version_supported"  # with field schema_version: what this code speaks
+
+
+def problem_extra(exc: ValidationError) -> dict[str, Any]:
+    """Members a problem body carries beside ``detail``: ``field`` (`first_problem`'s path) and,
+    when that is ``schema_version``, ``schema_version_supported`` (this code's
+    `SCHEMA_VERSION`)."""
+    where, _ = first_problem(exc)
+    if where == "schema_version":
+        return {PROBLEM_FIELD: where, SCHEMA_SUPPORTED: SCHEMA_VERSION}
+    return {PROBLEM_FIELD: where}
 
 
 def reason(exc: ValidationError) -> str:

@@ -64,8 +64,13 @@ class IngestReply:
 CLOSE = (("Connection", "close"),)  # answered before the body was read: the client may still send
 
 
-def _problem(status: int, detail: str, headers: tuple[tuple[str, str], ...] = ()) -> IngestReply:
-    return IngestReply(status, orjson.dumps({"detail": detail}), headers)
+def _problem(
+    status: int,
+    detail: str,
+    headers: tuple[tuple[str, str], ...] = (),
+    extra: dict[str, Any] | None = None,
+) -> IngestReply:
+    return IngestReply(status, orjson.dumps({"detail": detail, **(extra or {})}), headers)
 
 
 async def handle_ingest(
@@ -168,7 +173,7 @@ async def _admit(
             raise IngestRejected(422, f"no usable sample in the batch: dropped {parsed.dropped}")
     except IngestRejected as exc:
         retry = (("Retry-After", str(exc.retry_after_s)),) if exc.retry_after_s else ()
-        return _problem(exc.status, exc.reason, retry)
+        return _problem(exc.status, exc.reason, retry, exc.extra)
     return queue_item(parsed, who, received), parsed.dropped
 
 

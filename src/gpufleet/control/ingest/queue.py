@@ -30,20 +30,28 @@ from gpufleet.control.state.auth import Principal
 from gpufleet.control.state.rings import FIELD_INDEX, FIELDS, NF, SampleGroup, clean_matrix
 from gpufleet.control.state.store import ControlStore, IngestItem
 from gpufleet.wire import MAX_BATCH_BYTES, Ack, Batch, WireSamples
-from gpufleet.wire.problems import reason
+from gpufleet.wire.problems import problem_extra, reason
 from gpufleet.wire.telemetry import screen_events
 
 log = logging.getLogger("gpufleet.control.ingest")
 
 
 class IngestRejected(Exception):
-    """A batch refused before it was queued: ``status`` is the HTTP status, ``reason`` why."""
+    """A batch refused before it was queued: ``status`` is the HTTP status, ``reason`` why,
+    ``extra`` more members of the problem body (`gpufleet.wire.problems.problem_extra`)."""
 
-    def __init__(self, status: int, reason: str, retry_after_s: int | None = None) -> None:
+    def __init__(
+        self,
+        status: int,
+        reason: str,
+        retry_after_s: int | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
         super().__init__(reason)
         self.status = status
         self.reason = reason
         self.retry_after_s = retry_after_s
+        self.extra = extra or {}
 
 
 def decode_body(body: bytes, content_encoding: str | None) -> bytes:
@@ -173,7 +181,7 @@ def parse_batch(raw: bytes, now_s: float | None = None) -> Parsed:
         try:
             whole = Batch.model_validate_json(raw)
         except ValidationError as exc:
-            raise IngestRejected(422, reason(exc)) from exc
+            raise IngestRejected(422, reason(exc), extra=problem_extra(exc)) from exc
         head = whole.model_copy(update={"samples": []})
         blocks: list[Block] = [(s.gpu_uuid, s.gpu_index, s.t, s.fields) for s in whole.samples]
     else:
