@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,59 +19,13 @@ from gpufleet.control.db.models import EventRow, IngestedBatch, Node
 from gpufleet.control.ha.leader import StaleLeader
 from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.testing.timescale import scaled
-from tests.control.conftest import PgServer, batch, free_port, push, ungated
+from tests.control.conftest import batch, push, ungated
+from tests.control.pg_pair import Pair, pair  # noqa: F401  (the primary + standby fixture)
 from tests.waiting import wait_truthy
 
 pytestmark = pytest.mark.process
 
 LEASE_S = scaled(1.5)
-
-
-class Pair:
-    """A primary `PgServer` and a streaming standby cloned from it (``pg_basebackup -R``)."""
-
-    def __init__(self) -> None:
-        self.primary = PgServer()
-        # synchronous: a commit returns once the standby has it, so an acknowledged batch
-        # survives the switch (what docs/control-plane.md tells an operator to configure)
-        self.primary.start("-c synchronous_standby_names='*'")
-        self.standby_data = self.primary.root / "standby"
-        self.standby_port = free_port()
-        p = self.primary
-        p._run("pg_basebackup", "-D", str(self.standby_data), "-R", "-X", "stream",
-               "-h", "127.0.0.1", "-p", str(p.port), "-U", "postgres")  # fmt: skip
-        opts = f"-p {self.standby_port} -k {p.root} -c listen_addresses=127.0.0.1"
-        self._standby("-w", "-t", "60", "-l", str(p.root / "standby.log"), "-o", opts, "start")
-        self.url = (
-            f"postgresql+psycopg://postgres@/postgres?host=127.0.0.1:{p.port}"
-            f"&host=127.0.0.1:{self.standby_port}&target_session_attrs=read-write"
-        )
-
-    def _standby(self, *args: str, check: bool = True) -> None:
-        self.primary._run("pg_ctl", "-D", str(self.standby_data), *args, check=check)
-
-    def switch(self) -> None:
-        """The primary dies; the standby is promoted (what a failover manager does)."""
-        self.primary.stop("immediate")
-        self._standby("-w", "promote")
-
-    def remove(self) -> None:
-        self._standby("-m", "immediate", "-w", "stop", check=False)
-        self.primary.remove()
-
-
-@pytest.fixture
-def pair() -> Iterator[Pair]:
-    made = Pair()
-    try:
-        eng = create_engine(made.url.replace(f"&host=127.0.0.1:{made.standby_port}", ""))
-        with eng.connect() as c:  # the standby streams synchronously before anything is written
-            q = text("SELECT count(*) FROM pg_stat_replication WHERE sync_state = 'sync'")
-            wait_truthy(lambda: c.execute(q).scalar_one(), 30, "standby in sync")
-        eng.dispose()
-        yield made
-    finally:
-        made.remove()
 
 
 def _wait_for_work(r: ControlService) -> None:
@@ -97,7 +50,8 @@ def _port(engine: Engine) -> int:
 
 
 def test_replicas_follow_a_promoted_standby_with_one_leader_and_growing_tokens(
-    pair: Pair, tmp_path: Path
+    pair: Pair,  # noqa: F811
+    tmp_path: Path,
 ) -> None:
     replicas = [
         ControlService(
