@@ -123,11 +123,14 @@ def serve(
         log_level="warning",
         access_log=False,
         lifespan="off",
-        http=guarded_protocol(header_timeout_s, max_connections),
+        # TLS too: each connection is upgraded by the guard from its accept, so a handshake
+        # that never ends has the head deadline and counts toward the cap (not uvicorn's ssl=)
+        http=guarded_protocol(
+            header_timeout_s, max_connections, tls.server_context() if tls is not None else None
+        ),
         # after a stop signal, requests still running get this long; then they are cancelled
         # (a client that never ends its request must not hold the stop, and systemd's kill)
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_S,
-        **(tls.uvicorn_options() if tls is not None else {}),
     )
     _room_for(max_connections)
     server = _Server(config, before_exit, service.closing)

@@ -15,12 +15,22 @@ their head are neither counted out nor closed. Here:
 - **connection cap**: a connection opened while ``max_connections`` are open is answered
   ``503`` with ``Retry-After`` and closed at once, so open sockets (and file descriptors) stay
   bounded whatever clients do.
+- **TLS**: uvicorn's own TLS (``create_server(ssl=...)``) tells the HTTP protocol of a
+  connection only once its handshake is done, and asyncio gives a handshake 60 s: a client that
+  opens and sends nothing, or half a ClientHello, was held a minute and counted nowhere. With a
+  context (`guarded_protocol` ``tls=``) the server listens plain and `_TlsFront` upgrades each
+  connection itself (``loop.start_tls``, asyncio's and uvloop's public call) the moment it is
+  accepted: the connection counts toward the cap from then (refused past it: closed, since no
+  HTTP answer can be read before a handshake), the handshake must end within
+  ``header_timeout_s``, and the request head's deadline runs on from the accept, not from the
+  handshake's end.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import ssl
 import time
 from typing import TYPE_CHECKING, Any, cast
 
@@ -59,8 +69,8 @@ class _Counts:
             self._logged_s = now
             log.warning(
                 "slow or too many clients (counts since start): %d connection(s) refused with "
-                "%d open (--max-connections), %d closed for a request head slower than %g s "
-                "(--header-timeout)",
+                "%d open (--max-connections), %d closed for a TLS handshake or request head "
+                "slower than %g s (--header-timeout)",
                 self.refused,
                 self.limits[1],
                 self.timed_out,
@@ -83,6 +93,7 @@ class _Guard(asyncio.Protocol):
     _head_timer: asyncio.TimerHandle | None = None
     _head_bytes = 0
     _refused = False
+    accepted_at: float | None = None  # loop time of a TLS connection's accept (`_TlsFront`)
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         if len(self.connections) >= self.max_connections:
@@ -93,7 +104,8 @@ class _Guard(asyncio.Protocol):
             transport.close()
             return
         super().connection_made(transport)
-        self._arm()
+        spent = 0.0 if self.accepted_at is None else self.loop.time() - self.accepted_at
+        self._arm(max(0.0, self.header_timeout_s - spent))  # the deadline counts from the accept
 
     def data_received(self, data: bytes) -> None:
         if self._refused:
@@ -115,10 +127,11 @@ class _Guard(asyncio.Protocol):
         if not self._refused:
             super().connection_lost(exc)
 
-    def _arm(self) -> None:
+    def _arm(self, delay_s: float | None = None) -> None:
         self._disarm()
         self._head_bytes = 0
-        self._head_timer = self.loop.call_later(self.header_timeout_s, self._head_late)
+        delay = self.header_timeout_s if delay_s is None else delay_s
+        self._head_timer = self.loop.call_later(delay, self._head_late)
 
     def _disarm(self) -> None:
         if self._head_timer is not None:
@@ -138,12 +151,148 @@ class _Guard(asyncio.Protocol):
         transport.close()
 
 
+class _Handover(asyncio.Protocol):
+    """What the TLS layer talks to between the handshake's end and `_TlsFront` handing the
+    connection to the HTTP protocol: bytes that came first (a request right behind the
+    client's Finished) wait here, so the HTTP protocol sees its ``connection_made`` first."""
+
+    def __init__(self) -> None:
+        self.data: list[bytes] = []
+        self.eof = False
+        self.lost: tuple[Exception | None] | None = None
+
+    def data_received(self, data: bytes) -> None:
+        self.data.append(data)
+
+    def eof_received(self) -> bool | None:
+        self.eof = True
+        return None
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.lost = (exc,)
+
+    def hand(self, tls: asyncio.Transport, http: asyncio.Protocol) -> None:
+        """``http`` takes over ``tls``: connected, then told what came meanwhile."""
+        http.connection_made(tls)
+        tls.set_protocol(http)
+        for data in self.data:
+            http.data_received(data)
+        if self.eof and self.lost is None and not http.eof_received():
+            tls.close()
+        if self.lost is not None:
+            http.connection_lost(self.lost[0])
+
+
+class _TlsFront(asyncio.Protocol):
+    """A TLS connection from its accept: counted toward the cap, its handshake (``start_tls``)
+    held to the head deadline, then handed to the guarded HTTP protocol.
+
+    Bytes can come before ``start_tls`` holds the transport: uvloop starts reading right after
+    ``connection_made`` whatever it paused (asyncio honours the pause), so a ClientHello may
+    reach this protocol first. They are kept and fed to the TLS protocol (`_feed`) in the
+    same pass of the loop in which ``start_tls`` took the transport over (and paused it), so
+    nothing is lost or reordered."""
+
+    http_class: type[_Guard]
+    context: ssl.SSLContext
+    handshakes: set[_TlsFront]  # accepted, handshake not done (one set per built class)
+
+    def __init__(
+        self,
+        config: Any,
+        server_state: Any,
+        app_state: dict[str, Any],
+        _loop: asyncio.AbstractEventLoop | None = None,
+    ) -> None:
+        # uvicorn makes one protocol object per accepted connection with these arguments
+        self.http = self.http_class(  # type: ignore[call-arg]
+            config=config, server_state=server_state, app_state=app_state, _loop=_loop
+        )
+        self.connections: set[Any] = server_state.connections
+        self.loop = _loop or asyncio.get_event_loop()
+        self._task: asyncio.Task[None] | None = None
+        self._raw: asyncio.Transport | None = None
+        self._early: list[bytes] = []
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        http = self.http
+        if len(self.connections) + len(self.handshakes) >= http.max_connections:
+            http.counts.bump(refused=True)
+            transport.close()  # no HTTP answer can be read before a handshake
+            return
+        raw = self._raw = cast(asyncio.Transport, transport)
+        raw.pause_reading()
+        self.handshakes.add(self)
+        self._task = self.loop.create_task(self._handshake(raw))
+        # runs right after the task's first step, in which start_tls swaps the protocol
+        self.loop.call_soon(self._feed)
+
+    def data_received(self, data: bytes) -> None:
+        self._early.append(data)  # before start_tls took the transport (uvloop)
+        if self._raw is not None:
+            self._raw.pause_reading()
+
+    def _feed(self) -> None:
+        """Give the TLS protocol the bytes that came to this one (into its incoming buffer:
+        its handshake reads them first)."""
+        early, self._early = self._early, []
+        raw = self._raw
+        if not early or raw is None or raw.is_closing():
+            return
+        tls = raw.get_protocol()
+        if tls is self:  # pragma: no cover - start_tls did not take the transport over
+            raw.abort()
+            return
+        for chunk in early:
+            if not isinstance(tls, asyncio.BufferedProtocol) and not hasattr(tls, "get_buffer"):
+                cast(asyncio.Protocol, tls).data_received(chunk)
+                continue
+            buffered = cast(asyncio.BufferedProtocol, tls)
+            view = memoryview(chunk)
+            while view:
+                buf = memoryview(buffered.get_buffer(len(view)))
+                n = min(len(buf), len(view))
+                buf[:n] = view[:n]
+                buffered.buffer_updated(n)
+                view = view[n:]
+
+    async def _handshake(self, raw: asyncio.Transport) -> None:
+        http, started = self.http, self.loop.time()
+        handover = _Handover()
+        try:
+            tls = await self.loop.start_tls(
+                raw,
+                handover,
+                self.context,
+                server_side=True,
+                ssl_handshake_timeout=http.header_timeout_s,
+            )
+        except Exception:  # timed out, reset, not TLS: the TLS layer closed it (debug log)
+            if self.loop.time() - started >= http.header_timeout_s:
+                http.counts.bump(refused=False)
+            raw.abort()
+            return
+        finally:
+            self.handshakes.discard(self)
+        if tls is None or tls.is_closing():  # closed as the handshake ended (uvloop: an EOF)
+            raw.abort()
+            return
+        http.accepted_at = started
+        handover.hand(tls, http)
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.handshakes.discard(self)  # closed before start_tls took it over
+
+
 def guarded_protocol(
     header_timeout_s: float = DEFAULT_HEADER_TIMEOUT_S,
     max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    tls: ssl.SSLContext | None = None,
 ) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol (httptools where installed, as its ``auto``; else h11) with
-    the head deadline and the connection cap; pass it as ``uvicorn.Config(http=...)``."""
+    the head deadline and the connection cap; pass it as ``uvicorn.Config(http=...)``. With
+    ``tls`` (a server context), connections are TLS, upgraded by `_TlsFront` (give uvicorn no
+    ``ssl_*`` options then)."""
     base: type[asyncio.Protocol]
     try:
         from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -159,4 +308,13 @@ def guarded_protocol(
         "counts": _Counts(float(header_timeout_s), int(max_connections)),
         "__doc__": f"{base.__name__} with a head deadline and a connection cap.",
     }
-    return type(f"Guarded{base.__name__}", (_Guard, base), attrs)
+    guarded = type(f"Guarded{base.__name__}", (_Guard, base), attrs)
+    if tls is None:
+        return guarded
+    front = {
+        "http_class": guarded,
+        "context": tls,
+        "handshakes": set(),
+        "__doc__": f"TLS in front of {guarded.__name__}, from the accept.",
+    }
+    return type(f"Tls{guarded.__name__}", (_TlsFront,), front)
