@@ -145,6 +145,8 @@ class ControlService:
         self._last_refresh = 0.0
         self._synced: replica_sync.Fingerprint | None = None
         self._started = False
+        self._took_over: int | None = None  # the epoch whose takeover is done (`_take_over`)
+        self._takeover_lock = threading.Lock()
         self._stop = threading.Event()
         # set when the HTTP server begins to shut down: open streams (the dashboards' /stream)
         # end, so a stop never waits for a browser tab to close
@@ -206,12 +208,27 @@ class ControlService:
         return not self._started or self.leader.is_leader
 
     def _leader_changed(self, leading: bool) -> None:
-        """On the election's thread: a new leader starts as a restarted controller does, its
-        cache read afresh and every node given a grace period (nodes that pushed to the old
-        leader are failing over to this one)."""
-        if leading and self._started and not self._stop.is_set():
-            self.store.writer.call(self.store.load)
-            self.store.begin_grace()
+        """On the election's thread: a new leader takes over (`_take_over`)."""
+        if leading:
+            self._take_over()
+
+    def _take_over(self) -> bool:
+        """Once per epoch, before its first leader work: a new leader starts as a restarted
+        controller does, its cache read afresh and every node given a grace period (nodes
+        that pushed to the old leader are failing over to this one; across a database switch
+        their pushes were refused). The control loop asks too, so a pass that runs while the
+        election thread has not yet announced the lease waits for (or does) the takeover:
+        such a pass declared every node lost (issue 29). False when not leading."""
+        epoch = self.leader.epoch
+        if epoch is None:
+            return False
+        with self._takeover_lock:
+            if self._took_over != epoch:
+                if self._started and not self._stop.is_set():  # start() loaded the cache
+                    self.store.writer.call(self.store.load)
+                    self.store.begin_grace()
+                self._took_over = epoch
+        return True
 
     def _refresh_orders(self) -> None:
         """The maintenance and power orders waiting for agents, re-read (writer thread)."""
@@ -232,7 +249,7 @@ class ControlService:
                 )
             )
         moved: list[tuple[str, str]] = []
-        leading = self.leading
+        leading = self.leading and (not self._started or self._take_over())
         if leading:
             try:
                 moved = self.store.check_nodes()
