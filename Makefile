@@ -56,7 +56,9 @@ test-fast: install
 # Most process tests wait on real processes (controllers, agents, daemons) as much as on the CPU:
 # four workers on a 2-core machine keep both cores busy (617 s against 662 s with three, one
 # phase, 2026-12-06). Each test file stays on one worker (`--dist loadfile`: module fixtures and
-# test order as in a serial run), longest files first (tests/file_order.py). TEST_WORKERS=0 runs
+# test order as in a serial run), longest files first (tests/file_order.py; `--no-loadscope-reorder`,
+# since xdist >= 3.7 otherwise sorts the files by their number of tests, which sent the one-test
+# chaos files, the longest, to the end of the run). TEST_WORKERS=0 runs
 # serially. There is no serial phase any more: the suites that had one (fencing, the process and
 # HA chaos rounds, the campaign kill -9 rounds, loopback bandwidth, the 64-agent dashboard) judge
 # no fixed wall-clock bound, their protocol times follow GPUFLEET_TEST_TIME_SCALE, and the
@@ -64,14 +66,20 @@ test-fast: install
 # afterwards they cost ~6 of the suite's ~13 minutes, mostly waiting on leases with idle cores.
 TEST_WORKERS ?= 4
 
-# Each phase prints the clock first, so a CI log says where its minutes went.
+# Each phase prints the clock first, so a CI log says where its minutes went. The type check
+# (~40 s of one core on a clean clone, no cache) runs alongside the tests' first minutes, which
+# are the longest process files, waiting on leases more than computing; its verdict and output
+# come after the tests', and either failing fails the target.
 test: install sysdeps
-	@date +"== %T lint and types"
+	@date +"== %T lint"
 	$(BIN)/ruff check src tests benchmarks
-	$(BIN)/mypy
 	$(COMPILE)
-	@date +"== %T tests"
-	GPUFLEET_HYPOTHESIS_PROFILE=ci $(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile --durations=40
+	@date +"== %T tests, the type check alongside"
+	@$(BIN)/mypy > $(VENV)/mypy.log 2>&1 & types=$$!; \
+	GPUFLEET_HYPOTHESIS_PROFILE=ci $(PYTEST) -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=40; \
+	tests=$$?; wait $$types; typed=$$?; \
+	echo "== mypy (exit $$typed)"; cat $(VENV)/mypy.log; \
+	test $$tests -eq 0 -a $$typed -eq 0
 	@date +"== %T figures guard"
 	$(BIN)/python benchmarks/guard.py
 	@date +"== %T done"
@@ -84,7 +92,7 @@ coverage: install sysdeps
 	PYTEST_DISABLE_PLUGIN_AUTOLOAD=1 COVERAGE_FILE=$(CURDIR)/.coverage GPUFLEET_TEST_TIME_SCALE=2 \
 		GPUFLEET_HYPOTHESIS_PROFILE=ci \
 		$(BIN)/coverage run -m pytest -p xdist.plugin -p pytest_timeout -q -n $(TEST_WORKERS) \
-		--dist loadfile -p no:cacheprovider
+		--dist loadfile --no-loadscope-reorder -p no:cacheprovider
 	COVERAGE_FILE=$(CURDIR)/.coverage $(BIN)/coverage combine -q
 	COVERAGE_FILE=$(CURDIR)/.coverage $(BIN)/coverage report > coverage.txt; tail -n 1 coverage.txt
 

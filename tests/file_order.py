@@ -1,5 +1,6 @@
-"""The order test files run in: the longest first, so that with ``--dist loadfile`` the three
-workers of ``make test`` end together instead of one running the last long files alone.
+"""The order test files run in: the longest first, so that with ``--dist loadfile`` (and
+``--no-loadscope-reorder``: xdist would sort files by their number of tests) the workers of
+``make test`` end together instead of one running the last long files alone.
 
 Each file's weight is its time in the last full run, from ``tests/durations.json``
 (`scripts/test-durations.py` writes it from a JUnit XML report); a file it does not know (new,

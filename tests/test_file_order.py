@@ -97,3 +97,64 @@ def test_the_record_sums_each_files_cases(tmp_path: Path, monkeypatch: pytest.Mo
     assert load_weights(out) == {"tests/conftest.py": 4.0, "tests/test_file_order.py": 3.75}
     report.write_text("<testsuites")
     assert mod.main([str(report)]) == 1
+
+
+def _make_test_flags() -> list[str]:
+    """The flags `make test` gives pytest after ``-n $(TEST_WORKERS)``, from the Makefile."""
+    recipe = (ROOT / "Makefile").read_text(encoding="utf-8")
+    line = next(x for x in recipe.splitlines() if "$(PYTEST)" in x and "--dist loadfile" in x)
+    flags = line.split("-n $(TEST_WORKERS)", 1)[1].split(";", 1)[0].split()
+    return [f for f in flags if not f.startswith("--durations")]
+
+
+@pytest.mark.process  # a pytest of its own, with an xdist worker
+def test_make_tests_scheduler_keeps_the_longest_first_order(tmp_path: Path) -> None:
+    """xdist's ``--dist loadfile`` reorders files by their number of tests unless told not to
+    (pytest-xdist >= 3.7, ``--loadscope-reorder`` on by default): the one-test chaos files,
+    the suite's longest, then ran last, alone. With `make test`'s flags, a planted one-test file
+    ordered first (as `order_by_weight` would) runs before a three-test file."""
+    import subprocess
+    import sys
+
+    (tmp_path / "test_few.py").write_text("def test_long():\n    pass\n", encoding="utf-8")
+    (tmp_path / "test_many.py").write_text(
+        "".join(f"def test_{i}():\n    pass\n" for i in range(3)), encoding="utf-8"
+    )
+    (tmp_path / "conftest.py").write_text(
+        "def pytest_collection_modifyitems(items):\n"
+        "    items.sort(key=lambda i: 'test_few' not in i.nodeid)\n"
+        "def pytest_runtest_call(item):\n"
+        "    with open('order.txt', 'a') as f:\n"
+        "        f.write(item.nodeid + '\\n')\n",
+        encoding="utf-8",
+    )
+    flags = _make_test_flags()
+    assert "--dist" in flags, flags
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-p",
+            "xdist.plugin",
+            "-q",
+            "-n",
+            "1",
+            "-p",
+            "no:cacheprovider",
+            *flags,
+            "-c",
+            "/dev/null",
+            "--rootdir",
+            str(tmp_path),
+            str(tmp_path),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**__import__("os").environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"},
+    )
+    assert r.returncode == 0, r.stdout + r.stderr
+    ran = (tmp_path / "order.txt").read_text(encoding="utf-8").split()
+    assert ran[0].endswith("test_few.py::test_long"), ran
