@@ -14,7 +14,7 @@ import httpx
 import pytest
 
 from gpufleet.agent.maintenance import AgentMaintenance
-from gpufleet.agent.update_unit import result_path, run_unit
+from gpufleet.agent.update_unit import result_path, run_unit, write_private
 from gpufleet.wire import WireUpdateOrder
 
 pytestmark = pytest.mark.process
@@ -70,3 +70,37 @@ def test_an_order_runs_once_per_key_detached(tmp_path: Path) -> None:
         assert again.order(order) is False
         assert not again.updating.is_set()  # the unit ended: NVML may open at start
         assert stat.S_IMODE(os.stat(m.root).st_mode) == 0o700
+
+
+@pytest.mark.parametrize(("exit_code", "restarts"), [(0, True), (3, False)])
+def test_an_agent_begun_after_its_update_restarts_once_the_outcome_is_taken(
+    tmp_path: Path, exit_code: int, restarts: bool
+) -> None:
+    """The controller takes a node as back from its update only when its GPUs are described
+    after it has the outcome. An agent process begun after the unit ended (it found the
+    result at its start, NVML open afresh) described them before its report was taken, so
+    after a success it restarts too, and its next process describes them again (the old code
+    restarted only a process that had shut NVML down itself, and the node waited in
+    rebooting for a description that never came). A failed update needs no new description."""
+    root = tmp_path / "maintenance"
+    root.mkdir(mode=0o700)
+    write_private(root / "c1-n1.started.json", {"key": "c1-n1", "at_s": 1.0})
+    write_private(
+        result_path(root, "c1-n1"),
+        {"key": "c1-n1", "exit_code": exit_code, "timed_out": False, "output_tail": ""},
+    )
+    posted: list[str] = []
+
+    def controller(request: httpx.Request) -> httpx.Response:
+        posted.append(json.loads(request.content)["key"])
+        return httpx.Response(200, json={"taken": True})
+
+    with httpx.Client(transport=httpx.MockTransport(controller)) as client:
+        m = AgentMaintenance(
+            tmp_path, "n1", "http://ctl.test", "gf_x", client, close_devices=lambda: None
+        )
+        assert not m.updating.is_set()  # NVML may open at start: the unit ended
+        m.poll()
+        m.poll()  # reported once: not again
+    assert posted == ["c1-n1"]
+    assert m.restart_wanted.is_set() is restarts

@@ -473,3 +473,44 @@ def test_a_node_lost_past_the_drain_timeout_is_given_back_and_returns_to_service
     view = svc.store.view.nodes["n0"]
     assert view.state == "in_service" and not view.cordoned
     assert fleet.updates == {"n0": 0, "n1": 0}
+
+
+def test_versions_reported_before_the_update_are_not_judged_as_after_it(
+    tmp_path: Path, clock: ManualClock
+) -> None:
+    """One interleaving of a loaded machine (test_campaign_kill9 failed so, 1 run in ~6): the
+    node's agent reports the update's outcome, and the node's next batches are heartbeats
+    without devices (the old agent's last ones: it described its GPUs once, at its start,
+    before the update; or a restarted agent's before it read them); the restarted agent's
+    description comes later than the verify timeout (a slow start, a controller killed in
+    between). A heartbeat counted as the node back, and verifying failed the node on the
+    versions of before the update; now it waits in rebooting until the GPUs are described
+    again, and verifies those."""
+    svc, fleet = setup(tmp_path, clock, n=2)
+    cid = ops.start(svc.store, spec(batch=1, max_failures=1, verify_timeout_s=10), OP)
+    order = None
+    while order is None and clock() < T0 + 60:
+        clock.advance(1.0)
+        fleet.heartbeat_all()
+        svc.tick()
+        order = next(iter(ops.orders(svc.store).values()), None)
+    assert order is not None
+    node, other = ("n0", "n1") if order.key.endswith("n0") else ("n1", "n0")
+    fleet.keys.add(order.key)
+    fleet.updates[node] += 1
+    fleet.version[node] = NEW  # the command installed the new driver
+    agent = Principal(None, "agent", Role.AGENT, node=node)
+    assert ops.report(svc.store, WireUpdateReport(node=node, key=order.key, exit_code=0), agent)
+    for _ in range(15):  # past the verify timeout: heartbeats, no description of the GPUs
+        clock.advance(1.0)
+        fleet.push(node, devices=False)
+        fleet.push(other)
+        svc.tick()
+    st = {n["node"]: n for n in ops.status(svc.store, cid)["nodes"]}
+    # the old code: failed, "versions not at baseline after the update: gpu0 driver OLD..."
+    assert st[node]["step"] == "rebooting", st[node]["reason"]
+    run(svc, fleet)  # the restarted agent describes its GPUs: at the baseline
+    st = {n["node"]: n for n in ops.status(svc.store, cid)["nodes"]}
+    assert ops.status(svc.store, cid)["state"] == "done", st
+    assert steps_of(svc, node)[-4:] == ["rebooting", "verifying", "validating", "done"]
+    assert set(fleet.updates.values()) == {1}

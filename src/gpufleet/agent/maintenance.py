@@ -14,7 +14,8 @@ has not run yet, the agent
 4. posts the unit's result (``KEY.result.json``) to ``POST /api/v1/maintenance/reports`` until
    the controller takes it, then asks to be restarted (`restart_wanted`): the agent process
    re-executes itself, opens NVML again and reports the devices' new versions, which the
-   controller checks against the baseline.
+   controller checks against the baseline. It does so also when it was restarted during the
+   update: the controller judges only a description of the GPUs sent after it had the outcome.
 
 A result file found at start (the update ended while the agent was down) is reported the same
 way. The command should not reboot the node itself before it exits (schedule the reboot,
@@ -184,5 +185,8 @@ class AgentMaintenance:
             ):
                 continue
             log.warning("maintenance: update %s ended (exit %s)", key, report.exit_code)
-            if self.updating.is_set():  # NVML was shut down in this process: start afresh
+            # start afresh when NVML was shut down in this process, and after a success also
+            # when this process began after the update: the controller takes the node as back
+            # only when its GPUs are described after it has the outcome (a restart sends them)
+            if self.updating.is_set() or report.exit_code == 0:
                 self.restart_wanted.set()

@@ -10,13 +10,15 @@ from enum import StrEnum
 from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
-from sqlalchemy import select
+from sqlalchemy import func, select
 
 from gpufleet.control.db.models import Gpu, Node
 from gpufleet.maintenance.baseline import GPU_FIELDS, BaselineFile
 from gpufleet.maintenance.windows import parse_schedule
 
 if TYPE_CHECKING:
+    from sqlalchemy.orm import Session
+
     from gpufleet.control.state.store import ControlStore, NodeCache
 
 
@@ -165,6 +167,13 @@ def deviations(store: ControlStore, nc: NodeCache, baseline: BaselineFile) -> li
             if key in wanted and str(info.get(attr)) != wanted[key]:
                 out.append(f"gpu{index} {key} {info.get(attr) or 'unknown'} != {wanted[key]}")
     return out
+
+
+def reported_since(s: Session, node_id: int, since_s: float) -> bool:
+    """Whether the node's agent described any of its GPUs (changed or not) after
+    ``since_s`` (the controller's clock: `Gpu.updated_s`)."""
+    last = s.scalar(select(func.max(Gpu.updated_s)).where(Gpu.node_id == node_id))
+    return last is not None and last > since_s
 
 
 def gpu_infos(store: ControlStore, node: str) -> dict[int, dict[str, Any]]:

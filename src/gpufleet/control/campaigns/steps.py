@@ -30,6 +30,7 @@ from gpufleet.control.campaigns.spec import (
     NodeStep,
     StepChange,
     deviations,
+    reported_since,
     update_key,
 )
 from gpufleet.control.db.models import (
@@ -43,6 +44,7 @@ from gpufleet.control.db.models import (
 )
 from gpufleet.control.state import lifecycle as lc
 from gpufleet.control.state.lifecycle import NodeState
+from gpufleet.control.state.store import restart_grace_extra_s
 
 if TYPE_CHECKING:
     from gpufleet.control.state.store import ControlStore, NodeCache
@@ -82,6 +84,19 @@ class NodePass:
     @property
     def stopping(self) -> bool:
         return self.c.state in (HALTED, ABORTED)
+
+    def overdue(self, timeout_s: float) -> bool:
+        """The node waited past ``timeout_s`` for what its agent reports, and this controller
+        has listened for it long enough to say so: not while its API does not listen yet, nor
+        within the grace a (re)started or stalled controller gives every node before calling
+        it lost (`restart_grace_extra_s`): what the agent sent meanwhile is still on its way
+        (a controller killed and started again judged its first pass before hearing anyone)."""
+        store = self.store
+        if self.waited <= timeout_s or store.awaiting_api:
+            return False
+        interval = self.nc.interval_s if self.nc is not None else 0.0
+        grace = store.lost_after_intervals * interval + restart_grace_extra_s(interval)
+        return self.now - store.grace_from_s >= grace
 
     def why(self, text: str) -> str:
         """A lifecycle reason naming the campaign."""
@@ -277,16 +292,29 @@ def _updating(p: NodePass, nc: NodeCache, state: NodeState) -> None:
         )
         tail = str(out.get("output_tail") or "").strip().splitlines()[-1:]
         p.fail(why + (f": {tail[0][:200]}" if tail else ""))
-    elif p.waited > spec.update_timeout_s + spec.back_timeout_s:
+    elif p.overdue(spec.update_timeout_s + spec.back_timeout_s):
         p.fail("no outcome reported for the update (node did not come back)")
 
 
 def _rebooting(p: NodePass, nc: NodeCache, state: NodeState) -> None:
-    back = state is not S.LOST and nc.last_seen_s is not None and nc.last_seen_s > p.mn.step_since_s
-    if back:
-        p.take(P.VERIFYING, "node is back")
-    elif p.waited > p.spec.back_timeout_s:
-        p.fail(f"node did not come back within {p.spec.back_timeout_s:g} s")
+    # back: its agent described its GPUs after the controller had the update's outcome (the
+    # agent restarts once it has reported it). A heartbeat is not enough: the old agent's
+    # batches (spooled before the update, replayed by the restarted agent ahead of its own),
+    # or a restarted agent's before it read the devices, hold the versions of before the
+    # update, which verifying would judge as the versions after it.
+    spec = p.spec
+    since = float((p.mn.outcome or {}).get("received_s") or p.mn.step_since_s)
+    heard = nc.last_seen_s is not None and nc.last_seen_s > since
+    lost_gpu = any(code in LOST_CODES for code, _comp in nc.findings)
+    if state is not S.LOST and (reported_since(p.s, nc.id, since) or (heard and lost_gpu)):
+        p.take(P.VERIFYING, "node is back: its GPUs described after the update")
+    elif not heard and p.overdue(spec.back_timeout_s):
+        p.fail(f"node did not come back within {spec.back_timeout_s:g} s")
+    elif p.overdue(spec.back_timeout_s + spec.verify_timeout_s):  # heard, GPUs not described
+        p.fail(
+            f"no description of the GPUs (their versions) since the update, "
+            f"{spec.back_timeout_s + spec.verify_timeout_s:g} s"
+        )
 
 
 def _verifying(p: NodePass, nc: NodeCache, state: NodeState) -> None:
@@ -296,7 +324,7 @@ def _verifying(p: NodePass, nc: NodeCache, state: NodeState) -> None:
         return
     diff = deviations(p.store, nc, p.spec.baseline)
     if diff:
-        if p.waited > p.spec.verify_timeout_s:
+        if p.overdue(p.spec.verify_timeout_s):
             p.fail("versions not at baseline after the update: " + "; ".join(diff[:4]))
     elif p.spec.validate_level == 0:
         p.move(S.IN_SERVICE, p.why("at baseline"))
@@ -314,7 +342,7 @@ def _validating(p: NodePass, nc: NodeCache, state: NodeState) -> None:
         p.fail(f"validation after the update failed: {nc.state_reason}")
     elif state is S.DRAINED:  # moved to validating at the verify step but was not yet there
         p.move(S.VALIDATING, p.why("validate after update"))
-    elif p.waited > p.spec.validate_timeout_s:
+    elif p.overdue(p.spec.validate_timeout_s):
         p.fail(f"no validation result within {p.spec.validate_timeout_s:g} s")
 
 

@@ -279,6 +279,9 @@ def _upsert_gpu(
     digest = info_digest(info)
     cur = nc.gpus.get(index)
     if cur is not None and cur.digest == digest:
+        # reported again unchanged (a restarted agent's first batch): only when it was said,
+        # so a campaign can tell a report from after a node's update from one before it
+        s.execute(update(Gpu).where(Gpu.id == cur.id).values(updated_s=now))
         return
     model = info.get("model")
     name = str(info.get("name") or "")
