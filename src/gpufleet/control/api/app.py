@@ -43,12 +43,15 @@ from gpufleet.control.service import ControlService
 from gpufleet.control.state.auth import install_log_redaction
 from gpufleet.control.state.deafness import PulseMiddleware
 from gpufleet.control.state.lifecycle import TransitionError
-from gpufleet.control.state.store import NotFound
+from gpufleet.control.state.store import NotFound, StaleCache
 from gpufleet.errors import UsageError
 
 ERROR_STATUS: dict[type[Exception], int] = {
     NotFound: 404,
     TransitionError: 409,  # before UsageError, its base class
+    # another replica moved the node since this one's cache read it: nothing was written and
+    # the cache is reloaded, so the caller's retry acts on fresh state (was a 500, traceback)
+    StaleCache: 409,
     UsageError: 422,
     PermissionError: 403,
 }
