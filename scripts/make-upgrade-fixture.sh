@@ -6,7 +6,8 @@
 # to node-a, a controller with one simulated agent: nodes, GPUs, findings, events, audit, one
 # embedded-scheduler job), capture the old agent's raw batch bodies through a small forwarding
 # server, and write the old controller's own API answers to manifest.json. Then the worktree is
-# removed. Output: tests/fixtures/upgrade/<REF>/ (replaced). Usage:
+# removed; last, scripts/make-upgrade-src-fixture.sh archives that release's src/gpufleet beside
+# it. Output: tests/fixtures/upgrade/<REF>/ (replaced). Usage:
 #   scripts/make-upgrade-fixture.sh [REF]
 set -euo pipefail
 
@@ -194,4 +195,6 @@ The tokens in \`manifest.json\` and the database, and the sealing key, are **tes
 protect nothing but this fixture. Regenerate with the command above; the tests need neither git
 nor the worktree.
 EOF
+# the release's own source, for the tests that run its controller and agent (rolling upgrade)
+"$ROOT/scripts/make-upgrade-src-fixture.sh" "$REF"
 du -sh "$OUT"

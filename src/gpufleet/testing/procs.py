@@ -251,6 +251,7 @@ class AgentProcess:
     model: str = "h100-sxm"
     proc: subprocess.Popen[bytes] | None = None
     starts: int = 0
+    env: dict[str, str] = field(default_factory=dict)  # on top of the tests' environment
 
     def start(self) -> AgentProcess:
         self.state_dir.mkdir(parents=True, exist_ok=True)
@@ -272,7 +273,7 @@ class AgentProcess:
                 *("--push-interval", f"{self.push_interval_s:g}"),
             ],
             self.state_dir / f"agent-{self.starts}.log",
-            {**_env(), "GPUFLEET_AGENT_TOKEN": self.token},
+            {**_env(), **self.env, "GPUFLEET_AGENT_TOKEN": self.token},
         )
         return self
 
