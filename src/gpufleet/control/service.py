@@ -46,6 +46,16 @@ from gpufleet.control.state.store import ControlStore
 from gpufleet.schedulers.base import NoScheduler, SchedulerBackend, SchedulerContext
 
 log = logging.getLogger("gpufleet.control")
+sched_log = logging.getLogger("gpufleet.schedulers")
+
+
+def _log_failure(logger: logging.Logger, what: str, exc: Exception) -> None:
+    """A pass of periodic work failed: one line for a lease that moved on (the fence refused
+    it; the next pass sees who leads) or the database away, a traceback for anything else."""
+    if isinstance(exc, StaleLeader):
+        logger.warning("%s: %s", what, exc)
+    else:
+        log_failure(logger, what, exc)
 
 
 # the name of the service's tick loop thread (the tests check none is left running)
@@ -170,6 +180,7 @@ class ControlService:
                 secrets_dir=self.config.data_dir,
                 leading=lambda: self.leader.is_leader,
                 fenced=self.leader.fenced,
+                failed=lambda what, exc: _log_failure(sched_log, what, exc),
             )
         )
         self.events.start()
@@ -328,4 +339,4 @@ class ControlService:
             try:
                 self.tick()
             except Exception as exc:
-                log_failure(log, "control loop pass failed", exc)
+                _log_failure(log, "control loop pass failed", exc)

@@ -217,6 +217,10 @@ class SchedulerContext:
     # periodic work of its own (the embedded one's placement) does it only while leading
     leading: Callable[[], bool] = lambda: True
     fenced: Callable[[], AbstractContextManager[object]] = contextlib.nullcontext
+    # how a failure of the scheduler's periodic work is logged (``what`` failed with the
+    # exception): the control plane logs the database away or a lease moved on in one line,
+    # anything else with its traceback
+    failed: Callable[[str, Exception], None] | None = None
 
 
 @runtime_checkable

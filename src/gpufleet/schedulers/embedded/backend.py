@@ -156,8 +156,12 @@ class EmbeddedBackend:
                 return
             try:
                 self._lead_tick()
-            except Exception:
-                log.exception("scheduler tick failed")
+            except Exception as exc:
+                failed = self._context.failed if self._context is not None else None
+                if failed is None:
+                    log.exception("scheduler tick failed")
+                else:  # the database away, a lease moved on: one line, not a traceback
+                    failed("scheduler tick failed", exc)
 
     def _lead_tick(self) -> None:
         """A tick, on the leader only (issue 18), its transactions fenced. A replica that just
