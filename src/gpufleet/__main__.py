@@ -1,5 +1,5 @@
 """`python -m gpufleet` runs the CLI."""
 
-from gpufleet.cli.app import main
+from gpufleet.cli.entry import main
 
 main()
