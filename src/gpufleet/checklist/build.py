@@ -11,6 +11,7 @@ from typing import Any
 
 from gpufleet.checklist.inputs import chosen_candidate
 from gpufleet.checklist.model import Checklist, Section
+from gpufleet.plan.facility import FLOOR_RATING_KG_M2
 from gpufleet.validate.suite import TESTS
 
 Doc = dict[str, Any]
@@ -108,15 +109,43 @@ def _site(cand: Doc) -> Section:
         f"Cooling ({f.get('cooling', '?')}): {_num(f.get('heat_load_kw'), 1)} kW of heat, "
         f"{_num(f.get('heat_load_tons'), 1)} tons, PUE {f.get('pue', '?')}",
     )
-    weight = next((f[k] for k in ("floor_load_kg_m2", "rack_weight_kg") if k in f), None)
-    s.add(
-        "floor",
-        f"Floor load: {weight} per rack position"
-        if weight is not None
-        else f"Floor load: {f.get('racks', '?')} racks of {f.get('servers_per_rack', '?')} "
-        "servers within the floor's rating (the plan gives no rack weight: use the vendor's)",
-    )
+    s.add("floor", _floor_text(f))
     return s
+
+
+def _floor_text(f: Doc) -> str:
+    """The fullest rack's weight and floor loading as the planner prints them (kg, kg/m^2 against
+    the rating: ANSI/TIA-942's unless the spec set its own), "not known" without a weight."""
+    rating = f.get("floor_rating_kg_m2")
+    if not isinstance(rating, (int, float)):
+        rating = FLOOR_RATING_KG_M2
+    source = (
+        "ANSI/TIA-942's 12 kPa"
+        if rating == FLOOR_RATING_KG_M2
+        else "the spec's constraints.floor_rating_kg_m2"
+    )
+    rated = f"floor rating {_num(rating)} kg/m^2 ({source})"
+    if "rack_weight_kg" not in f and "floor_load_kg_m2" not in f:  # a plan from before weights
+        return (
+            f"Floor load: {f.get('racks', '?')} racks of {f.get('servers_per_rack', '?')} "
+            f"servers within the {rated} (the plan gives no rack weight: use the vendor's)"
+        )
+    kg, load = f.get("rack_weight_kg"), f.get("floor_load_kg_m2")
+    if not isinstance(kg, (int, float)) or not isinstance(load, (int, float)):
+        note = f.get("weight_note")
+        why = f" ({note})" if isinstance(note, str) and note else ""
+        return (
+            f"Floor load: rack weight and floor loading not known{why}; check the vendor's "
+            f"weights against the {rated}"
+        )
+    area = f.get("rack_footprint_m2")
+    over = f" over {_num(area, 2)} m^2" if isinstance(area, (int, float)) else ""
+    verdict = "EXCEEDS" if load > rating else "within"
+    n = f.get("servers_per_rack", "?")
+    return (
+        f"Floor load: {_num(kg, 1)} kg per full rack ({n} server{'' if n == 1 else 's'}), "
+        f"{_num(load)} kg/m^2{over}, {verdict} the {rated}"
+    )
 
 
 def _racking(cand: Doc) -> Section:
