@@ -128,6 +128,11 @@ def sweep_cmd(
         only = power_clocks.clock_sweep(backend, chosen, planned, runner, seconds, budget, as_json)
         doc: dict[str, Any] = {"workload": workload, "unit": runner.unit, "gpus": chosen}
         power_clocks.add_to_doc(doc, None, only, budget, node is not None)
+        if html is not None:
+            page = report.to_html(
+                None, None, workload, clocks=only, max_slowdown=budget, modelled=node is not None
+            )
+            _write_html(html, page)
         if as_json:
             emit_json(doc)
         else:
@@ -151,10 +156,11 @@ def sweep_cmd(
     doc = report.to_json(result, advice, workload)
     power_clocks.add_to_doc(doc, advice, clock_run, budget, node is not None)
     if html is not None:
-        try:
-            html.write_text(report.to_html(result, advice, workload), encoding="utf-8")
-        except OSError as exc:
-            raise ConfigError(f"{html}: cannot write: {exc.strerror or exc}") from exc
+        modelled = node is not None
+        page = report.to_html(
+            result, advice, workload, clocks=clock_run, max_slowdown=budget, modelled=modelled
+        )
+        _write_html(html, page)
     if as_json:
         emit_json(doc)
         return
@@ -185,6 +191,13 @@ def sweep_cmd(
         console.print("original limits restored")
     if clock_run is not None:
         power_clocks.print_clocks(workload, chosen, advice, clock_run, budget, node is not None)
+
+
+def _write_html(path: Path, page: str) -> None:
+    try:
+        path.write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot write: {exc.strerror or exc}") from exc
 
 
 StateOption = typer.Option(None, "--state", help="State file (default ~/.local/state/gpufleet).")
