@@ -181,3 +181,21 @@ def gpu_infos(store: ControlStore, node: str) -> dict[int, dict[str, Any]]:
     with store.sessions() as s:
         q = select(Gpu.index, Gpu.info).join(Node, Node.id == Gpu.node_id).where(Node.name == node)
         return {i: dict(info or {}) for i, info in s.execute(q)}
+
+
+def baseline_pair_errors(baseline: BaselineFile) -> list[dict[str, Any]]:
+    """The models whose baseline names a driver with a CUDA release that driver cannot report
+    (the catalog's table, `gpufleet.catalog.cuda.pair_problem`, as `load_baseline` checks a
+    file), as FastAPI's 422 entries whose ``loc`` ends ``baseline.models.<model>.cuda``: such a
+    baseline never verifies, so a campaign on it would fail every node it updated."""
+    from gpufleet.catalog.cuda import pair_problem
+
+    out: list[dict[str, Any]] = []
+    for key, target in sorted(baseline.models.items()):
+        problem = (
+            pair_problem(target.driver, target.cuda) if target.driver and target.cuda else None
+        )
+        if problem:
+            loc = ("body", "baseline", "models", key, "cuda")
+            out.append({"type": "value_error", "loc": loc, "msg": problem, "input": target.cuda})
+    return out

@@ -5,11 +5,13 @@ from collections.abc import Callable
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Depends, Path
+from fastapi.exceptions import RequestValidationError
 
 from gpufleet.control.api.routes.deps import ERRORS, Auth
 from gpufleet.control.campaigns import ops
 from gpufleet.control.campaigns import propose as campaign_propose
 from gpufleet.control.campaigns.engine import CampaignSpec
+from gpufleet.control.campaigns.spec import baseline_pair_errors
 from gpufleet.control.state.auth import Principal
 from gpufleet.control.state.store import ControlStore
 from gpufleet.wire import WireUpdateReport
@@ -45,6 +47,8 @@ def router(store: ControlStore, auth: Auth) -> APIRouter:
     @api.post("/campaigns", status_code=201)
     def start(body: CampaignSpec, who: Annotated[Principal, auth.operator]) -> dict[str, Any]:
         auth.global_only(who, "maintenance.start", "campaign")
+        if errors := baseline_pair_errors(body.baseline):  # a pair no driver reports: 422
+            raise RequestValidationError(errors)
         cid = ops.start(store, body, who)
         return ops.status(store, cid)
 
