@@ -50,6 +50,13 @@ def to_json(result: SweepResult, advice: Advice | None, workload: str) -> dict[s
     return out
 
 
+_CSS = (
+    "body{font-family:system-ui,sans-serif;max-width:60rem;margin:1.5rem auto;color:#222}"
+    "table{border-collapse:collapse;margin:.8rem 0}td,th{padding:.2rem .7rem;text-align:right;"
+    "border-bottom:1px solid #ddd}.modelled{color:#7a4b00}"
+)
+
+
 def _na(v: float | None, fmt: str) -> str:
     return "N/A" if v is None else format(v, fmt)
 
@@ -123,7 +130,7 @@ def to_html(
     w = escape(workload)
     parts = [
         "<!doctype html><html><head><meta charset='utf-8'>",
-        f"<title>gpufleet power sweep{tag}: {w}</title></head><body>",
+        f"<title>gpufleet power sweep{tag}: {w}</title><style>{_CSS}</style></head><body>",
         f"<h1>Power sweep{tag}: {w}</h1>",
     ]
     if modelled:
