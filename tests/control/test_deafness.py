@@ -7,7 +7,8 @@ import time
 
 import pytest
 
-from gpufleet.control.state.deafness import KEEP_S, DeafTime, pulse
+from gpufleet.control.state.deafness import KEEP_S, DatabaseOutage, DeafTime, pulse
+from gpufleet.devices.sim.clock import ManualClock
 
 
 def test_spans_merge_and_sum_within_a_window() -> None:
@@ -49,3 +50,22 @@ def test_a_blocked_loop_records_its_late_wake_as_deaf_time() -> None:
 
     asyncio.run(main())
     assert d.within(0.0, time.monotonic()) >= 0.45
+
+
+def test_a_database_outage_is_deaf_from_the_last_stored_write_to_the_last_failure() -> None:
+    clock = ManualClock(1000.0)
+    deaf = DeafTime()
+    outage = DatabaseOutage(deaf, clock)
+    outage.ok()  # a group commit stored at 1000
+    clock.advance(2.0)
+    outage.failed()  # the database away at 1002: deaf since the last stored write
+    assert outage.away and deaf.within(990.0, 1010.0) == pytest.approx(2.0)
+    clock.advance(3.0)
+    outage.failed()  # still away at 1005
+    assert deaf.within(990.0, 1010.0) == pytest.approx(5.0)
+    clock.advance(1.0)
+    outage.ok()  # stored again at 1006: the outage ends there
+    assert not outage.away and deaf.within(990.0, 1010.0) == pytest.approx(6.0)
+    clock.advance(60.0)
+    outage.failed()  # a new outage a minute later looks back at most LOOKBACK_S
+    assert deaf.within(1006.0, 1066.0) == pytest.approx(DatabaseOutage.LOOKBACK_S)

@@ -73,6 +73,51 @@ class DeafTime:
         return max(0.0, now - since - self.within(since, now))
 
 
+class DatabaseOutage:
+    """Deaf time while the database is away. The controller then answers every push 503 (not
+    acknowledged, nothing stored), so a node's silence over that span is the controller's, not
+    the node's: counted as deaf (`DeafTime`), an outage longer than a node's lost threshold but
+    shorter than the leader's lease (no takeover, so no grace) does not declare the pushing
+    nodes lost on the first pass after the database is back (issue 29). The writer reports
+    every operation that failed with the database away (`failed`) and every group commit that
+    stored (`ok`: one surely reached the database, where a command may have read only the
+    cache); the span runs from the last success before the first failure (at most `LOOKBACK_S`
+    earlier: a quiet controller's last write may be old) and grows with every failure, so a
+    lost check that runs before any push is stored again already sees it."""
+
+    LOOKBACK_S = 5.0
+
+    def __init__(self, deaf: DeafTime, clock: Callable[[], float]) -> None:
+        self.deaf = deaf
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._ok_s: float | None = None
+        self._since: float | None = None
+
+    @property
+    def away(self) -> bool:
+        """Whether the last database operation failed with the database away."""
+        return self._since is not None
+
+    def failed(self) -> None:
+        """A database operation failed because the database is away."""
+        now = self.clock()
+        with self._lock:
+            if self._since is None:
+                ok = self._ok_s
+                self._since = now if ok is None else max(ok, now - self.LOOKBACK_S)
+            self.deaf.add(self._since, now)
+
+    def ok(self) -> None:
+        """A database operation succeeded: an outage, if one ran, ends now."""
+        now = self.clock()
+        with self._lock:
+            if self._since is not None:
+                self.deaf.add(self._since, now)
+                self._since = None
+            self._ok_s = now
+
+
 async def pulse(deaf: DeafTime, clock: Callable[[], float], every_s: float = PULSE_S) -> None:
     """Wake every ``every_s`` on the running loop and record each late wake as deaf time."""
     while True:

@@ -54,7 +54,7 @@ from gpufleet.control.state.cache import (
     agent_ack,
     info_digest,
 )
-from gpufleet.control.state.deafness import DeafTime
+from gpufleet.control.state.deafness import DatabaseOutage, DeafTime
 from gpufleet.control.state.energy_ledger import EnergyLedger
 from gpufleet.control.state.lifecycle import LOSABLE, OUT_STATES, NodeState
 from gpufleet.control.state.ports import (
@@ -180,6 +180,7 @@ class ControlStore:
         # spans in which this controller's event loop could not hear agents (a starved
         # machine): not counted as a node's silence (`gpufleet.control.state.deafness`)
         self.deaf = DeafTime()
+        self.outage = DatabaseOutage(self.deaf, clock)  # the writer reports its database work
         self.stats = {"batches": 0, "duplicates": 0, "samples": 0}
         self.view: Snapshot = EMPTY_SNAPSHOT
         self._dirty: set[str] = set()

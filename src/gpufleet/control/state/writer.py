@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
-from gpufleet.control.db.away import first_line, log_failure
+from gpufleet.control.db.away import database_away, first_line, log_failure
 from gpufleet.control.state.cache import IngestItem
 from gpufleet.wire import Ack
 
@@ -250,11 +250,13 @@ class Writer:
         try:
             self.store.reload_if_due()
         except BaseException as exc:  # the database still away: not run on a doubtful cache
+            self._outcome(exc)
             cmd.done.set_exception(exc)
             return
         try:
             out = cmd.fn()
         except BaseException as exc:
+            self._outcome(exc)
             for recover in (self.store.after_failure, lambda _e: self.store.publish()):
                 try:
                     recover(exc)
@@ -269,6 +271,16 @@ class Writer:
             return
         cmd.done.set_result(out)
 
+    def _outcome(self, exc: BaseException | None) -> None:
+        """Tell the store's outage tracker (`DatabaseOutage`) how a database operation went:
+        failed with the database away, or done (``None``: only where it surely reached the
+        database, a group commit; a command that succeeds may have read only the cache). Other
+        failures say nothing either way."""
+        if exc is None:
+            self.store.outage.ok()
+        elif database_away(exc):
+            self.store.outage.failed()
+
     def _apply(self, items: list[IngestItem]) -> list[Result]:
         """Store ``items`` in one transaction; a broken group is retried one batch at a time
         so one bad batch fails alone. Publishes the snapshot before returning."""
@@ -276,6 +288,7 @@ class Writer:
         try:
             self.store.reload_if_due()
         except Exception as exc:  # the database still away: every batch waits for a retry
+            self._outcome(exc)
             return [exc for _ in items]
         try:
             results = list(self.store.apply_batches(items))
@@ -292,6 +305,9 @@ class Writer:
                     results.extend(self.store.apply_batches([item]))
                 except Exception as exc1:
                     results.append(exc1)
+        away = [r for r in results if isinstance(r, BaseException) and database_away(r)]
+        if away or any(not isinstance(r, BaseException) for r in results):
+            self._outcome(away[0] if away else None)
         self.store.publish()
         return results
 
