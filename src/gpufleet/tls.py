@@ -11,7 +11,6 @@ from __future__ import annotations
 import ssl
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from gpufleet.errors import UsageError
 
@@ -49,10 +48,6 @@ class TlsFiles:
                 f"--tls-cert {self.cert} / --tls-key {self.key}: cannot load them ({exc})"
             ) from exc
         return ctx
-
-    def uvicorn_options(self) -> dict[str, Any]:
-        """The keyword arguments that make uvicorn serve HTTPS with these files."""
-        return {"ssl_certfile": str(self.cert), "ssl_keyfile": str(self.key)}
 
 
 def client_verify(ca: Path | None, option: str = "--ca") -> ssl.SSLContext | bool:
