@@ -111,16 +111,36 @@ class AgentConfig:
     clock_state_file: Path | None = None
 
 
-def _recover_clocks(backend: GpuBackend, state: Path) -> list[int]:
-    """Reset clocks a crashed `power sweep --clocks` left locked; a failure is logged, never
-    stops the agent."""
-    from gpufleet.energy.clocks import recover_locked_clocks
+CLOCKS_RESET = "locked_clocks_reset"  # the device event of a reset at start
+
+
+def _recover_clocks(
+    backend: GpuBackend, state: Path, now_s: float
+) -> tuple[list[int], list[wire.WireEvent]]:
+    """Reset clocks a crashed `power sweep --clocks` left locked, with a device event per GPU
+    for the first batch (what was locked, by which process); a failure is logged, never stops
+    the agent."""
+    from gpufleet.energy.clocks import read_clock_state, recover_locked_clocks
 
     try:
-        return recover_locked_clocks(backend, state)
+        records = read_clock_state(state).get(str(backend.node_name), {})
+        reset = recover_locked_clocks(backend, state)
     except Exception as exc:
         log.warning("locked clocks left by a crashed sweep not reset: %s", exc)
-        return []
+        return [], []
+    events = []
+    for g in reset:
+        rec = records.get(str(g), {})
+        lo, hi = rec.get("min_mhz"), rec.get("max_mhz")
+        mhz = f"{lo} MHz" if lo == hi else f"{lo}-{hi} MHz"
+        detail = (
+            f"locked clocks reset on gpu {g} at agent start: {mhz}, left locked by process "
+            f"{rec.get('pid')}, which ended without resetting them"
+        )
+        events.append(
+            wire.WireEvent(gpu_index=g, kind=CLOCKS_RESET, timestamp_s=now_s, detail=detail)
+        )
+    return reset, events
 
 
 def finding_to_wire(f: Finding) -> wire.WireFinding:
@@ -169,8 +189,11 @@ class Agent:
         self.clock = clock
         self.backend = backend
         self.clocks_reset: list[int] = []  # GPUs whose crashed-sweep clock locks were reset
+        reset_events: list[wire.WireEvent] = []
         if cfg.clock_state_file is not None:
-            self.clocks_reset = _recover_clocks(backend, cfg.clock_state_file)
+            self.clocks_reset, reset_events = _recover_clocks(
+                backend, cfg.clock_state_file, clock()
+            )
         self.sampler = Sampler(
             backend,
             fast_interval_s=cfg.fast_interval_s,
@@ -189,7 +212,7 @@ class Agent:
         self.loop_errors = 0
         self.push_errors = 0
         self._health_lock = threading.Lock()
-        self._pending_events: list[wire.WireEvent] = []
+        self._pending_events: list[wire.WireEvent] = reset_events  # sent in the first batch
         self._cursors: dict[tuple[int, str], int] = {}
         self._devices_sent = -1
         self.pusher: Pusher | None = None

@@ -148,7 +148,8 @@ def register(app: typer.Typer) -> None:
             host_findings=() if sim else _readiness(backend),
             host=None if sim else read_host(),
             validate_argv=_validate_argv(sim, seed, backend.node_name),
-            clock_state_file=None if sim else _clock_state_file(),
+            # a simulated node from a fleet file keeps its locks too (`devices.sim.locks`)
+            clock_state_file=_clock_state_file(),
         )
         client = httpx.Client(timeout=5.0, verify=verify) if controller else None
         agent = Agent(backend, cfg, client=client)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from gpufleet.catalog import load_catalog
@@ -10,6 +11,7 @@ from gpufleet.catalog.cuda import driver_cuda, nvml_cuda_version
 from gpufleet.devices.sim.clock import SimClock, real_clock
 from gpufleet.devices.sim.faults import Fault
 from gpufleet.devices.sim.gpu import DEFAULT_CUDA, DEFAULT_DRIVER, Load, SimGpu
+from gpufleet.devices.sim.locks import lock_file, read_locks
 from gpufleet.devices.sim.nvml_api import SimNvml
 from gpufleet.devices.sim.spec import FleetSpec, NodeSpec
 from gpufleet.errors import UnknownNameError
@@ -38,6 +40,8 @@ class SimNode:
     cuda_driver_version: int | None = DEFAULT_CUDA
     # whether NVML's set calls succeed (root or a granted capability); False: NoPermission
     power_admin: bool = True
+    # where its GPUs' locked clocks are kept for the next process (None: in memory only)
+    lock_file: Path | None = None
     nvml: SimNvml = field(init=False)
 
     def __post_init__(self) -> None:
@@ -96,7 +100,7 @@ class SimFleet:
             )
             for i in range(ns.gpus)
         ]
-        return SimNode(
+        node = SimNode(
             name=ns.name,
             gpus=gpus,
             clock=self.clock,
@@ -105,6 +109,12 @@ class SimFleet:
             cuda_driver_version=cuda_of(driver),
             power_admin=ns.power_admin,
         )
+        if self.spec.source is not None:  # locks another process left stay (a real GPU's do)
+            node.lock_file = lock_file(self.spec.source, ns.name)
+            for index, mhz in read_locks(node.lock_file).items():
+                if 0 <= index < len(gpus):
+                    gpus[index].locked_clocks_mhz = mhz
+        return node
 
     def node(self, name: str) -> SimNode:
         if name not in self.nodes:
@@ -135,6 +145,7 @@ class SimFleet:
             nodes=self.spec.nodes,
             seed=self.spec.seed,
             faults=(*self.spec.faults, *(f for f in spec.faults if f.node == name)),
+            source=self.spec.source,
         )
 
     def inject(self, fault: Fault) -> None:

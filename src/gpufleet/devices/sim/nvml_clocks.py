@@ -7,7 +7,8 @@ NOT_SUPPORTED) and refuse a range outside the supported clocks (INVALID_ARGUMENT
 until reset, a reboot or a driver reload. ``nvmlDeviceGetSupportedGraphicsClocks(mem)`` lists the
 graphics clocks for a memory clock, highest first: on the H200 fixture 1980 down to 345 MHz in
 15 MHz steps (tests/fixtures/nvidia-h200/nvidia-smi-q-d-supported-clocks.txt); an unknown memory
-clock is NOT_FOUND.
+clock is NOT_FOUND. A node read from a fleet file keeps its locks for the next process
+(`gpufleet.devices.sim.locks`), as a lock outlives the process that set it.
 """
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class SimClockCalls:
         self.locked_clock_calls += 1
         with gpu.lock:
             gpu.locked_clocks_mhz = (lo, hi)
+        self._keep_locks()
 
     def nvmlDeviceResetGpuLockedClocks(self, h: Any) -> None:
         gpu = self._gpu(h)
@@ -74,3 +76,14 @@ class SimClockCalls:
         self.locked_clock_calls += 1
         with gpu.lock:
             gpu.locked_clocks_mhz = None
+        self._keep_locks()
+
+    def _keep_locks(self) -> None:
+        """The node's locks written for the processes after this one (a lock outlives its
+        process: `gpufleet.devices.sim.locks`)."""
+        if self._node.lock_file is None:
+            return
+        from gpufleet.devices.sim.locks import write_locks
+
+        locks = {g.index: g.locked_clocks_mhz for g in self._node.gpus}
+        write_locks(self._node.lock_file, {i: m for i, m in locks.items() if m is not None})

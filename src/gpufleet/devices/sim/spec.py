@@ -13,6 +13,7 @@ YAML fleet file::
 
 from __future__ import annotations
 
+import dataclasses
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -139,6 +140,9 @@ class FleetSpec:
     nodes: tuple[NodeSpec, ...]
     seed: int = 7
     faults: tuple[Fault, ...] = field(default_factory=tuple)
+    # the fleet file read (None: a short spec); its nodes keep their locked clocks beside it
+    # (`gpufleet.devices.sim.locks`)
+    source: Path | None = field(default=None, compare=False)
 
     @property
     def gpu_count(self) -> int:
@@ -276,5 +280,6 @@ def parse_fleet_spec(spec: str, seed: int = 7) -> FleetSpec:
             raise ConfigError(f"{spec}: no such fleet file")
         from gpufleet.devices.sim.state import with_sim_state
 
-        return with_sim_state(parse_fleet_yaml(read_text_file(path, "fleet file"), spec), path)
+        fleet = with_sim_state(parse_fleet_yaml(read_text_file(path, "fleet file"), spec), path)
+        return dataclasses.replace(fleet, source=path)
     return parse_short_spec(spec, seed=seed)
