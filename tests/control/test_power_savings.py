@@ -22,7 +22,6 @@ from typer.testing import CliRunner
 from gpufleet.cli.app import app
 from gpufleet.client import Client
 from gpufleet.control.api.app import create_app
-from gpufleet.control.db.models import EnergyMinute
 from gpufleet.control.power import ops
 from gpufleet.control.power.spec import PowerOrderSpec
 from gpufleet.control.service import ControlService
@@ -35,6 +34,7 @@ from gpufleet.wire import WirePowerReport
 from gpufleet.wire.power import WireGpuPower
 
 from .conftest import T0, batch, push
+from .energy_rows import power_minutes
 
 PRICE = 0.10  # per kWh
 BEFORE_W, MIXED_W, DURING_W, EARLIER_W = 700.0, 630.0, 560.0, 900.0
@@ -46,24 +46,7 @@ runner = CliRunner()
 
 def _minutes(svc: ControlService, node: str, gpu: int, start: float, n: int, watts: float) -> None:
     """``n`` whole minutes from ``start`` at constant ``watts`` (power samples only)."""
-    with svc.store.sessions.begin() as s:
-        for m in range(n):
-            s.add(
-                EnergyMinute(
-                    node=node,
-                    gpu_index=gpu,
-                    minute_s=int(start + 60 * m),
-                    tenant=None,
-                    model="h100-sxm",
-                    window_j=0.0,
-                    window_s=0.0,
-                    fallback_j=0.0,
-                    power_j=watts * 60.0,
-                    power_s=60.0,
-                    idle_j=0.0,
-                    idle_s=0.0,
-                )
-            )
+    power_minutes(svc, node, start, n, watts, gpu)
 
 
 def _job(svc: ControlService, gpu: int, start: float) -> str:

@@ -19,7 +19,6 @@ import pytest
 from sqlalchemy import insert
 
 from gpufleet.control.api.app import create_app
-from gpufleet.control.db.models import EnergyMinute
 from gpufleet.control.power import ops
 from gpufleet.control.power.spec import PowerOrderSpec
 from gpufleet.control.service import ControlService, ServiceConfig
@@ -30,6 +29,7 @@ from gpufleet.schedulers.embedded.store import sched_attempts, sched_jobs
 from gpufleet.wire import WirePowerReport
 from gpufleet.wire.power import WireGpuPower
 from tests.control.conftest import T0, batch, push, ungated
+from tests.control.energy_rows import power_minutes
 from tests.serving import serve_app
 from tests.web.conftest import artifacts_dir
 
@@ -55,24 +55,7 @@ class Served:
 
 def _minutes(svc: ControlService, node: str, start: float, n: int, watts: float) -> None:
     """``n`` whole minutes of GPU 0 of ``node`` from ``start`` at ``watts`` (power samples)."""
-    with svc.store.sessions.begin() as s:
-        for m in range(n):
-            s.add(
-                EnergyMinute(
-                    node=node,
-                    gpu_index=0,
-                    minute_s=int(start + 60 * m),
-                    tenant=None,
-                    model="h100-sxm",
-                    window_j=0.0,
-                    window_s=0.0,
-                    fallback_j=0.0,
-                    power_j=watts * 60.0,
-                    power_s=60.0,
-                    idle_j=0.0,
-                    idle_s=0.0,
-                )
-            )
+    power_minutes(svc, node, start, n, watts)
 
 
 def _job(svc: ControlService, start: float) -> str:
