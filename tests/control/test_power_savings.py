@@ -15,7 +15,6 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import insert
 from starlette.testclient import TestClient
 from typer.testing import CliRunner
 
@@ -28,13 +27,12 @@ from gpufleet.control.service import ControlService
 from gpufleet.control.state.auth import Principal, Role
 from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.devices.sim import ManualClock
-from gpufleet.schedulers.embedded.store import sched_attempts, sched_jobs
 from gpufleet.web import static_dir
 from gpufleet.wire import WirePowerReport
 from gpufleet.wire.power import WireGpuPower
 
 from .conftest import T0, batch, push
-from .energy_rows import power_minutes
+from .energy_rows import power_minutes, running_job
 
 PRICE = 0.10  # per kWh
 BEFORE_W, MIXED_W, DURING_W, EARLIER_W = 700.0, 630.0, 560.0, 900.0
@@ -50,20 +48,8 @@ def _minutes(svc: ControlService, node: str, gpu: int, start: float, n: int, wat
 
 
 def _job(svc: ControlService, gpu: int, start: float) -> str:
-    """A running job of the embedded scheduler's tables holding ``gpu`` of n1 since ``start``."""
-    with svc.store.sessions.begin() as s:
-        res: Any = s.execute(
-            insert(sched_jobs).values(
-                name="train", tenant="default", spec="{}", state="running", started_at=start
-            )
-        )
-        seq = res.inserted_primary_key[0]
-        s.execute(
-            insert(sched_attempts).values(
-                job_seq=seq, generation=1, nodes='["n1"]', gpus=f"[[{gpu}]]", started_at=start
-            )
-        )
-    return str(seq)
+    """A running job holding ``gpu`` of n1 since ``start``."""
+    return running_job(svc, start, gpu)
 
 
 def _order(svc: ControlService, clock: ManualClock, gpus: list[int]) -> int:

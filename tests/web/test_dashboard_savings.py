@@ -16,7 +16,6 @@ from typing import Any
 
 import httpx
 import pytest
-from sqlalchemy import insert
 
 from gpufleet.control.api.app import create_app
 from gpufleet.control.power import ops
@@ -25,11 +24,10 @@ from gpufleet.control.service import ControlService, ServiceConfig
 from gpufleet.control.state.auth import Principal, Role
 from gpufleet.control.state.remediation import RemediationPolicy
 from gpufleet.devices.sim import ManualClock
-from gpufleet.schedulers.embedded.store import sched_attempts, sched_jobs
 from gpufleet.wire import WirePowerReport
 from gpufleet.wire.power import WireGpuPower
 from tests.control.conftest import T0, batch, push, ungated
-from tests.control.energy_rows import power_minutes
+from tests.control.energy_rows import power_minutes, running_job
 from tests.serving import serve_app
 from tests.web.conftest import artifacts_dir
 
@@ -59,20 +57,8 @@ def _minutes(svc: ControlService, node: str, start: float, n: int, watts: float)
 
 
 def _job(svc: ControlService, start: float) -> str:
-    """A running job of the embedded scheduler's tables holding GPU 0 of n1 since ``start``."""
-    with svc.store.sessions.begin() as s:
-        res: Any = s.execute(
-            insert(sched_jobs).values(
-                name="train", tenant="default", spec="{}", state="running", started_at=start
-            )
-        )
-        seq = res.inserted_primary_key[0]
-        s.execute(
-            insert(sched_attempts).values(
-                job_seq=seq, generation=1, nodes='["n1"]', gpus="[[0]]", started_at=start
-            )
-        )
-    return str(seq)
+    """A running job holding GPU 0 of n1 since ``start``."""
+    return running_job(svc, start)
 
 
 def _order(svc: ControlService, node: str, before_w: float, to_w: float) -> int:
